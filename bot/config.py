@@ -1,0 +1,225 @@
+"""Typed, validated settings loaded once from ``config.yaml``.
+
+Strings may reference the environment as ``${VAR}`` (required) or ``${VAR:-default}``.
+Any problem stops start-up with one line that names the key (and the variable).
+Settings are passed down explicitly; nothing deeper in the code reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased as one line that names the key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LLMSettings(_Model):
+    """The OpenAI-compatible chat completions endpoint."""
+
+    model: str = "gpt-4o-mini"
+    base_url: str = "https://api.openai.com/v1"
+    api_key: SecretStr = SecretStr("")
+    max_rounds: int = Field(8, ge=1, le=100)
+    request_timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(2, ge=0, le=10)
+    temperature: float | None = Field(None, ge=0, le=2)
+
+    @model_validator(mode="after")
+    def _key_for_openai(self) -> LLMSettings:
+        if "api.openai.com" in self.base_url and not self.api_key.get_secret_value():
+            raise ValueError("api_key is required for api.openai.com (set OPENAI_API_KEY)")
+        return self
+
+
+class SlackSettings(_Model):
+    """Slack app credentials and endpoints. Enabled when ``bot_token`` is set."""
+
+    bot_token: SecretStr = SecretStr("")
+    app_token: SecretStr = SecretStr("")  # set → Socket Mode, else HTTP Events API
+    signing_secret: SecretStr = SecretStr("")
+    api_url: str = "https://slack.com/api/"
+    http_host: str = "0.0.0.0"
+    http_port: int = Field(3000, ge=0, le=65535)
+    reply_without_mention: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        """True when a bot token is configured."""
+        return bool(self.bot_token.get_secret_value())
+
+    @model_validator(mode="after")
+    def _transport_complete(self) -> SlackSettings:
+        if self.enabled and not (self.app_token.get_secret_value() or self.signing_secret.get_secret_value()):
+            raise ValueError(
+                "app_token (Socket Mode, SLACK_APP_TOKEN) or signing_secret "
+                "(Events API, SLACK_SIGNING_SECRET) is required with bot_token"
+            )
+        return self
+
+
+class DiscordSettings(_Model):
+    """Discord bot credentials and endpoints. Enabled when ``token`` is set."""
+
+    token: SecretStr = SecretStr("")
+    api_url: str | None = None  # REST base, e.g. http://127.0.0.1:8080/api/v10
+    gateway_url: str | None = None  # e.g. ws://127.0.0.1:8080/gateway
+    upload_limit_mb: float = Field(10.0, gt=0)
+
+    @property
+    def enabled(self) -> bool:
+        """True when a bot token is configured."""
+        return bool(self.token.get_secret_value())
+
+
+class KernelSettings(_Model):
+    """Kernel runtime, sandbox and workspace limits."""
+
+    idle_timeout_s: float = Field(1800.0, gt=0)
+    reap_interval_s: float = Field(60.0, gt=0)
+    exec_timeout_s: float = Field(120.0, gt=0)
+    interrupt_grace_s: float = Field(3.0, gt=0)
+    max_kernels: int = Field(20, ge=1)
+    warm_pool: int = Field(0, ge=0)
+    sandbox: Literal["auto", "bwrap", "none"] = "auto"
+    memory_mb: int = Field(2048, ge=64)
+    cpu_seconds: int = Field(3600, ge=1)
+    max_processes: int = Field(256, ge=8)
+    max_open_files: int = Field(1024, ge=64)
+    max_file_mb: int = Field(1024, ge=1)
+    network: bool = False
+    workspace_root: Path = Path("data/workspaces")
+    retention_days: float = Field(30.0, gt=0)
+    max_upload_mb: float = Field(100.0, gt=0)
+    workspace_quota_mb: float = Field(1024.0, gt=0)
+    max_output_bytes: int = Field(100_000, ge=1000)
+    preload: tuple[str, ...] = ("pandas", "numpy", "matplotlib")
+
+
+class StorageSettings(_Model):
+    """Where the SQLite store lives."""
+
+    path: Path = Path("data/threadbook.db")
+
+
+class AccessSettings(_Model):
+    """Allow-lists; empty means everyone."""
+
+    allow_channels: tuple[str, ...] = ()
+    allow_users: tuple[str, ...] = ()
+
+
+class ChannelPolicy(_Model):
+    """Per-channel overrides, keyed by ``platform:channel_id`` in ``channels:``."""
+
+    system_prompt: str | None = None
+    model: str | None = None
+    data_dir: Path | None = None  # offered read-only to this channel's kernels
+    network: bool | None = None
+    max_rounds: int | None = Field(None, ge=1, le=100)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"data_dir {str(value)!r} is not a directory")
+        return value
+
+
+class Settings(_Model):
+    """The whole configuration."""
+
+    llm: LLMSettings = LLMSettings()
+    slack: SlackSettings = SlackSettings()
+    discord: DiscordSettings = DiscordSettings()
+    kernels: KernelSettings = KernelSettings()
+    storage: StorageSettings = StorageSettings()
+    access: AccessSettings = AccessSettings()
+    channels: dict[str, ChannelPolicy] = Field(default_factory=dict)
+
+    @field_validator("channels")
+    @classmethod
+    def _channel_keys(cls, value: dict[str, ChannelPolicy]) -> dict[str, ChannelPolicy]:
+        for key in value:
+            platform, sep, channel = key.partition(":")
+            if not sep or not platform or not channel:
+                raise ValueError(f"channel key {key!r} must look like 'platform:channel_id'")
+        return value
+
+    def policy_for(self, channel_key: str) -> ChannelPolicy:
+        """The overrides for ``platform:channel`` (empty policy when none)."""
+        return self.channels.get(channel_key, ChannelPolicy())
+
+
+def interpolate(value: Any, env: Mapping[str, str], path: str = "", sources: dict[str, str] | None = None) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in every string of a YAML tree.
+
+    ``sources`` (if given) records which variable fed which dotted key, for error messages.
+    """
+    if isinstance(value, dict):
+        return {k: interpolate(v, env, f"{path}.{k}" if path else str(k), sources) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env, f"{path}.{i}", sources) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if sources is not None:
+            sources[path] = name
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"config: {path}: environment variable {name} is not set")
+
+    return _ENV_REF.sub(substitute, value)
+
+
+def parse_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> Settings:
+    """Validate a YAML tree (already loaded) into :class:`Settings`."""
+    sources: dict[str, str] = {}
+    data = interpolate(dict(raw or {}), os.environ if env is None else env, "", sources)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, sources)) from None
+
+
+def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Settings:
+    """Read, interpolate and validate a config file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config: file {path} not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config: {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(f"config: {path} must hold a mapping at the top level")
+    return parse_settings(raw, env)
+
+
+def _one_line(exc: ValidationError, sources: Mapping[str, str]) -> str:
+    error = exc.errors()[0]
+    key = ".".join(str(part) for part in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown key"
+    var = sources.get(key)
+    hint = f" (from environment variable {var})" if var else ""
+    more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
+    return f"config: {key or '(top level)'}: {message}{hint}{more}"

@@ -1,0 +1,128 @@
+"""Plain data types shared by the adapters and the bot core.
+
+Adapters turn platform events into :class:`InboundMessage` values and implement
+:class:`Outbox` so the core can answer in the same thread. Nothing here imports a
+chat SDK, an LLM client or the kernel layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+#: Streams an attachment's bytes; the adapter knows how to authenticate.
+FetchBytes = Callable[[], AsyncIterator[bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadKey:
+    """Identifies one chat thread, and so one kernel session and one workspace."""
+
+    platform: str
+    workspace: str
+    channel: str
+    thread: str
+
+    def __str__(self) -> str:
+        return f"{self.platform}:{self.workspace}:{self.channel}:{self.thread}"
+
+    @classmethod
+    def parse(cls, text: str) -> ThreadKey:
+        """Invert :meth:`__str__` (``slack:T1:C1:1700000000.000100``)."""
+        parts = text.split(":", 3)
+        if len(parts) != 4 or not all(parts):
+            raise ValueError(f"not a thread key: {text!r}")
+        return cls(*parts)
+
+    @property
+    def channel_key(self) -> str:
+        """The ``platform:channel`` form used by the ``channels:`` config section."""
+        return f"{self.platform}:{self.channel}"
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file attached to a chat message, not yet downloaded."""
+
+    name: str
+    size: int | None
+    mime: str | None
+    fetch: FetchBytes
+
+
+@dataclass(frozen=True, slots=True)
+class InboundMessage:
+    """One user message, normalised by an adapter."""
+
+    key: ThreadKey
+    message_id: str
+    user_id: str
+    user_name: str
+    text: str
+    attachments: tuple[Attachment, ...] = ()
+    mentioned: bool = True
+    is_dm: bool = False
+    is_bot: bool = False
+    received_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageOut:
+    """An image to post into the thread (PNG unless ``mime`` says otherwise)."""
+
+    data: bytes
+    title: str
+    mime: str = "image/png"
+
+    @property
+    def filename(self) -> str:
+        """A file name for platforms that upload images as files."""
+        suffix = {"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg"}.get(self.mime, "")
+        return self.title if self.title.endswith(suffix) else f"{self.title}{suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class FileOut:
+    """A workspace file to upload into the thread."""
+
+    path: Path
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Everything one turn sends back: markdown text, images and files."""
+
+    text: str
+    images: tuple[ImageOut, ...] = ()
+    files: tuple[FileOut, ...] = ()
+    ok: bool = True
+
+
+class Progress(Protocol):
+    """A live status for a running turn (Slack edits one message, Discord too)."""
+
+    async def start(self, status: str) -> None:
+        """Show the first status."""
+
+    async def update(self, status: str) -> None:
+        """Replace the status; implementations throttle."""
+
+    async def finish(self, ok: bool) -> None:
+        """Remove or close the status and mark the turn as done or failed."""
+
+
+class Outbox(Protocol):
+    """Where the core sends what it has to say about one inbound message."""
+
+    async def notify(self, text: str) -> None:
+        """Post a short notice (queued, refused file, error) into the thread."""
+
+    async def post(self, reply: Reply) -> None:
+        """Post the turn's final reply: text, then images and files."""
+
+    def progress(self) -> Progress:
+        """A progress handle for this turn."""
