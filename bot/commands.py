@@ -1,0 +1,111 @@
+"""In-thread commands: the message is just the word, after the mention."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from bot.events import FileOut, InboundMessage, Outbox, Reply
+from bot.notebook import export_notebook
+from bot.store import Store
+from kernels import KernelPool
+
+HELP_TEXT = """\
+*Threadbook* runs Python for you in this thread. Attach files (CSV, Excel, JSON, …) and ask a question; \
+I write and run the code, and post the answer, charts and files here. Variables stay between messages of this thread.
+
+Commands (send just the word):
+• `help` — this text
+• `reset` — fresh Python kernel (variables cleared, files kept)
+• `files` — list the files in this thread's workspace
+• `export` — this thread as a Jupyter notebook (.ipynb)
+• `status` — kernel state, memory, steps run and tokens used"""
+
+
+def _human_size(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+class Commands:
+    """Answers ``help``, ``reset``, ``files``, ``export`` and ``status``."""
+
+    def __init__(self, *, store: Store, pool: KernelPool, export_dir: Path) -> None:
+        self._store = store
+        self._pool = pool
+        self._export_dir = export_dir
+        self._table: dict[str, Callable[[InboundMessage], Awaitable[Reply]]] = {
+            "help": self._help,
+            "reset": self._reset,
+            "files": self._files,
+            "export": self._export,
+            "status": self._status,
+        }
+
+    async def try_run(self, message: InboundMessage, outbox: Outbox) -> bool:
+        """Run the command the message consists of, if it is one; True when it was."""
+        command = self._table.get(message.text.strip().lower().strip("!/"))
+        if command is None:
+            return False
+        await outbox.post(await command(message))
+        return True
+
+    async def _help(self, message: InboundMessage) -> Reply:
+        return Reply(text=HELP_TEXT)
+
+    async def _reset(self, message: InboundMessage) -> Reply:
+        session = self._pool.get(str(message.key))
+        if session is None:
+            return Reply(text="There is no running kernel in this thread; the next question starts a fresh one. Files are kept.")
+        await session.restart()
+        return Reply(text="🔄 Fresh kernel started: variables are cleared, the files in this thread are kept.")
+
+    async def _files(self, message: InboundMessage) -> Reply:
+        files = await self._pool.workspaces.for_key(str(message.key)).list_files()
+        if not files:
+            return Reply(text="This thread's workspace is empty.")
+        lines = [f"• `{f.name}` — {_human_size(f.size)}" for f in files[:50]]
+        if len(files) > 50:
+            lines.append(f"… and {len(files) - 50} more")
+        return Reply(text=f"Files in this thread ({len(files)}):\n" + "\n".join(lines))
+
+    async def _export(self, message: InboundMessage) -> Reply:
+        key = str(message.key)
+        timeline = await self._store.timeline(key)
+        if not timeline:
+            return Reply(text="Nothing to export yet.")
+        data = export_notebook(timeline, title=f"Threadbook thread {message.key.channel}/{message.key.thread}")
+        name = f"threadbook-{message.key.thread.replace('.', '-')}.ipynb"
+        path = self._export_dir / f"{self._pool.workspaces.for_key(key).path.name}.ipynb"
+        await asyncio.to_thread(_write_file, path, data)
+        return Reply(text=f"📓 Here is this thread as a notebook ({len(timeline)} entries).", files=(FileOut(path=path, name=name),))
+
+    async def _status(self, message: InboundMessage) -> Reply:
+        key = str(message.key)
+        session = self._pool.get(key)
+        prompt_tokens, completion_tokens = await self._store.usage(key)
+        cells = await self._store.cell_count(key)
+        if session is None:
+            kernel = "no kernel running (one starts with the next question)"
+        else:
+            memory = await session.memory_bytes()
+            kernel = f"{session.state}, {session.executions} executions since start"
+            if memory is not None:
+                kernel += f", {_human_size(memory)} memory"
+        return Reply(
+            text=(
+                f"*Kernel:* {kernel}\n"
+                f"*Code cells run in this thread:* {cells}\n"
+                f"*Tokens used:* {prompt_tokens + completion_tokens:,} "
+                f"({prompt_tokens:,} prompt, {completion_tokens:,} completion)"
+            )
+        )
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)

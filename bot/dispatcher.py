@@ -1,0 +1,101 @@
+"""The cross-cutting rules for every inbound message, in one place.
+
+Order: ignore bots → allow-list → drop duplicates → ignore unmentioned messages in threads
+the bot has no session for → one turn at a time per thread (others queue, and are told) →
+in-thread command or agent turn. Adapters call :meth:`Dispatcher.handle` and nothing else
+(plus :meth:`Dispatcher.stop` for a Stop button).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from bot.commands import Commands
+from bot.config import Settings
+from bot.events import InboundMessage, Outbox, ThreadKey
+from bot.store import Store
+from bot.turn import TurnRunner
+
+log = logging.getLogger(__name__)
+
+QUEUED_NOTICE = "⏳ I'm still working on the previous message in this thread; yours is queued and comes next."
+FAILURE_NOTICE = "⚠️ Something went wrong on my side while handling that message. Please try again."
+
+
+@dataclass
+class _ThreadSlot:
+    """Serialises turns of one thread; dropped again when nobody holds or waits for it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
+class Dispatcher:
+    """Applies the bot's rules to each message and runs the resulting turn."""
+
+    def __init__(self, *, settings: Settings, store: Store, turns: TurnRunner, commands: Commands) -> None:
+        self._settings = settings
+        self._store = store
+        self._turns = turns
+        self._commands = commands
+        self._slots: dict[ThreadKey, _ThreadSlot] = {}
+
+    async def handle(self, message: InboundMessage, outbox: Outbox) -> None:
+        """Handle one inbound message end to end. Never raises."""
+        try:
+            if not await self._accepts(message):
+                return
+            await self._serialised(message, outbox)
+        except Exception:
+            log.exception("turn failed for %s message %s", message.key, message.message_id)
+            try:
+                await outbox.notify(FAILURE_NOTICE)
+            except Exception:
+                log.exception("could not report the failure to %s", message.key)
+
+    async def stop(self, key: ThreadKey) -> bool:
+        """Interrupt the running turn of a thread (the Stop button). True if one was running."""
+        return await self._turns.stop(key)
+
+    def busy(self, key: ThreadKey) -> bool:
+        """True while a turn runs (or waits) in this thread."""
+        return key in self._slots
+
+    async def _accepts(self, message: InboundMessage) -> bool:
+        key = message.key
+        if message.is_bot:
+            return False
+        access = self._settings.access
+        if access.allow_channels and key.channel_key not in access.allow_channels and key.channel not in access.allow_channels:
+            log.info("ignored message in channel %s: not in access.allow_channels", key.channel_key)
+            return False
+        if access.allow_users and message.user_id not in access.allow_users:
+            log.info("ignored message from user %s: not in access.allow_users", message.user_id)
+            return False
+        if not message.mentioned and not message.is_dm and not await self._store.thread_exists(str(key)):
+            return False
+        if not await self._store.claim_message(f"{key.platform}:{message.message_id}"):
+            log.info("dropped duplicate delivery of %s in %s", message.message_id, key)
+            return False
+        await self._store.touch_thread(str(key), key.channel_key)
+        return True
+
+    async def _serialised(self, message: InboundMessage, outbox: Outbox) -> None:
+        slot = self._slots.setdefault(message.key, _ThreadSlot())
+        slot.users += 1
+        try:
+            if slot.lock.locked():
+                await outbox.notify(QUEUED_NOTICE)
+            async with slot.lock:
+                await self._run(message, outbox)
+        finally:
+            slot.users -= 1
+            if slot.users == 0:
+                self._slots.pop(message.key, None)
+
+    async def _run(self, message: InboundMessage, outbox: Outbox) -> None:
+        if not message.attachments and await self._commands.try_run(message, outbox):
+            return
+        await self._turns.run(message, outbox)

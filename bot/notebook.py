@@ -1,0 +1,179 @@
+"""Jupyter notebook format: execution results as nbformat outputs, threads as .ipynb.
+
+:func:`result_to_outputs` turns a :class:`~kernels.result.ExecutionResult` into nbformat v4
+output dicts (the store keeps them per cell); :func:`export_notebook` rebuilds a thread's
+timeline as a notebook: the conversation as markdown cells, executed code as code cells
+with their outputs (images included).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import nbformat
+from nbformat import NotebookNode
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from kernels.result import DisplayOutput, ExecutionResult
+
+#: Who the assistant is in exported notebooks.
+ASSISTANT_LABEL = "Threadbook"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageEntry:
+    """One OpenAI-format message of a thread, as stored."""
+
+    seq: int
+    message: dict[str, Any]
+    user_id: str | None
+    created_at: float
+
+    @property
+    def role(self) -> str:
+        """``user``, ``assistant``, ``tool`` or ``system``."""
+        return str(self.message.get("role", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class CellEntry:
+    """One executed code cell with its nbformat v4 outputs."""
+
+    seq: int
+    code: str
+    outputs: list[dict[str, Any]]
+    execution_count: int | None
+    outcome: str
+    duration_s: float
+    created_at: float
+
+
+#: What :meth:`bot.store.Store.timeline` returns and :func:`export_notebook` reads, in ``seq`` order.
+TimelineEntry = MessageEntry | CellEntry
+
+
+def result_to_outputs(result: ExecutionResult) -> list[dict[str, Any]]:
+    """nbformat v4 outputs of one execution: streams, displays, result, error, notice.
+
+    Consecutive stream chunks of the same name are merged; binary payloads (PNG) are
+    stored base64-encoded as nbformat requires.
+    """
+    outputs: list[dict[str, Any]] = []
+    for chunk in result.streams:
+        last = outputs[-1] if outputs else None
+        if last is not None and last["output_type"] == "stream" and last["name"] == chunk.name:
+            last["text"] += chunk.text
+        else:
+            outputs.append(new_output("stream", name=chunk.name, text=chunk.text))
+    for display in result.displays:
+        outputs.append(new_output("display_data", data=_mime_bundle(display), metadata=dict(display.metadata)))
+    if result.result_data is not None or result.result is not None:
+        bundle = _mime_bundle(result.result_data) if result.result_data else {"text/plain": result.result}
+        metadata = dict(result.result_data.metadata) if result.result_data else {}
+        outputs.append(
+            new_output("execute_result", data=bundle, metadata=metadata, execution_count=result.execution_count)
+        )
+    if result.error is not None:
+        error = result.error
+        outputs.append(
+            new_output("error", ename=error.ename, evalue=error.evalue, traceback=error.traceback.splitlines())
+        )
+    if result.notice:
+        outputs.append(new_output("stream", name="stderr", text=f"[{result.notice}]\n"))
+    return [_plain(output) for output in outputs]
+
+
+def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
+    """A valid .ipynb (UTF-8 JSON) of a thread's timeline.
+
+    User and assistant text become markdown cells labelled with who spoke; executed cells
+    become code cells with their stored outputs. A tool call with no recorded cell (not
+    executed, or recorded before cells were kept) becomes a code cell whose output is the
+    tool result the model saw. System messages and tool results of recorded cells are left
+    out: the notebook shows the conversation and the code, not the prompt plumbing.
+    """
+    cell_codes = Counter(entry.code for entry in timeline if isinstance(entry, CellEntry))
+    tool_results = {
+        str(entry.message.get("tool_call_id")): _text_of(entry.message.get("content"))
+        for entry in timeline
+        if not isinstance(entry, CellEntry) and entry.role == "tool"
+    }
+    cells: list[NotebookNode] = [new_markdown_cell(f"# {title}")]
+    for entry in timeline:
+        if isinstance(entry, CellEntry):
+            cell = new_code_cell(entry.code, execution_count=entry.execution_count)
+            cell.outputs = [nbformat.from_dict(output) for output in entry.outputs]
+            cells.append(cell)
+            continue
+        message = entry.message
+        text = _text_of(message.get("content")).strip()
+        if entry.role == "user" and text:
+            who = message.get("name") or entry.user_id or "user"
+            cells.append(new_markdown_cell(f"**{who}:**\n\n{text}"))
+        elif entry.role == "assistant":
+            if text:
+                cells.append(new_markdown_cell(f"**{ASSISTANT_LABEL}:**\n\n{text}"))
+            for call in message.get("tool_calls") or []:
+                code = _code_of(call)
+                if cell_codes[code] > 0:
+                    cell_codes[code] -= 1  # shown by its recorded cell, with real outputs
+                    continue
+                cell = new_code_cell(code)
+                observed = tool_results.get(str(call.get("id")))
+                if observed:
+                    cell.outputs = [new_output("stream", name="stdout", text=observed)]
+                cells.append(cell)
+    notebook = new_notebook(
+        cells=cells,
+        metadata={
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+            "language_info": {"name": "python"},
+            "title": title,
+        },
+    )
+    nbformat.validate(notebook)
+    return nbformat.writes(notebook).encode("utf-8")
+
+
+def _mime_bundle(display: DisplayOutput) -> dict[str, Any]:
+    return {
+        mime: base64.b64encode(value).decode("ascii") if isinstance(value, bytes) else value
+        for mime, value in display.data.items()
+    }
+
+
+def _plain(node: Any) -> Any:
+    """NotebookNode → plain dicts/lists, so callers can ``json.dumps`` without nbformat."""
+    if isinstance(node, dict):
+        return {key: _plain(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_plain(value) for value in node]
+    return node
+
+
+def _text_of(content: Any) -> str:
+    """Text of an OpenAI message ``content``: a string or a list of typed parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content)
+
+
+def _code_of(call: dict[str, Any]) -> str:
+    """The ``code`` argument of a ``python`` tool call (raw arguments when not JSON)."""
+    arguments = call.get("function", {}).get("arguments", "")
+    try:
+        parsed = json.loads(arguments)
+    except (TypeError, ValueError):
+        return str(arguments)
+    if isinstance(parsed, dict) and isinstance(parsed.get("code"), str):
+        return parsed["code"]
+    return str(arguments)

@@ -1,0 +1,212 @@
+"""One agent turn: attachments in, LLM tool loop against the thread's kernel, reply out."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from bot.agent.loop import Agent, TurnResult
+from bot.agent.prompt import build_system_prompt
+from bot.attachments import describe_for_model, ingest
+from bot.config import Settings
+from bot.events import FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, ThreadKey
+from bot.store import Store
+from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace
+from kernels.result import PoolFullError
+
+log = logging.getLogger(__name__)
+
+MAX_IMAGES = 10
+MAX_FILES = 10
+IMAGE_SUFFIXES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
+MAX_INLINE_IMAGE_BYTES = 8 * 1024 * 1024
+POOL_FULL_NOTICE = "🚦 All kernels are busy right now. Please try again in a minute."
+KERNEL_START_NOTICE = "⚠️ I could not start a Python kernel for this thread. Please try again."
+
+
+@dataclass
+class _ActiveTurn:
+    """What Stop needs to reach a running turn."""
+
+    session: KernelSession | None = None
+    stopped: bool = False
+
+
+@dataclass
+class _RecordingRunner:
+    """Runs the agent's code in the thread's kernel, stores each cell, and honours Stop."""
+
+    session: KernelSession
+    store: Store
+    key: str
+    turn: _ActiveTurn
+    progress: Progress
+    results: list[ExecutionResult] = field(default_factory=list)
+
+    async def execute(self, code: str, timeout: float | None = None) -> ExecutionResult:
+        if self.turn.stopped:
+            return ExecutionResult(outcome=Outcome.INTERRUPTED, notice="Stopped by the user before running.")
+        result = await self.session.execute(code, timeout)
+        if self.turn.stopped and result.outcome is not Outcome.INTERRUPTED:
+            result.outcome = Outcome.INTERRUPTED
+        self.results.append(result)
+        await self.store.add_cell(self.key, code, result)
+        return result
+
+
+class TurnRunner:
+    """Runs agent turns; knows which turn is running in which thread (for Stop)."""
+
+    def __init__(self, *, settings: Settings, store: Store, pool: KernelPool, agent: Agent) -> None:
+        self._settings = settings
+        self._store = store
+        self._pool = pool
+        self._agent = agent
+        self._active: dict[ThreadKey, _ActiveTurn] = {}
+
+    async def stop(self, key: ThreadKey) -> bool:
+        """Stop the thread's running turn: interrupt its code, run no further code."""
+        turn = self._active.get(key)
+        if turn is None:
+            return False
+        turn.stopped = True
+        if turn.session is not None:
+            await turn.session.interrupt()
+        return True
+
+    async def run(self, message: InboundMessage, outbox: Outbox) -> None:
+        """Run one turn for ``message`` and post its reply."""
+        key = message.key
+        workspace = self._pool.workspaces.for_key(str(key))
+        intake = await ingest(message.attachments, workspace, max_bytes=int(self._settings.kernels.max_upload_mb * 2**20))
+        for name, reason in intake.refused:
+            await outbox.notify(f"📎 `{name}` was not added: {reason}")
+        user_content = message.text.strip()
+        if intake.saved:
+            user_content = f"{user_content}\n\n{describe_for_model(intake.saved, intake.refused)}".strip()
+        if not user_content:
+            return
+
+        turn = _ActiveTurn()
+        self._active[key] = turn
+        progress = outbox.progress()
+        await progress.start("Thinking…")
+        ok = False
+        try:
+            reply = await self._turn(message, user_content, workspace, turn, progress, outbox)
+            ok = reply.ok
+            await outbox.post(reply)
+        finally:
+            self._active.pop(key, None)
+            await progress.finish(ok)
+
+    async def _turn(
+        self,
+        message: InboundMessage,
+        user_content: str,
+        workspace: Workspace,
+        turn: _ActiveTurn,
+        progress: Progress,
+        outbox: Outbox,
+    ) -> Reply:
+        key = message.key
+        policy = self._settings.policy_for(key.channel_key)
+        options = KernelOptions(
+            data_dir=policy.data_dir,
+            network=self._settings.kernels.network if policy.network is None else policy.network,
+        )
+        try:
+            session = await self._pool.get_or_start(str(key), options)
+        except PoolFullError:
+            return Reply(text=POOL_FULL_NOTICE, ok=False)
+        except Exception:
+            log.exception("kernel start failed for %s", key)
+            return Reply(text=KERNEL_START_NOTICE, ok=False)
+        turn.session = session
+        kernel_is_fresh = session.executions == 0 and await self._store.cell_count(str(key)) > 0
+        system_prompt = build_system_prompt(
+            files=await workspace.list_files(),
+            channel_prompt=policy.system_prompt,
+            data_dir=policy.data_dir,
+            kernel_restarted=kernel_is_fresh,
+        )
+        runner = _RecordingRunner(session=session, store=self._store, key=str(key), turn=turn, progress=progress)
+
+        async def on_step(round_no: int, code_line: str) -> None:
+            await progress.update(f"Running step {round_no}: `{code_line[:80]}`")
+
+        started = time.time()
+        result = await self._agent.run_turn(
+            history=await self._store.history(str(key)),
+            user_content=user_content,
+            runner=runner,
+            system_prompt=system_prompt,
+            model=policy.model,
+            max_rounds=policy.max_rounds,
+            on_step=on_step,
+        )
+        await self._store.add_messages(str(key), result.new_messages, user_id=message.user_id)
+        await self._store.add_usage(
+            str(key), policy.model or self._settings.llm.model, result.usage.prompt_tokens, result.usage.completion_tokens
+        )
+        images, files = await collect_outputs(runner.results, workspace)
+        log.info("turn in %s: %s after %d cells, %.1fs", key, result.stop_reason, len(runner.results), time.time() - started)
+        return _reply(result, images, files)
+
+
+def _reply(result: TurnResult, images: list[ImageOut], files: list[FileOut]) -> Reply:
+    notes = []
+    if len(images) > MAX_IMAGES:
+        notes.append(f"_{len(images) - MAX_IMAGES} more images were made; showing the first {MAX_IMAGES}._")
+    if len(files) > MAX_FILES:
+        notes.append(f"_{len(files) - MAX_FILES} more files were made; say `files` to list them all._")
+    text = "\n\n".join([result.text, *notes]).strip() or "(no answer)"
+    return Reply(text=text, images=tuple(images[:MAX_IMAGES]), files=tuple(files[:MAX_FILES]), ok=result.ok)
+
+
+async def collect_outputs(results: list[ExecutionResult], workspace: Workspace) -> tuple[list[ImageOut], list[FileOut]]:
+    """Images shown and files created or changed during a turn, each sent once.
+
+    A saved image file is sent inline as an image; a cell that both showed figures and saved
+    image files counts as one chart per saved file (``plt.savefig`` then ``plt.show``), so the
+    shown copies are dropped. Identical bytes are sent once.
+    """
+    changed: list[str] = []
+    shown: list[bytes] = []
+    for result in results:
+        saved_images = [n for n in result.changed_files if PurePosixPath(n).suffix.lower() in IMAGE_SUFFIXES]
+        displayed = result.images
+        if saved_images and len(displayed) <= len(saved_images):
+            displayed = []
+        shown.extend(displayed)
+        changed.extend(n for n in result.changed_files if n not in changed)
+
+    images: list[ImageOut] = []
+    files: list[FileOut] = []
+    seen: set[str] = set()
+
+    def add_image(data: bytes, title: str, mime: str) -> None:
+        digest = hashlib.sha256(data).hexdigest()
+        if digest not in seen:
+            seen.add(digest)
+            images.append(ImageOut(data=data, title=title, mime=mime))
+
+    for index, data in enumerate(shown, start=1):
+        add_image(data, f"figure-{index}.png", "image/png")
+    for name in changed:
+        try:
+            path = workspace.resolve(name)
+        except Exception:
+            continue
+        if not path.is_file():
+            continue  # deleted again during the turn
+        mime = IMAGE_SUFFIXES.get(path.suffix.lower())
+        if mime and path.stat().st_size <= MAX_INLINE_IMAGE_BYTES:
+            add_image(await asyncio.to_thread(path.read_bytes), PurePosixPath(name).name, mime)
+        else:
+            files.append(FileOut(path=path, name=PurePosixPath(name).name))
+    return images, files
