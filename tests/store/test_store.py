@@ -1,0 +1,156 @@
+"""The SQLite store: round trip, restart, schema version, dedupe, concurrency, order."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from bot.store import SCHEMA_VERSION, CellEntry, MessageEntry, Store, StoreError
+from kernels.result import ErrorInfo, ExecutionResult, Outcome, StreamChunk
+
+KEY = "slack:T1:C1:1700000000.000100"
+OTHER = "discord:G1:C2:99"
+
+
+def _tool_call(call_id: str, code: str) -> dict[str, object]:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "python", "arguments": f'{{"code": "{code}"}}'},
+    }
+
+
+CONVERSATION = [
+    {"role": "user", "content": "what is 6*7?"},
+    {"role": "assistant", "content": None, "tool_calls": [_tool_call("call_1", "6*7")]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+    {"role": "assistant", "content": "It is **42**."},
+]
+
+
+async def test_round_trip_survives_restart(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "dir" / "threadbook.db"
+    async with await Store.open(path) as store:
+        assert not await store.thread_exists(KEY)
+        await store.touch_thread(KEY, "slack:C1")
+        await store.add_messages(KEY, CONVERSATION[:1], user_id="U1")
+        await store.add_messages(KEY, CONVERSATION[1:])
+        await store.add_cell(KEY, "6*7", ExecutionResult(result="42", execution_count=1, duration_s=0.01))
+        await store.add_usage(KEY, "gpt-test", 100, 20)
+        await store.add_usage(KEY, "gpt-test", 50, 5)
+
+    assert path.exists()
+    async with await Store.open(path) as store:
+        assert await store.schema_version() == SCHEMA_VERSION
+        assert await store.thread_exists(KEY)
+        assert not await store.thread_exists(OTHER)
+        assert await store.history(KEY) == CONVERSATION
+        assert await store.history(OTHER) == []
+        assert await store.cell_count(KEY) == 1
+        assert await store.usage(KEY) == (150, 25)
+        assert await store.usage(OTHER) == (0, 0)
+
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert raw.execute("SELECT channel_key FROM threads WHERE key = ?", (KEY,)).fetchone()[0] == "slack:C1"
+        user_ids = raw.execute("SELECT user_id FROM messages WHERE thread = ? ORDER BY seq", (KEY,)).fetchall()
+        assert [row[0] for row in user_ids] == ["U1", None, None, None]
+
+
+async def test_writing_creates_the_thread_with_its_channel(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "t.db") as store:
+        await store.add_messages(OTHER, [{"role": "user", "content": "hi"}])
+        assert await store.thread_exists(OTHER)
+    with sqlite3.connect(tmp_path / "t.db") as raw:
+        assert raw.execute("SELECT channel_key FROM threads").fetchone()[0] == "discord:C2"
+
+
+async def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    await (await Store.open(path)).close()
+    with sqlite3.connect(path) as raw:
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(StoreError, match="newer"):
+        await Store.open(path)
+
+
+async def test_claim_message_dedupes_across_restart_and_forgets_old_ids(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    async with await Store.open(path) as store:
+        assert await store.claim_message("C1:1700.1") is True
+        assert await store.claim_message("C1:1700.1") is False
+        assert await store.claim_message("C1:1700.2") is True
+        claims = await asyncio.gather(*(store.claim_message("C1:1700.3") for _ in range(5)))
+        assert sorted(claims) == [False, False, False, False, True]
+    with sqlite3.connect(path) as raw:
+        raw.execute("UPDATE processed SET at = ? WHERE message_id = 'C1:1700.2'", (time.time() - 8 * 24 * 3600,))
+    async with await Store.open(path) as store:
+        assert await store.claim_message("C1:1700.1") is False  # still remembered after restart
+        assert await store.claim_message("C1:1700.2") is True  # older than a week: pruned at open
+
+
+async def test_concurrent_writes_from_two_threads(tmp_path: Path) -> None:
+    rounds = 40
+
+    async def converse(store: Store, key: str) -> None:
+        for i in range(rounds):
+            await store.add_messages(
+                key, [{"role": "user", "content": f"{key} q{i}"}, {"role": "assistant", "content": f"{key} a{i}"}]
+            )
+            await store.add_cell(key, f"print({i})", ExecutionResult(streams=[StreamChunk("stdout", f"{i}\n")]))
+            await store.add_usage(key, "m", 1, 2)
+
+    async with await Store.open(tmp_path / "t.db") as store:
+        await asyncio.gather(converse(store, KEY), converse(store, OTHER))
+        for key in (KEY, OTHER):
+            timeline = await store.timeline(key)
+            assert [entry.seq for entry in timeline] == list(range(1, 3 * rounds + 1))
+            texts = [m["content"] for m in await store.history(key)]
+            assert texts == [f"{key} {kind}{i}" for i in range(rounds) for kind in ("q", "a")]
+            assert await store.cell_count(key) == rounds
+            assert await store.usage(key) == (rounds, 2 * rounds)
+
+
+async def test_concurrent_batches_in_one_thread_stay_contiguous(tmp_path: Path) -> None:
+    async with await Store.open(tmp_path / "t.db") as store:
+        batches = [[{"role": "user", "content": f"{b}-{i}"} for i in range(3)] for b in range(20)]
+        await asyncio.gather(*(store.add_messages(KEY, batch) for batch in batches))
+        texts = [m["content"] for m in await store.history(KEY)]
+    assert len(texts) == 60
+    for start in range(0, 60, 3):
+        batch, _ = texts[start].split("-")
+        assert texts[start : start + 3] == [f"{batch}-{i}" for i in range(3)]
+
+
+async def test_timeline_interleaves_messages_and_cells_in_order(tmp_path: Path) -> None:
+    failing = ExecutionResult(
+        outcome=Outcome.ERROR,
+        error=ErrorInfo("NameError", "name 'x' is not defined", "Traceback...\nNameError: name 'x' is not defined"),
+        execution_count=3,
+        duration_s=0.5,
+    )
+    async with await Store.open(tmp_path / "t.db") as store:
+        await store.add_messages(KEY, CONVERSATION[:2], user_id="U1")
+        await store.add_cell(KEY, "x", failing)
+        await store.add_messages(KEY, CONVERSATION[2:])
+        timeline = await store.timeline(KEY)
+
+    assert [type(entry) for entry in timeline] == [MessageEntry, MessageEntry, CellEntry, MessageEntry, MessageEntry]
+    assert [entry.seq for entry in timeline] == [1, 2, 3, 4, 5]
+    first, cell = timeline[0], timeline[2]
+    assert isinstance(first, MessageEntry) and first.user_id == "U1" and first.role == "user"
+    assert isinstance(cell, CellEntry)
+    assert (cell.code, cell.outcome, cell.execution_count, cell.duration_s) == ("x", "error", 3, 0.5)
+    assert cell.outputs == [
+        {
+            "output_type": "error",
+            "ename": "NameError",
+            "evalue": "name 'x' is not defined",
+            "traceback": ["Traceback...", "NameError: name 'x' is not defined"],
+        }
+    ]
