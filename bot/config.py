@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -38,12 +38,6 @@ class LLMSettings(_Model):
     max_retries: int = Field(2, ge=0, le=10)
     temperature: float | None = Field(None, ge=0, le=2)
 
-    @model_validator(mode="after")
-    def _key_for_openai(self) -> LLMSettings:
-        if "api.openai.com" in self.base_url and not self.api_key.get_secret_value():
-            raise ValueError("api_key is required for api.openai.com (set OPENAI_API_KEY)")
-        return self
-
 
 class SlackSettings(_Model):
     """Slack app credentials and endpoints. Enabled when ``bot_token`` is set."""
@@ -60,15 +54,6 @@ class SlackSettings(_Model):
     def enabled(self) -> bool:
         """True when a bot token is configured."""
         return bool(self.bot_token.get_secret_value())
-
-    @model_validator(mode="after")
-    def _transport_complete(self) -> SlackSettings:
-        if self.enabled and not (self.app_token.get_secret_value() or self.signing_secret.get_secret_value()):
-            raise ValueError(
-                "app_token (Socket Mode, SLACK_APP_TOKEN) or signing_secret "
-                "(Events API, SLACK_SIGNING_SECRET) is required with bot_token"
-            )
-        return self
 
 
 class DiscordSettings(_Model):
@@ -142,12 +127,12 @@ class ChannelPolicy(_Model):
 class Settings(_Model):
     """The whole configuration."""
 
-    llm: LLMSettings = LLMSettings()
-    slack: SlackSettings = SlackSettings()
-    discord: DiscordSettings = DiscordSettings()
-    kernels: KernelSettings = KernelSettings()
-    storage: StorageSettings = StorageSettings()
-    access: AccessSettings = AccessSettings()
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    slack: SlackSettings = Field(default_factory=SlackSettings)
+    discord: DiscordSettings = Field(default_factory=DiscordSettings)
+    kernels: KernelSettings = Field(default_factory=KernelSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    access: AccessSettings = Field(default_factory=AccessSettings)
     channels: dict[str, ChannelPolicy] = Field(default_factory=dict)
 
     @field_validator("channels")
@@ -194,9 +179,23 @@ def parse_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
     sources: dict[str, str] = {}
     data = interpolate(dict(raw or {}), os.environ if env is None else env, "", sources)
     try:
-        return Settings.model_validate(data)
+        settings = Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_one_line(exc, sources)) from None
+    _check_combinations(settings)
+    return settings
+
+
+def _check_combinations(settings: Settings) -> None:
+    """Rules that span several keys, reported like field errors."""
+    if "api.openai.com" in settings.llm.base_url and not settings.llm.api_key.get_secret_value():
+        raise ConfigError("config: llm.api_key: required for api.openai.com (set OPENAI_API_KEY)")
+    slack = settings.slack
+    if slack.enabled and not (slack.app_token.get_secret_value() or slack.signing_secret.get_secret_value()):
+        raise ConfigError(
+            "config: slack.app_token: set it (SLACK_APP_TOKEN, Socket Mode) or slack.signing_secret "
+            "(SLACK_SIGNING_SECRET, Events API) together with slack.bot_token"
+        )
 
 
 def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Settings:

@@ -1,0 +1,26 @@
+"""Fixtures shared by every test folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bot.config import Settings, parse_settings
+from tests.fakes.openai_server import scripted_openai  # noqa: F401  (fixture)
+
+
+def make_settings(tmp_path: Path, *, llm_url: str = "http://127.0.0.1:9/v1", **sections: dict[str, Any]) -> Settings:
+    """Settings for a test: data under ``tmp_path``, short timeouts, no sandbox, no warm pool.
+
+    ``sections`` are merged over the defaults section by section (``kernels={"exec_timeout_s": 5}``).
+    """
+    raw: dict[str, Any] = {
+        "llm": {"base_url": llm_url, "api_key": "test-key", "model": "fake-model", "max_rounds": 6,
+                "request_timeout_s": 10, "max_retries": 2},
+        "kernels": {"workspace_root": str(tmp_path / "workspaces"), "exec_timeout_s": 20, "interrupt_grace_s": 2,
+                    "warm_pool": 0, "sandbox": "none", "max_kernels": 6, "preload": []},
+        "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return parse_settings(raw, env={})
