@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from bot.agent.loop import Agent, TurnResult
-from bot.agent.prompt import build_system_prompt
+from bot.agent.prompt import PromptFile, build_system_prompt
 from bot.attachments import describe_for_model, ingest
 from bot.config import Settings
 from bot.events import FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, ThreadKey
@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 MAX_IMAGES = 10
 MAX_FILES = 10
+MAX_PROMPT_FILES = 50
 IMAGE_SUFFIXES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
 MAX_INLINE_IMAGE_BYTES = 8 * 1024 * 1024
 POOL_FULL_NOTICE = "🚦 All kernels are busy right now. Please try again in a minute."
@@ -128,11 +129,13 @@ class TurnRunner:
             return Reply(text=KERNEL_START_NOTICE, ok=False)
         turn.session = session
         kernel_is_fresh = session.executions == 0 and await self._store.cell_count(str(key)) > 0
+        files = await workspace.list_files()
         system_prompt = build_system_prompt(
-            files=await workspace.list_files(),
+            files=[PromptFile(name=f.name, size=f.size) for f in files[:MAX_PROMPT_FILES]],
             channel_prompt=policy.system_prompt,
             data_dir=policy.data_dir,
-            kernel_restarted=kernel_is_fresh,
+            kernel_fresh=kernel_is_fresh,
+            network=options.network,
         )
         runner = _RecordingRunner(session=session, store=self._store, key=str(key), turn=turn, progress=progress)
 

@@ -1,0 +1,25 @@
+# Threadbook: slim Python, bubblewrap for the kernel sandbox, non-root user.
+# Config and data are volumes: /app/config.yaml (read-only) and /app/data.
+FROM python:3.12-slim
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap tini \
+    && rm -rf /var/lib/apt/lists/*
+
+RUN useradd --create-home --uid 10001 threadbook
+WORKDIR /app
+
+COPY pyproject.toml README.md ./
+COPY bot ./bot
+COPY kernels ./kernels
+COPY adapters ./adapters
+COPY bench ./bench
+RUN pip install --no-cache-dir . && mkdir -p /app/data && chown threadbook:threadbook /app/data
+COPY config.yaml ./config.yaml
+
+USER threadbook
+ENV PYTHONUNBUFFERED=1
+VOLUME ["/app/data"]
+EXPOSE 3000
+ENTRYPOINT ["tini", "--"]
+CMD ["python", "-m", "bot", "run", "--config", "/app/config.yaml"]

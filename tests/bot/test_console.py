@@ -1,0 +1,79 @@
+"""`python -m bot console` driven through a pipe, as a script would; and the CLI's clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import yaml
+from PIL import Image
+
+from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_config(tmp_path: Path, llm_url: str) -> Path:
+    config = {
+        "llm": {"base_url": llm_url, "api_key": "test-key", "model": "fake-model", "max_retries": 0},
+        "kernels": {"workspace_root": str(tmp_path / "ws"), "sandbox": "none", "warm_pool": 0, "preload": []},
+        "storage": {"path": str(tmp_path / "data" / "tb.db")},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def run_cli(*args: str, stdin: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", *args,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+    out, err = await asyncio.wait_for(process.communicate(stdin.encode()), 90)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_console_through_a_pipe_attaches_plots_saves_and_resumes(tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("x,y\n1,2\n2,4\n3,9\n")
+    async with ScriptedOpenAI() as llm:
+        config = write_config(tmp_path, llm.base_url)
+        llm.script(
+            tool_call("import pandas as pd, matplotlib.pyplot as plt\ndf = pd.read_csv('data.csv')\ndf.plot(x='x', y='y')\nplt.show()"),
+            answer("Here is y against x."),
+        )
+        code, out, err = await run_cli(
+            "console", "--config", str(config), "--out", str(tmp_path / "out"), "--thread", "demo",
+            stdin=f"/attach {tmp_path / 'data.csv'}\nplot y against x\n", cwd=tmp_path,
+        )
+        assert code == 0, err
+        assert "Here is y against x." in out
+        saved = [line.removeprefix("saved: ") for line in out.splitlines() if line.startswith("saved: ")]
+        assert len(saved) == 1
+        assert Image.open(saved[0]).format == "PNG"
+        assert "you>" not in out  # no prompts when stdin is a pipe
+
+        llm.script(tool_call("print(len(open('data.csv').read().splitlines()))"), lambda r: answer("lines: " + r["messages"][-1]["content"]))
+        code, out, err = await run_cli(
+            "console", "--config", str(config), "--out", str(tmp_path / "out"), "--thread", "demo",
+            stdin="how many lines?\n", cwd=tmp_path,
+        )
+        assert code == 0, err
+        assert "lines:" in out and "4" in out
+        assert any("plot y against x" in str(m.get("content")) for m in llm.requests[-1]["messages"])
+
+
+async def test_cli_reports_config_errors_and_missing_platforms_in_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("llm: {base_url: 'http://127.0.0.1:1/v1', max_rounds: 0}\n")
+    code, _, err = await run_cli("run", "--config", str(bad), stdin="", cwd=tmp_path)
+    assert code == 2
+    assert "config: llm.max_rounds:" in err
+
+    config = write_config(tmp_path, "http://127.0.0.1:1/v1")
+    code, _, err = await run_cli("run", "--config", str(config), stdin="", cwd=tmp_path,
+                                 env={"SLACK_BOT_TOKEN": "", "DISCORD_BOT_TOKEN": ""})
+    assert code == 2
+    assert "No chat platform is configured" in err and "make console" in err

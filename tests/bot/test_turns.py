@@ -1,0 +1,227 @@
+"""The bot core end to end: real kernels, real openai client, scripted model, in-memory chat."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+import pytest_asyncio
+from PIL import Image
+
+from bot.app import Core
+from bot.dispatcher import QUEUED_NOTICE
+from tests.conftest import make_settings
+from tests.fakes.memory import MemoryChat, bytes_attachment
+from tests.fakes.openai_server import ScriptedOpenAI, answer, error, tool_call
+
+SALES_CSV = b"month,amount\nJan,100\nFeb,200\nMar,300\n"
+
+
+def last_tool_output(request: dict[str, Any]) -> str:
+    """The text of the most recent tool message the model was sent."""
+    return next(m["content"] for m in reversed(request["messages"]) if m["role"] == "tool")
+
+
+def echo_tool_output(prefix: str = "Result: ") -> Any:
+    """A script step that answers with the last tool observation (so the reply shows real kernel output)."""
+    return lambda request: answer(prefix + last_tool_output(request))
+
+
+@pytest_asyncio.fixture
+async def llm() -> AsyncIterator[ScriptedOpenAI]:
+    async with ScriptedOpenAI() as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def core(tmp_path: Path, llm: ScriptedOpenAI) -> AsyncIterator[Core]:
+    async with Core.open(make_settings(tmp_path, llm_url=llm.base_url)) as running:
+        yield running
+
+
+@pytest.fixture
+def chat(core: Core) -> MemoryChat:
+    return MemoryChat(core.dispatcher)
+
+
+async def test_csv_question_gets_answer_with_chart_then_follow_up_reuses_variables(
+    chat: MemoryChat, llm: ScriptedOpenAI
+) -> None:
+    llm.script(
+        tool_call("import pandas as pd\ndf = pd.read_csv('sales.csv')\nprint(df.shape)"),
+        tool_call("import matplotlib.pyplot as plt\ndf.plot(x='month', y='amount')\nplt.show()"),
+        answer("Sales grew every month, peaking in **March**."),
+    )
+    out = await chat.say("plot the sales", attachments=[bytes_attachment("sales.csv", SALES_CSV)])
+
+    reply = out.reply
+    assert reply.ok
+    assert "peaking in **March**" in reply.text
+    assert len(reply.images) == 1
+    image = Image.open(io.BytesIO(reply.images[0].data))
+    assert image.format == "PNG" and image.width > 100
+    assert reply.files == ()  # the upload is not echoed back
+    # The model saw the upload's preview and the real kernel output.
+    first_user = next(m for m in llm.requests[0]["messages"] if m["role"] == "user")["content"]
+    assert "sales.csv" in first_user and "amount" in first_user
+    assert "(3, 2)" in last_tool_output(llm.requests[1])
+    assert ("update", "Running step 1: `import pandas as pd`") in out.progress_log
+    assert out.progress_log[-1] == ("finish", "ok")
+
+    llm.script(tool_call("print(df['amount'].sum())"), echo_tool_output("Total: "))
+    follow_up = await chat.say("what is the total?", mentioned=False)
+    assert "600" in follow_up.reply.text
+    # The history of the first turn was replayed to the model.
+    assert any("plot the sales" in str(m.get("content")) for m in llm.requests[-1]["messages"])
+
+
+async def test_saved_chart_is_sent_once_and_new_files_come_back(chat: MemoryChat, llm: ScriptedOpenAI) -> None:
+    llm.script(
+        tool_call(
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.savefig('chart.png')\nplt.show()\n"
+            "open('summary.csv', 'w').write('a,b\\n1,2\\n')"
+        ),
+        answer("Done."),
+    )
+    reply = (await chat.say("chart and summary please")).reply
+    assert [i.title for i in reply.images] == ["chart.png"]
+    Image.open(io.BytesIO(reply.images[0].data)).verify()
+    assert [f.name for f in reply.files] == ["summary.csv"]
+    assert reply.files[0].path.read_text() == "a,b\n1,2\n"
+
+
+async def test_errors_go_back_to_the_model_and_llm_failures_are_reported(chat: MemoryChat, llm: ScriptedOpenAI) -> None:
+    llm.script(tool_call("print(undefined_name)"), tool_call("undefined_name = 5\nprint(undefined_name)"), echo_tool_output())
+    reply = (await chat.say("go")).reply
+    assert "NameError" in last_tool_output(llm.requests[1])
+    assert reply.text.strip().endswith("5")
+
+    llm.script(error(500), answer("recovered"))
+    assert (await chat.say("again", mentioned=False)).reply.text == "recovered"
+
+    llm.script(error(401))
+    failed = await chat.say("and again", mentioned=False)
+    assert not failed.reply.ok
+    assert failed.progress_log[-1] == ("finish", "failed")
+    assert "Incorrect API key" not in failed.reply.text or len(failed.reply.text) < 300
+
+
+async def test_rules_duplicates_bots_mentions_allow_list(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+    settings = make_settings(tmp_path, llm_url=llm.base_url, access={"allow_users": ["U1"]})
+    async with Core.open(settings) as core:
+        chat = MemoryChat(core.dispatcher)
+        llm.script(answer("hello once"))
+        message = chat.message("hi", message_id="dup-1")
+        first, second = await chat.send(message), await chat.send(message)
+        assert first.reply.text == "hello once"
+        assert second.replies == [] and second.notices == []
+
+        before = len(llm.requests)
+        assert (await chat.say("bot talk", is_bot=True)).replies == []
+        assert (await chat.say("not allowed", user="U2")).replies == []
+        assert (await chat.say("no mention, unknown thread", thread="t-other", mentioned=False)).replies == []
+        assert len(llm.requests) == before
+
+
+async def test_second_message_in_a_busy_thread_is_queued_not_interleaved(chat: MemoryChat, llm: ScriptedOpenAI) -> None:
+    llm.script(tool_call("import time\ntime.sleep(1.5)\nx = 1"), answer("first done"), answer("second done"))
+    first = asyncio.create_task(chat.say("slow one"))
+    while not llm.requests:
+        await asyncio.sleep(0.02)
+    second = await chat.say("quick one", mentioned=False)
+    assert second.notices == [QUEUED_NOTICE]
+    assert (await first).reply.text == "first done"
+    assert second.reply.text == "second done"
+    # The second turn started only after the first had its final answer.
+    last_messages = llm.requests[-1]["messages"]
+    assert [m.get("content") for m in last_messages if m["role"] == "assistant"][-1] == "first done"
+
+
+async def test_two_threads_answer_concurrently(chat: MemoryChat, llm: ScriptedOpenAI) -> None:
+    def route(request: dict[str, Any]) -> Any:
+        user = [m["content"] for m in request["messages"] if m["role"] == "user"][-1]
+        if request["messages"][-1]["role"] == "tool":
+            return answer(f"{user}: {last_tool_output(request)}")
+        return tool_call(f"import os, time\ntime.sleep(0.5)\nprint('{user}', len(os.listdir('.')))")
+
+    llm.script(*[route] * 4)
+    one, two = await asyncio.gather(chat.say("alpha", thread="ta"), chat.say("beta", thread="tb"))
+    assert one.reply.text.startswith("alpha: alpha")
+    assert two.reply.text.startswith("beta: beta")
+
+
+async def test_commands_help_files_status_reset(chat: MemoryChat, llm: ScriptedOpenAI) -> None:
+    assert "reset" in (await chat.say("help")).reply.text
+    llm.script(tool_call("kept = 42"), answer("stored"))
+    await chat.say("remember 42", attachments=[bytes_attachment("notes.txt", b"hello")])
+
+    assert "notes.txt" in (await chat.say("files", mentioned=False)).reply.text
+    status = (await chat.say("status", mentioned=False)).reply.text
+    assert "Code cells run in this thread:* 1" in status and "Tokens used" in status
+    assert "Fresh kernel" in (await chat.say("reset", mentioned=False)).reply.text
+
+    llm.script(tool_call("print('kept' in dir())\nprint(open('notes.txt').read())"), echo_tool_output())
+    after = (await chat.say("still there?", mentioned=False)).reply.text
+    assert "False" in after and "hello" in after
+    system = llm.requests[-2]["messages"][0]["content"]
+    assert "variables" in system.lower()  # the model was told the kernel is fresh
+
+
+async def test_export_is_a_valid_notebook_with_the_chart(chat: MemoryChat, llm: ScriptedOpenAI) -> None:
+    llm.script(tool_call("import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [1, 2])\nplt.show()"), answer("Here."))
+    await chat.say("bar chart")
+    reply = (await chat.say("export", mentioned=False)).reply
+    assert reply.files and reply.files[0].name.endswith(".ipynb")
+    notebook = nbformat.reads(reply.files[0].path.read_text(), as_version=4)
+    nbformat.validate(notebook)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    assert "plt.bar" in code[0].source
+    assert any("image/png" in o.get("data", {}) for o in code[0].outputs)
+    assert any("bar chart" in c.source for c in notebook.cells if c.cell_type == "markdown")
+
+
+async def test_oversized_attachment_is_refused_without_writing(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+    settings = make_settings(tmp_path, llm_url=llm.base_url, kernels={"max_upload_mb": 1})
+    async with Core.open(settings) as core:
+        chat = MemoryChat(core.dispatcher)
+        big = bytes_attachment("huge.csv", b"x" * (2 * 2**20))
+        out = await chat.say("", attachments=[big])
+        assert len(out.notices) == 1 and "huge.csv" in out.notices[0]
+        workspace = core.pool.workspaces.for_key(str(chat.key()))
+        assert await workspace.list_files() == []
+        assert llm.requests == []
+
+
+async def test_stop_interrupts_running_code(chat: MemoryChat, llm: ScriptedOpenAI, core: Core) -> None:
+    llm.script(tool_call("import time\ntime.sleep(60)"), answer("should not be needed"))
+    turn = asyncio.create_task(chat.say("sleep"))
+    while (session := core.pool.get(str(chat.key()))) is None or not session.busy:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)
+    assert await core.dispatcher.stop(chat.key())
+    out = await asyncio.wait_for(turn, 10)
+    assert "stop" in out.reply.text.lower()
+    assert llm.remaining == 1  # no further model call after Stop
+
+
+async def test_restart_keeps_history_and_tells_the_model_variables_are_lost(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+    settings = make_settings(tmp_path, llm_url=llm.base_url)
+    async with Core.open(settings) as core:
+        chat = MemoryChat(core.dispatcher)
+        llm.script(tool_call("secret_number = 41\nopen('kept.txt', 'w').write('yes')"), answer("Noted 41."))
+        await chat.say("remember 41")
+
+    async with Core.open(settings) as core:
+        chat = MemoryChat(core.dispatcher)
+        llm.script(tool_call("print(open('kept.txt').read())"), echo_tool_output())
+        reply = (await chat.say("what did I say?", mentioned=False)).reply
+        assert "yes" in reply.text
+        request = llm.requests[-2]
+        assert any("remember 41" in json.dumps(m) for m in request["messages"])
+        assert "variables" in request["messages"][0]["content"].lower()
