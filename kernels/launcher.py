@@ -1,0 +1,342 @@
+"""The one place a kernel process is started.
+
+Seam (how later launchers plug in)
+----------------------------------
+:class:`KernelLauncher` is what sessions and the pool call: ``await launcher.start(workspace,
+options)`` returns a ready :class:`KernelHandle` (manager + connected client + pid).
+
+* It builds an ``AsyncKernelManager`` whose kernel spec comes from :meth:`KernelLauncher.kernel_spec`
+  (argv, ``interrupt_mode``) and whose provisioner is an instance of
+  :attr:`KernelLauncher.provisioner_class` (a ``jupyter_client`` ``LocalProvisioner``
+  subclass), handed to the manager directly instead of through an entry point.
+* :class:`ThreadbookProvisioner` owns the process: it replaces the environment with the
+  allow-listed one, lets :meth:`ThreadbookProvisioner.wrap_command` prefix the command,
+  launches off the event loop in a new session (own process group), applies the rlimits,
+  and on kill takes down the whole group plus any descendant that left it.
+
+The bubblewrap sandbox is a ``KernelLauncher`` subclass with ``transport = "ipc"``
+(sockets in the per-kernel run dir), ``interrupt_mode = "message"`` and a provisioner whose
+``wrap_command`` returns ``["bwrap", ..., *cmd]`` (rlimits then move inside, e.g. a
+``prlimit`` prefix, since the limits set on the bwrap pid do not reach an already-forked
+child). A warm pool or fork-server launcher overrides :meth:`KernelLauncher.start` to hand
+out a pre-started kernel. Remote provisioners (``gateway_provisioners``) fit the same slot.
+
+Limits without a sandbox: memory is ``RLIMIT_DATA`` (heap and private writable mappings,
+not the ~1 GiB of address space an idle kernel maps), CPU seconds are a lifetime backstop,
+``RLIMIT_NPROC`` counts per uid and is ignored for root - so as root a fork bomb is bounded
+only by the execution timeout (interrupt, then kill of the whole process group) until the
+sandbox gives each kernel its own pid namespace and uid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Empty
+from typing import Any
+
+import psutil
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.kernelspec import KernelSpec
+from jupyter_client.launcher import launch_kernel
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.provisioning import LocalProvisioner
+
+from bot.config import KernelSettings
+from kernels.options import KernelOptions
+from kernels.result import KernelStartError
+
+MPL_INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+#: Variables copied from the bot's environment when set; everything else is dropped.
+_INHERITED = ("PATH", "LANG", "LC_ALL", "TZ")
+_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+START_TIMEOUT_S = 60.0
+#: The kernel's own stdout/stderr (crash messages such as "Fatal Python error") land here.
+KERNEL_LOG = "kernel.log"
+
+Limits = list[tuple[int, int]]
+
+
+def kernel_environment(
+    *, workspace: Path, run_dir: Path, cache_dir: Path, options: KernelOptions, source: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The kernel's complete environment, built from an allow-list."""
+    source = dict(os.environ) if source is None else source
+    env = {name: source[name] for name in _INHERITED if name in source}
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", os.defpath)])
+    env.setdefault("LANG", "C.UTF-8")
+    env.update(
+        HOME=str(workspace),
+        MPLBACKEND=MPL_INLINE_BACKEND,
+        MPLCONFIGDIR=str(cache_dir / "matplotlib"),
+        IPYTHONDIR=str(run_dir / "ipython"),
+        PYTHONUNBUFFERED="1",
+        PYTHONDONTWRITEBYTECODE="1",
+        **{name: "1" for name in _THREAD_VARS},
+    )
+    if options.data_dir is not None:
+        env["THREADBOOK_DATA_DIR"] = str(options.data_dir)
+    return env
+
+
+def resource_limits(settings: KernelSettings) -> Limits:
+    """The rlimits applied to every kernel process (soft == hard)."""
+    mib = 1024 * 1024
+    return [
+        (resource.RLIMIT_DATA, settings.memory_mb * mib),
+        (resource.RLIMIT_CPU, settings.cpu_seconds),
+        (resource.RLIMIT_NPROC, settings.max_processes),
+        (resource.RLIMIT_FSIZE, settings.max_file_mb * mib),
+        (resource.RLIMIT_NOFILE, settings.max_open_files),
+    ]
+
+
+class ThreadbookProvisioner(LocalProvisioner):  # type: ignore[misc]
+    """A ``LocalProvisioner`` with an allow-listed env, rlimits and whole-group kill."""
+
+    launch_env: dict[str, str] = {}
+    limits: Limits = []
+
+    def wrap_command(self, cmd: list[str]) -> list[str]:
+        """Prefix the kernel command (the sandbox puts ``bwrap ...`` here)."""
+        return cmd
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """Replace whatever environment the manager passes with the allow-listed one."""
+        kwargs["env"] = dict(self.launch_env)
+        return await super().pre_launch(**kwargs)
+
+    def _finalize_env(self, env: dict[str, str]) -> None:
+        # The base class may add variables; keep exactly the allow-list.
+        for name in set(env) - set(self.launch_env):
+            del env[name]
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        """Start the process off the event loop, in its own session, then limit it."""
+        popen_kwargs = LocalProvisioner._scrub_kwargs(kwargs)
+        self.process = await asyncio.to_thread(launch_kernel, self.wrap_command(cmd), **popen_kwargs)
+        self.pid = self.process.pid
+        self.pgid = self.pid  # launch_kernel uses start_new_session: the kernel leads its group
+        self.cwd = kwargs.get("cwd")
+        try:
+            for limit, value in self.limits:
+                resource.prlimit(self.pid, limit, (value, value))
+        except OSError:
+            self.process.kill()
+            raise
+        return self.connection_info
+
+    async def kill(self, restart: bool = False) -> None:
+        """SIGKILL the process group and every descendant, even ones that called setsid."""
+        if self.process is None:
+            return
+        descendants = await asyncio.to_thread(_descendants, self.pid)
+        await super().kill(restart=restart)
+        for proc in descendants:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+    async def wait(self) -> int | None:
+        """Wait for the process to exit, polling quickly at first."""
+        if self.process is None:
+            return 0
+        delay = 0.005
+        while self.process.poll() is None:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        return await super().wait()
+
+
+def _descendants(pid: int | None) -> list[psutil.Process]:
+    if pid is None:
+        return []
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+class _Manager(AsyncKernelManager):  # type: ignore[misc]
+    """An ``AsyncKernelManager`` with a spec given in code instead of a kernelspec dir."""
+
+    _threadbook_spec: KernelSpec | None = None
+
+    @property
+    def kernel_spec(self) -> KernelSpec | None:
+        return self._threadbook_spec
+
+
+@dataclass
+class KernelHandle:
+    """A started, ready kernel: its manager, a connected client and its process."""
+
+    manager: AsyncKernelManager
+    client: AsyncKernelClient
+    run_dir: Path
+
+    @property
+    def pid(self) -> int | None:
+        """The kernel (or sandbox) process id."""
+        provisioner = self.manager.provisioner
+        return getattr(provisioner, "pid", None)
+
+    async def is_alive(self) -> bool:
+        """Whether the kernel process is still running."""
+        return bool(await self.manager.is_alive())
+
+    async def interrupt(self) -> None:
+        """Send an interrupt (signal or message, as the kernel spec says)."""
+        await self.manager.interrupt_kernel()
+
+    async def shutdown(self) -> None:
+        """Kill the kernel and everything it started; close channels; remove the run dir."""
+        try:
+            self.client.stop_channels()
+        finally:
+            try:
+                if self.manager.has_kernel:
+                    await self.manager.shutdown_kernel(now=True)
+            finally:
+                await asyncio.to_thread(shutil.rmtree, self.run_dir, True)
+
+    async def log_tail(self, max_bytes: int = 2000) -> str:
+        """The end of the kernel process's own stderr/stdout (for death notices)."""
+        return await asyncio.to_thread(_tail, self.run_dir / KERNEL_LOG, max_bytes)
+
+    async def memory_bytes(self) -> int | None:
+        """PSS of the kernel's process tree, or None when unknown."""
+        return await asyncio.to_thread(_tree_pss, self.pid)
+
+
+def _tail(path: Path, max_bytes: int) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - max_bytes))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tree_pss(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0
+    for proc in procs:
+        try:
+            info = proc.memory_full_info()
+        except psutil.Error:
+            continue
+        total += getattr(info, "pss", info.rss)
+    return total
+
+
+class KernelLauncher:
+    """Starts ready ipykernel processes for workspaces. Subclass to sandbox or pre-start."""
+
+    provisioner_class: type[ThreadbookProvisioner] = ThreadbookProvisioner
+    transport = "tcp"
+    interrupt_mode = "signal"
+
+    def __init__(self, settings: KernelSettings, *, run_root: Path | None = None) -> None:
+        self.settings = settings
+        self.run_root = Path(run_root or tempfile.gettempdir()) / "threadbook"
+        self.cache_dir = self.run_root / "cache"
+
+    def kernel_spec(self) -> KernelSpec:
+        """The ipykernel command line (history off, modules from ``preload`` imported)."""
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--HistoryManager.enabled=False"]
+        if self.settings.preload:
+            lines = ", ".join(repr(f"__import__({module!r})") for module in self.settings.preload)
+            argv.append(f"--IPKernelApp.exec_lines=[{lines}]")
+        return KernelSpec(
+            argv=argv, display_name="Threadbook Python", language="python", interrupt_mode=self.interrupt_mode
+        )
+
+    def make_provisioner(self, manager: AsyncKernelManager, *, env: dict[str, str]) -> ThreadbookProvisioner:
+        """The provisioner for one kernel start."""
+        provisioner = self.provisioner_class(kernel_id=manager.kernel_id, kernel_spec=manager.kernel_spec, parent=manager)
+        provisioner.launch_env = env
+        provisioner.limits = resource_limits(self.settings)
+        return provisioner
+
+    async def start(self, workspace: Path, options: KernelOptions = KernelOptions()) -> KernelHandle:
+        """Start a kernel with cwd ``workspace`` and wait until it answers (kernel_info + iopub)."""
+        run_dir = Path(await asyncio.to_thread(self._make_run_dir))
+        manager = _Manager(transport=self.transport, connection_file=str(run_dir / "kernel.json"))
+        if self.transport == "ipc":
+            manager.ip = str(run_dir / "ipc")
+        manager._threadbook_spec = self.kernel_spec()
+        manager.kernel_id = uuid.uuid4().hex
+        env = kernel_environment(workspace=workspace, run_dir=run_dir, cache_dir=self.cache_dir, options=options)
+        manager.provisioner = self.make_provisioner(manager, env=env)
+        client: AsyncKernelClient | None = None
+        try:
+            with open(run_dir / KERNEL_LOG, "ab") as log:  # the kernel keeps its own copy of the fd
+                await manager.start_kernel(cwd=str(workspace), stdout=log, stderr=log)
+            client = manager.client()
+            client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+            handle = KernelHandle(manager=manager, client=client, run_dir=run_dir)
+            await _wait_ready(handle, START_TIMEOUT_S)
+            return handle
+        except BaseException as exc:
+            await _discard(manager, client, run_dir)
+            if isinstance(exc, Exception) and not isinstance(exc, KernelStartError):
+                raise KernelStartError(f"could not start a kernel: {exc}") from exc
+            raise
+
+    def _make_run_dir(self) -> str:
+        self.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (self.cache_dir / "matplotlib").mkdir(parents=True, exist_ok=True, mode=0o700)
+        return tempfile.mkdtemp(prefix="kernel-", dir=self.run_root)
+
+
+async def _discard(manager: AsyncKernelManager, client: AsyncKernelClient | None, run_dir: Path) -> None:
+    if client is not None:
+        client.stop_channels()
+    try:
+        if manager.has_kernel:
+            await manager.shutdown_kernel(now=True)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, run_dir, True)
+
+
+async def _wait_ready(handle: KernelHandle, timeout: float) -> None:
+    """Ready = our kernel_info answered on shell and one iopub message seen (iopub subscribed)."""
+    client = handle.client
+    deadline = time.monotonic() + timeout
+    msg_id = client.kernel_info()
+    replied = False
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise KernelStartError(f"kernel did not answer within {timeout:.0f} s")
+        if not await handle.is_alive():
+            code = await handle.manager.provisioner.poll()
+            raise KernelStartError(f"kernel process exited during start (exit code {code})")
+        try:
+            if not replied:
+                msg = await client.get_shell_msg(timeout=min(0.25, remaining))
+                replied = msg["parent_header"].get("msg_id") == msg_id
+            else:
+                await client.get_iopub_msg(timeout=min(0.25, remaining))
+                return
+        except Empty:
+            if replied:
+                client.kernel_info()  # provoke iopub traffic until the subscription is live
+

@@ -1,0 +1,319 @@
+"""One thread's kernel: nbclient-style execution, timeouts, interrupts, death and restart.
+
+An execution follows nbclient's ``async_execute_cell``: only iopub messages whose parent
+``msg_id`` is ours count, the execution ends on ``status: idle``, the shell reply is read
+for the execution count, and a 1 s watchdog turns a dead process into ``Outcome.DIED``.
+On timeout the kernel is interrupted; if it is still busy ``interrupt_grace_s`` later
+(a long C call ignores SIGINT), it is replaced by a fresh kernel in the same workspace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from queue import Empty
+from typing import Any
+
+from bot.config import KernelSettings
+from kernels.launcher import KernelHandle, KernelLauncher
+from kernels.options import KernelOptions
+from kernels.output import OutputCollector
+from kernels.result import ExecutionResult, KernelError, Outcome
+from kernels.workspace import Workspace, changed_files
+
+log = logging.getLogger(__name__)
+
+WATCHDOG_INTERVAL_S = 1.0
+SHELL_REPLY_TIMEOUT_S = 2.0
+LOST_STATE_NOTICE = "The kernel was restarted: variables from before were lost; files in the workspace remain."
+
+
+class KernelSession:
+    """A thread's kernel process plus its workspace; one execution at a time."""
+
+    def __init__(
+        self,
+        key: str,
+        workspace: Workspace,
+        settings: KernelSettings,
+        *,
+        launcher: KernelLauncher,
+        options: KernelOptions = KernelOptions(),
+        lost_state: bool = False,
+    ) -> None:
+        """``lost_state``: an earlier kernel of this thread ran code and is gone (reaped,
+        evicted); the first result of this session then says so."""
+        self.key = key
+        self.workspace = workspace
+        self.settings = settings
+        self.options = options
+        self.launcher = launcher
+        #: Executions run in the current kernel process (0: fresh, earlier variables gone).
+        self.executions = 0
+        #: ``time.monotonic()`` of the last start or execution.
+        self.last_activity = time.monotonic()
+        #: "new" | "starting" | "idle" | "busy" | "dead" | "stopped"
+        self.state = "new"
+        self._handle: KernelHandle | None = None
+        self._lock = asyncio.Lock()
+        self._lost_state = lost_state
+        self._stop_requested_at: float | None = None
+        self._closed = False
+
+    @property
+    def busy(self) -> bool:
+        """True while an execution runs or waits, or the kernel is starting."""
+        return self._lock.locked() or self.state in ("busy", "starting")
+
+    def idle_seconds(self) -> float:
+        """Seconds since the last activity."""
+        return time.monotonic() - self.last_activity
+
+    async def start(self) -> None:
+        """Start the kernel if it is not running."""
+        async with self._lock:
+            await self._ensure_kernel()
+
+    async def _ensure_kernel(self) -> bool:
+        """Start a kernel when there is none or it died. True when a new one was started."""
+        if self._closed:
+            raise KernelError("this kernel session has been shut down")
+        if self._handle is not None and await self._handle.is_alive():
+            return False
+        if self._handle is not None:
+            if self.executions:
+                self._lost_state = True
+            await self._discard_handle()
+        self.state = "starting"
+        try:
+            self._handle = await self.launcher.start(self.workspace.path, self.options)
+        except BaseException:
+            self.state = "dead"
+            raise
+        self.executions = 0
+        self.state = "idle"
+        self.last_activity = time.monotonic()
+        log.info("kernel started for %s (pid %s)", self.key, self._handle.pid)
+        return True
+
+    async def _discard_handle(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            try:
+                await handle.shutdown()
+            except Exception:
+                log.exception("cleaning up the kernel of %s failed", self.key)
+
+    async def execute(self, code: str, timeout: float | None = None) -> ExecutionResult:
+        """Run ``code`` and return what it produced. User errors are data, not exceptions.
+
+        Raises :class:`KernelError` only when no kernel can be started (or the session is
+        shut down). A kernel that died before is replaced first; the result then has
+        ``kernel_restarted=True`` and a notice that variables were lost.
+        """
+        timeout = self.settings.exec_timeout_s if timeout is None else timeout
+        async with self._lock:
+            await self._ensure_kernel()
+            lost, self._lost_state = self._lost_state, False
+            self._stop_requested_at = None
+            self.state = "busy"
+            self.last_activity = time.monotonic()
+            try:
+                result = await self._run(code, timeout)
+            finally:
+                self.last_activity = time.monotonic()
+                if self.state == "busy":
+                    self.state = "idle"
+            if lost and not result.kernel_restarted:
+                result.kernel_restarted = True
+                result.notice = " ".join(filter(None, [LOST_STATE_NOTICE, result.notice]))
+            return result
+
+    async def _run(self, code: str, timeout: float) -> ExecutionResult:
+        handle = self._handle
+        assert handle is not None
+        client = handle.client
+        before = await asyncio.to_thread(self.workspace.snapshot)
+        output = OutputCollector(self.settings.max_output_bytes)
+        started = time.monotonic()
+        msg_id = client.execute(code, store_history=True, allow_stdin=False)
+        self.executions += 1
+        deadline = started + timeout
+        next_check = started + WATCHDOG_INTERVAL_S
+        interrupted_at: float | None = None
+        outcome = Outcome.OK
+        reason = ""
+        restarted = False
+        while True:
+            now = time.monotonic()
+            if interrupted_at is None and self._stop_requested_at is not None:
+                interrupted_at, reason = self._stop_requested_at, "stop"
+            if interrupted_at is None and now >= deadline:
+                interrupted_at, reason = now, "timeout"
+                await self._interrupt_quietly(handle)
+            if interrupted_at is not None and now >= interrupted_at + self.settings.interrupt_grace_s:
+                outcome = await self._restart_after_stuck(reason)
+                restarted = True
+                break
+            if now >= next_check:
+                if not await handle.is_alive():
+                    outcome = Outcome.DIED
+                    break
+                next_check = now + WATCHDOG_INTERVAL_S
+            limit = next_check if interrupted_at is None else interrupted_at + self.settings.interrupt_grace_s
+            if interrupted_at is None:
+                limit = min(limit, deadline)
+            try:
+                msg = await client.get_iopub_msg(timeout=max(limit - now, 0.001))
+            except Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            msg_type, content = msg["msg_type"], msg["content"]
+            if msg_type == "status":
+                if content.get("execution_state") == "idle":
+                    break
+                continue
+            output.handle(msg_type, content)
+
+        if outcome is Outcome.OK:
+            await self._read_shell_reply(handle, msg_id, output)
+            if interrupted_at is not None:
+                outcome = Outcome.INTERRUPTED if reason == "stop" else Outcome.TIMEOUT_INTERRUPTED
+            elif output.error is not None:
+                outcome = Outcome.ERROR
+        result = ExecutionResult(
+            outcome=outcome,
+            streams=output.streams(),
+            result=_text_plain(output.result.data if output.result else None),
+            result_data=output.result,
+            displays=output.displays(),
+            error=output.error,
+            execution_count=output.execution_count,
+            truncated=output.truncated,
+        )
+        if outcome is Outcome.DIED:
+            result.notice = await self._death_notice(handle)
+            await self._discard_handle()
+            self.state = "dead"
+            self._lost_state = True  # the next result (in a fresh kernel) says so too
+        elif restarted:
+            result.kernel_restarted = True
+            result.notice = f"{_stuck_text(reason, timeout)} {LOST_STATE_NOTICE}"
+        elif outcome is Outcome.TIMEOUT_INTERRUPTED:
+            result.notice = f"Execution timed out after {timeout:g} s and was interrupted; variables are kept."
+        elif outcome is Outcome.INTERRUPTED:
+            result.notice = "Execution was stopped on request; variables are kept."
+        if output.dropped_displays:
+            note = f"{output.dropped_displays} display output(s) were dropped (too much output)."
+            result.notice = f"{result.notice} {note}" if result.notice else note
+        after = await asyncio.to_thread(self._snapshot_and_touch)
+        result.changed_files = changed_files(before, after)
+        result.duration_s = time.monotonic() - started
+        return result
+
+    def _snapshot_and_touch(self) -> dict[str, tuple[int, int]]:
+        self.workspace.touch()
+        return self.workspace.snapshot()
+
+    async def _read_shell_reply(self, handle: KernelHandle, msg_id: str, output: OutputCollector) -> None:
+        deadline = time.monotonic() + SHELL_REPLY_TIMEOUT_S
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                reply = await handle.client.get_shell_msg(timeout=remaining)
+            except Empty:
+                return
+            if reply["parent_header"].get("msg_id") == msg_id:
+                count = reply["content"].get("execution_count")
+                if count is not None:
+                    output.execution_count = count
+                return
+
+    async def _interrupt_quietly(self, handle: KernelHandle) -> None:
+        try:
+            await handle.interrupt()
+        except Exception:
+            log.warning("interrupting the kernel of %s failed", self.key, exc_info=True)
+
+    async def _restart_after_stuck(self, reason: str) -> Outcome:
+        """The kernel ignored the interrupt: replace it (same workspace)."""
+        log.warning("kernel of %s still busy after interrupt (%s): restarting", self.key, reason)
+        await self._discard_handle()
+        await self._ensure_kernel()
+        self._lost_state = False
+        return Outcome.INTERRUPTED if reason == "stop" else Outcome.TIMEOUT_RESTARTED
+
+    async def _death_notice(self, handle: KernelHandle) -> str:
+        code = await handle.manager.provisioner.poll() if handle.manager.provisioner else None
+        how = _exit_text(code)
+        tail = [line for line in (await handle.log_tail()).splitlines() if "Fatal Python error" in line]
+        detail = f" ({tail[-1].strip()})" if tail else ""
+        return (
+            f"The kernel died during this execution: {how}{detail}. Variables were lost; files in "
+            "the workspace remain. The next execution starts a fresh kernel."
+        )
+
+    async def interrupt(self) -> None:
+        """Stop the running execution (Stop button); it returns ``Outcome.INTERRUPTED``.
+
+        If the kernel is still busy ``interrupt_grace_s`` later, it is restarted.
+        """
+        handle = self._handle
+        if handle is None or self.state != "busy" or self._stop_requested_at is not None:
+            return
+        self._stop_requested_at = time.monotonic()
+        await self._interrupt_quietly(handle)
+
+    async def restart(self) -> None:
+        """Replace the kernel with a fresh process in the same workspace (``reset``)."""
+        async with self._lock:
+            await self._discard_handle()
+            self._lost_state = False
+            await self._ensure_kernel()
+
+    async def shutdown(self) -> None:
+        """Kill the kernel and everything it started. The session cannot be used again."""
+        self._closed = True
+        self.state = "stopped"
+        await self._discard_handle()
+        log.info("kernel of %s shut down", self.key)
+
+    async def is_alive(self) -> bool:
+        """Whether the kernel process is running."""
+        return self._handle is not None and await self._handle.is_alive()
+
+    async def memory_bytes(self) -> int | None:
+        """PSS of the kernel's process tree, or None when there is no kernel."""
+        handle = self._handle
+        return None if handle is None else await handle.memory_bytes()
+
+    @property
+    def pid(self) -> int | None:
+        """The kernel process id, if one runs."""
+        return None if self._handle is None else self._handle.pid
+
+
+def _text_plain(data: dict[str, Any] | None) -> str | None:
+    value = (data or {}).get("text/plain")
+    return value if isinstance(value, str) else None
+
+
+def _stuck_text(reason: str, timeout: float) -> str:
+    if reason == "stop":
+        return "Execution was stopped on request, but the kernel did not respond to the interrupt."
+    return f"Execution timed out after {timeout:g} s and did not stop when interrupted."
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "the process ended"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (possibly out of memory)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exit code {code}"

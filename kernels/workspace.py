@@ -1,0 +1,316 @@
+"""Per-thread workspace folders: safe uploads with quotas, listing, reading, diffing.
+
+A workspace is the kernel's working directory. Its folder name is a hash of the thread
+key, never user text. Everything that touches a path a user (or user code) may control
+goes through :meth:`Workspace.resolve` or an ``O_NOFOLLOW`` open relative to the
+workspace's directory descriptor, so a symlink planted by user code cannot redirect a
+write or a read outside the folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import os
+import re
+import shutil
+import stat
+import time
+import unicodedata
+from collections.abc import AsyncIterator, Iterator
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernels.result import QuotaError, UnsafePathError
+
+#: Upper bound on entries looked at by one walk (listing, usage, snapshot).
+MAX_WALK_ENTRIES = 20_000
+_MAX_NAME_BYTES = 180
+_MAX_SUFFIX_CHARS = 16
+_UNSAFE_CHARS = re.compile(r'[<>:"/\\|?*]')
+_RESERVED = re.compile(r"^(con|prn|aux|nul|com[0-9]|lpt[0-9])(\..*)?$", re.IGNORECASE)
+
+#: relative posix path → (mtime_ns, size) of every regular file.
+Snapshot = dict[str, tuple[int, int]]
+
+
+def sanitize_name(name: str) -> str:
+    """Turn an untrusted file name into a safe single path component.
+
+    Keeps only the last path segment (``/`` and ``\\`` both count), applies Unicode NFC,
+    drops control characters, replaces characters that are unsafe on common file
+    systems, strips leading dots/spaces (no hidden files, no ``..``), prefixes reserved
+    device names (``CON``, ``NUL``, ...) and shortens overlong names while keeping the
+    extension. Never returns an empty string.
+    """
+    name = unicodedata.normalize("NFC", name).replace("\\", "/")
+    name = name.rsplit("/", 1)[-1]
+    name = "".join(ch for ch in name if not unicodedata.category(ch).startswith("C"))
+    name = _UNSAFE_CHARS.sub("_", name)
+    name = name.strip().lstrip(". ").rstrip(". ")
+    if not name:
+        return "file"
+    if _RESERVED.match(name):
+        name = f"_{name}"
+    return _shorten(name, _MAX_NAME_BYTES)
+
+
+def _shorten(name: str, max_bytes: int) -> str:
+    if len(name.encode()) <= max_bytes:
+        return name
+    stem, dot, suffix = name.rpartition(".")
+    if not dot or not stem or len(suffix) > _MAX_SUFFIX_CHARS:
+        stem, suffix = name, ""
+    ext = f".{suffix}" if suffix else ""
+    budget = max_bytes - len(ext.encode())
+    stem = stem.encode()[:budget].decode(errors="ignore")
+    return f"{stem}{ext}"
+
+
+def _with_counter(name: str, counter: int) -> str:
+    stem, dot, suffix = name.rpartition(".")
+    if not dot or not stem:
+        stem, suffix = name, ""
+    ext = f".{suffix}" if suffix else ""
+    return _shorten(f"{stem}-{counter}{ext}", _MAX_NAME_BYTES + 8)
+
+
+@dataclass(frozen=True)
+class SavedFile:
+    """An upload as stored: its final (sanitised, unique) name, path and size."""
+
+    name: str
+    path: Path
+    size: int
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A regular file in a workspace; ``name`` is the workspace-relative posix path."""
+
+    name: str
+    size: int
+    mtime: float
+
+
+class Workspace:
+    """One thread's folder. Quotas apply to uploads; user code is bounded by RLIMIT_FSIZE."""
+
+    def __init__(self, path: Path, *, max_file_bytes: int, quota_bytes: int) -> None:
+        self.path = path
+        self.max_file_bytes = max_file_bytes
+        self.quota_bytes = quota_bytes
+
+    async def save_upload(
+        self, name: str, chunks: AsyncIterator[bytes], *, declared_size: int | None = None
+    ) -> SavedFile:
+        """Stream an upload into the workspace under a safe, unique name.
+
+        Refuses before writing when ``declared_size`` breaks a quota; enforces both quotas
+        while streaming and removes the partial file on any failure.
+        """
+        if declared_size is not None and declared_size > self.max_file_bytes:
+            raise QuotaError(f"{name!r} is {declared_size} bytes; the limit per file is {self.max_file_bytes}")
+        used = await self.usage_bytes()
+        room = self.quota_bytes - used
+        if declared_size is not None and declared_size > room:
+            raise QuotaError(f"{name!r} ({declared_size} bytes) does not fit: {max(room, 0)} bytes left of the quota")
+        limit = min(self.max_file_bytes, room)
+        dir_fd, fd, final = await asyncio.to_thread(self._create_unique, sanitize_name(name))
+        written = 0
+        try:
+            async for chunk in chunks:
+                written += len(chunk)
+                if written > limit:
+                    which = "per-file limit" if limit == self.max_file_bytes else "workspace quota"
+                    raise QuotaError(f"{final!r} is larger than the {which} ({limit} bytes)")
+                await asyncio.to_thread(_write_all, fd, chunk)
+        except BaseException:
+            await asyncio.to_thread(_close_and_unlink, fd, dir_fd, final)
+            raise
+        await asyncio.to_thread(_close_fds, fd, dir_fd)
+        return SavedFile(name=final, path=self.path / final, size=written)
+
+    def _create_unique(self, name: str) -> tuple[int, int, str]:
+        dir_fd = self._open_dir()
+        try:
+            for counter in range(1, 10_000):
+                candidate = name if counter == 1 else _with_counter(name, counter)
+                try:
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                    fd = os.open(candidate, flags, 0o644, dir_fd=dir_fd)
+                except FileExistsError:
+                    continue  # taken, or a symlink planted there: never follow it
+                return dir_fd, fd, candidate
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        os.close(dir_fd)
+        raise UnsafePathError(f"no free name for {name!r}")
+
+    def _open_dir(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise UnsafePathError(f"workspace {self.path} is not a plain directory") from None
+            raise
+
+    async def list_files(self) -> list[FileInfo]:
+        """Regular files in the workspace (symlinks skipped), sorted by name."""
+        return await asyncio.to_thread(self._list_files)
+
+    def _list_files(self) -> list[FileInfo]:
+        return sorted(
+            (FileInfo(rel, st.st_size, st.st_mtime) for rel, st in _walk(self.path)), key=lambda f: f.name
+        )
+
+    def resolve(self, relative: str) -> Path:
+        """The absolute path of ``relative`` inside the workspace.
+
+        Raises :class:`UnsafePathError` for absolute paths, NUL bytes, or anything that
+        resolves (through ``..`` or symlinks) outside the folder.
+        """
+        if not relative or "\x00" in relative or os.path.isabs(relative):
+            raise UnsafePathError(f"not a workspace-relative path: {relative!r}")
+        root = self.path.resolve()
+        target = (root / relative).resolve()
+        if target != root and not target.is_relative_to(root):
+            raise UnsafePathError(f"{relative!r} points outside the workspace")
+        return target
+
+    async def read_bytes(self, relative: str) -> bytes:
+        """Read a file of the workspace (refusing anything that escapes it)."""
+        path = self.resolve(relative)
+        return await asyncio.to_thread(_read_nofollow, path)
+
+    async def usage_bytes(self) -> int:
+        """Total size of the regular files in the workspace."""
+        return await asyncio.to_thread(lambda: sum(st.st_size for _, st in _walk(self.path)))
+
+    def snapshot(self) -> Snapshot:
+        """(Blocking) mtime and size of every file, to diff before/after an execution."""
+        return {rel: (st.st_mtime_ns, st.st_size) for rel, st in _walk(self.path)}
+
+    def touch(self) -> None:
+        """(Blocking) mark the workspace as used now (retention counts from here)."""
+        try:
+            os.utime(self.path)
+        except FileNotFoundError:
+            pass
+
+    def last_used(self) -> float:
+        """(Blocking) the newest mtime of the folder and the files in it."""
+        try:
+            newest = self.path.stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+        return max([newest, *(st.st_mtime for _, st in _walk(self.path))])
+
+
+def changed_files(before: Snapshot, after: Snapshot) -> list[str]:
+    """Files created or modified between two snapshots, sorted."""
+    return sorted(rel for rel, sig in after.items() if before.get(rel) != sig)
+
+
+def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """Regular files under ``root`` (no symlinks followed), at most MAX_WALK_ENTRIES looked at."""
+    seen = 0
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        try:
+            with os.scandir(root / rel_dir if rel_dir else root) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if seen > MAX_WALK_ENTRIES:
+                return
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(rel)
+            elif stat.S_ISREG(st.st_mode):
+                yield rel, st
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _close_and_unlink(fd: int, dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    _close_fds(fd, dir_fd)
+
+
+def _read_nofollow(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
+
+
+class WorkspaceManager:
+    """Maps thread keys to workspace folders under ``root`` and deletes stale ones."""
+
+    def __init__(self, root: Path, *, max_file_bytes: int, quota_bytes: int) -> None:
+        self.root = Path(root).absolute()
+        self.max_file_bytes = max_file_bytes
+        self.quota_bytes = quota_bytes
+        self._cache: dict[str, Workspace] = {}
+
+    @staticmethod
+    def folder_name(key: str) -> str:
+        """The folder name for a thread key (a hash; never user text)."""
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    def for_key(self, key: str) -> Workspace:
+        """The workspace of ``key``, its folder created on demand (one mkdir)."""
+        workspace = self._cache.get(key)
+        if workspace is None:
+            workspace = Workspace(
+                self.root / self.folder_name(key), max_file_bytes=self.max_file_bytes, quota_bytes=self.quota_bytes
+            )
+            self._cache[key] = workspace
+        workspace.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return workspace
+
+    async def delete_stale(self, retention_s: float, *, keep: AbstractSet[str] = frozenset()) -> list[Path]:
+        """Delete workspace folders unused for ``retention_s``; ``keep`` holds thread keys to spare."""
+        spared = {self.folder_name(key) for key in keep}
+        deleted = await asyncio.to_thread(self._delete_stale, time.time() - retention_s, spared)
+        for key in [k for k, ws in self._cache.items() if ws.path in deleted]:
+            del self._cache[key]
+        return deleted
+
+    def _delete_stale(self, cutoff: float, spared: set[str]) -> list[Path]:
+        deleted: list[Path] = []
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return deleted
+        for entry in entries:
+            if entry.name in spared or not entry.is_dir(follow_symlinks=False):
+                continue
+            path = Path(entry.path)
+            probe = Workspace(path, max_file_bytes=0, quota_bytes=0)
+            if probe.last_used() < cutoff:
+                shutil.rmtree(path, ignore_errors=True)
+                deleted.append(path)
+        return deleted
