@@ -116,9 +116,8 @@ class LLMClient:
             try:
                 response = await self._client.chat.completions.create(**kwargs)
                 return _parse(response)
-            except _Unreadable as exc:
-                log.warning("unreadable LLM reply (attempt %d/%d): %s", attempt + 1, attempts, exc)
-            except openai.APIResponseValidationError as exc:
+            # ValueError: the openai client lets json.JSONDecodeError through for a non-JSON body.
+            except (_Unreadable, openai.APIResponseValidationError, ValueError) as exc:
                 log.warning("unreadable LLM reply (attempt %d/%d): %s", attempt + 1, attempts, exc)
             except openai.OpenAIError as exc:
                 raise _to_llm_error(exc, kwargs["model"], self._settings.request_timeout_s) from exc

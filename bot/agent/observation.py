@@ -53,7 +53,7 @@ def format_observation(result: ExecutionResult) -> str:
         parts.append("displayed:\n" + truncate_middle("\n".join(texts), DISPLAY_CHARS))
     if result.error is not None:
         parts.append(f"Error: {result.error.ename}: {truncate_middle(result.error.evalue, 500)}")
-        if tb := short_traceback(result.error.traceback):
+        if tb := short_traceback(result.error.traceback, result.error.ename):
             parts.append("Traceback (last frames):\n" + tb)
     if images := len(result.images):
         parts.append(f"{images} image{'s' if images > 1 else ''} displayed; shown to the user automatically.")
@@ -63,21 +63,24 @@ def format_observation(result: ExecutionResult) -> str:
         parts.append("(The kernel truncated the output because it was too long.)")
     if result.notice:
         parts.append(f"Notice: {result.notice}")
-    if len(parts) == 0 or (result.outcome is Outcome.OK and parts == []):
+    if not parts:
         parts.append("(ran without output)")
     return "\n\n".join(parts)
 
 
-def short_traceback(traceback: str, *, frames: int = TRACEBACK_FRAMES, limit: int = TRACEBACK_CHARS) -> str:
-    """The last ``frames`` frames of an IPython traceback, without the exception line or banner.
+def short_traceback(
+    traceback: str, ename: str = "", *, frames: int = TRACEBACK_FRAMES, limit: int = TRACEBACK_CHARS
+) -> str:
+    """The last ``frames`` frames of an IPython traceback, without the banner and final line.
 
     IPython separates frames with blank lines; the final block is ``Name: value``, which the
     observation already states.
     """
-    blocks = [b.strip("\n") for b in traceback.split("\n\n") if b.strip() and not set(b.strip()) <= {"-"}]
-    if blocks and ":" in blocks[-1].splitlines()[-1] and len(blocks) > 1:
+    blocks = [_drop_banner(b) for b in traceback.split("\n\n")]
+    blocks = [b for b in blocks if b]
+    if len(blocks) > 1 and ename and blocks[-1].startswith(ename):
         blocks = blocks[:-1]
-    blocks = [_drop_banner(b) for b in blocks[-frames:]]
+    blocks = blocks[-frames:]
     text = "\n\n".join(b for b in blocks if b)
     return text if len(text) <= limit else "…" + text[-(limit - 1) :]
 
@@ -97,6 +100,6 @@ def _drop_banner(block: str) -> str:
     lines = [
         line
         for line in block.splitlines()
-        if not set(line.strip()) <= {"-"} and not line.startswith("Traceback (most recent call last)")
+        if not set(line.strip()) <= {"-"} and "Traceback (most recent call last)" not in line
     ]
     return "\n".join(lines).strip("\n")

@@ -1,0 +1,137 @@
+"""The scripted OpenAI server, driven by the real openai client."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import aiohttp
+import openai
+import pytest
+
+from tests.fakes.openai_server import (
+    ScriptedOpenAI,
+    answer,
+    delay,
+    error,
+    garbage,
+    raw_tool_call,
+    tool_call,
+)
+
+
+def client(server: ScriptedOpenAI, **kwargs: object) -> openai.AsyncOpenAI:
+    options: dict[str, object] = {"base_url": server.base_url, "api_key": "k", "max_retries": 0, **kwargs}
+    return openai.AsyncOpenAI(**options)  # type: ignore[arg-type]
+
+
+async def test_answer_and_tool_calls_are_served_and_requests_recorded(scripted_openai: ScriptedOpenAI) -> None:
+    scripted_openai.script(tool_call("print(1)", "x = 2"), answer("done", usage=(7, 3)))
+    llm = client(scripted_openai)
+    messages = [{"role": "user", "content": "hi"}]
+
+    first = await llm.chat.completions.create(model="m1", messages=messages)  # type: ignore[arg-type]
+    calls = first.choices[0].message.tool_calls or []
+    assert [json.loads(c.function.arguments)["code"] for c in calls] == ["print(1)", "x = 2"]  # type: ignore[union-attr]
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert len({c.id for c in calls}) == 2
+
+    second = await llm.chat.completions.create(model="m1", messages=messages)  # type: ignore[arg-type]
+    assert second.choices[0].message.content == "done"
+    assert second.usage is not None and (second.usage.prompt_tokens, second.usage.completion_tokens) == (7, 3)
+
+    assert [r["messages"] for r in scripted_openai.requests] == [messages, messages]
+    assert scripted_openai.requests[0]["model"] == "m1"
+    assert scripted_openai.remaining == 0
+    assert scripted_openai.served_usage[0] >= 7 + 1 and scripted_openai.served_usage[1] >= 3 + 1
+
+
+async def test_sse_streaming_carries_text_tool_calls_and_usage(scripted_openai: ScriptedOpenAI) -> None:
+    long_text = "The answer is forty-two, as computed."
+    scripted_openai.script(answer(long_text), tool_call('print("a, b")'))
+    llm = client(scripted_openai)
+
+    stream = await llm.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "q"}], stream=True, stream_options={"include_usage": True}
+    )
+    pieces, usage = [], None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        usage = chunk.usage or usage
+    assert "".join(pieces) == long_text
+    assert len(pieces) > 1  # really streamed in pieces
+    assert usage is not None and usage.completion_tokens > 0
+
+    stream = await llm.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}], stream=True)
+    arguments, finish = "", None
+    async for chunk in stream:
+        for delta_call in chunk.choices[0].delta.tool_calls or ():
+            assert delta_call.index == 0
+            arguments += (delta_call.function.arguments if delta_call.function else "") or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert json.loads(arguments) == {"code": 'print("a, b")'}
+    assert finish == "tool_calls"
+
+
+async def test_error_statuses_have_openai_bodies_and_retry_after(scripted_openai: ScriptedOpenAI) -> None:
+    scripted_openai.script(error(500), error(429, retry_after=0.25))
+    llm = client(scripted_openai)
+    with pytest.raises(openai.InternalServerError) as server_error:
+        await llm.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+    assert server_error.value.status_code == 500
+    assert "server had an error" in server_error.value.message
+
+    with pytest.raises(openai.RateLimitError) as rate_limited:
+        await llm.chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+    assert rate_limited.value.response.headers["retry-after"] == "0.25"
+
+
+async def test_api_key_check_does_not_consume_steps() -> None:
+    async with ScriptedOpenAI(api_key="right") as server:
+        server.script(answer("secret answer"))
+        with pytest.raises(openai.AuthenticationError):
+            await client(server, api_key="wrong").chat.completions.create(model="m", messages=[])
+        assert server.remaining == 1
+        ok = await client(server, api_key="right").chat.completions.create(model="m", messages=[])
+        assert ok.choices[0].message.content == "secret answer"
+
+
+async def test_callable_step_sees_the_request(scripted_openai: ScriptedOpenAI) -> None:
+    scripted_openai.script(lambda body: answer("echo: " + body["messages"][-1]["content"]))
+    reply = await client(scripted_openai).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "ping"}]
+    )
+    assert reply.choices[0].message.content == "echo: ping"
+
+
+async def test_delay_triggers_client_timeout(scripted_openai: ScriptedOpenAI) -> None:
+    scripted_openai.script(delay(10), answer("on time"))
+    llm = client(scripted_openai, timeout=0.3)
+    started = time.monotonic()
+    with pytest.raises(openai.APITimeoutError):
+        await llm.chat.completions.create(model="m", messages=[])
+    assert time.monotonic() - started < 2
+    reply = await llm.chat.completions.create(model="m", messages=[])
+    assert reply.choices[0].message.content == "on time"
+
+
+async def test_garbage_raw_arguments_and_exhaustion(scripted_openai: ScriptedOpenAI) -> None:
+    scripted_openai.script(raw_tool_call('{"code": "print('), garbage())
+    llm = client(scripted_openai)
+    bad = await llm.chat.completions.create(model="m", messages=[])
+    assert bad.choices[0].message.tool_calls[0].function.arguments == '{"code": "print('  # type: ignore[index,union-attr]
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{scripted_openai.base_url}/chat/completions", json={"messages": []}) as response:
+            assert response.status == 200
+            assert await response.text() == "this is not json"
+
+    with pytest.raises(openai.BadRequestError, match="script exhausted"):
+        await llm.chat.completions.create(model="m", messages=[])
+    assert scripted_openai.exhausted == 1
+
+
+async def test_models_endpoint(scripted_openai: ScriptedOpenAI) -> None:
+    models = await client(scripted_openai).models.list()
+    assert [m.id async for m in models] == ["fake-model"]
