@@ -1,0 +1,179 @@
+"""The Slack platform edge: slack-bolt in front of the dispatcher.
+
+Bolt receives events over Socket Mode (``slack.app_token`` set) or the HTTP Events API
+(``POST /slack/events``, signature-checked by bolt); its middleware drops the bot's own
+events. Each listener only translates: it builds an :class:`~bot.events.InboundMessage`
+plus a :class:`SlackOutbox` and starts ``dispatcher.handle`` as a tracked task, so Slack is
+acknowledged at once. All other rules (other bots, allow-list, duplicates, queueing) are the
+dispatcher's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.context.async_context import AsyncBoltContext
+
+from adapters.slack.api import Failure, call, make_client
+from adapters.slack.files import FileDownloader
+from adapters.slack.inbound import to_inbound
+from adapters.slack.outbox import STOP_ACTION_ID, SlackOutbox, stopping_text
+from bot.config import SlackSettings
+from bot.events import ThreadKey
+
+if TYPE_CHECKING:
+    from bot.dispatcher import Dispatcher
+
+log = logging.getLogger("threadbook.slack")
+
+EVENTS_PATH = "/slack/events"
+
+
+class SlackStartError(Exception):
+    """Slack refused the configured credentials at start-up."""
+
+
+class SlackAdapter:
+    """Runs the Slack side of Threadbook (see the module docstring)."""
+
+    def __init__(self, settings: SlackSettings, dispatcher: Dispatcher) -> None:
+        self._settings = settings
+        self._dispatcher = dispatcher
+        self._token = settings.bot_token.get_secret_value()
+        self._client = make_client(self._token, settings.api_url)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._team_id = ""
+        self._bot_user_id = ""
+        self._downloads: aiohttp.ClientSession | None = None
+        self._socket: AsyncSocketModeHandler | None = None
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int | None:
+        """The bound port of the Events API endpoint (None in Socket Mode or before start)."""
+        return self._port
+
+    @property
+    def socket_mode(self) -> bool:
+        """True when events arrive over Socket Mode."""
+        return bool(self._settings.app_token.get_secret_value())
+
+    async def start(self) -> None:
+        """Check the token (auth.test), then connect Socket Mode or start the HTTP endpoint."""
+        auth = await call("auth.test", self._client.auth_test())
+        if isinstance(auth, Failure):
+            raise SlackStartError(f"Slack auth.test failed ({auth.error}): check slack.bot_token (SLACK_BOT_TOKEN)")
+        self._team_id, self._bot_user_id = str(auth["team_id"]), str(auth["user_id"])
+        self._downloads = aiohttp.ClientSession()
+        app = self._build_app()
+        if self.socket_mode:
+            self._socket = AsyncSocketModeHandler(app, self._settings.app_token.get_secret_value(), web_client=self._client)
+            await self._socket.connect_async()
+            log.info("Slack: connected over Socket Mode as %s in %s", self._bot_user_id, self._team_id)
+        else:
+            await self._serve_http(app)
+            log.info("Slack: Events API at http://%s:%s%s", self._settings.http_host, self._port, EVENTS_PATH)
+
+    async def stop(self) -> None:
+        """Stop receiving, cancel running turns, close connections."""
+        if self._socket is not None:
+            await self._socket.close_async()
+            self._socket = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._downloads is not None:
+            await self._downloads.close()
+            self._downloads = None
+
+    async def wait_idle(self) -> None:
+        """Wait until every turn started so far has finished (for tests and graceful shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def _build_app(self) -> AsyncApp:
+        app = AsyncApp(
+            client=self._client,
+            signing_secret=self._settings.signing_secret.get_secret_value(),
+            name="threadbook",
+            logger=logging.getLogger("threadbook.slack.bolt"),
+        )
+        app.event("app_mention")(self._on_message)
+        app.event("message")(self._on_message)
+        app.action(STOP_ACTION_ID)(self._on_stop)
+        return app
+
+    async def _serve_http(self, app: AsyncApp) -> None:
+        async def events(request: web.Request) -> web.Response:
+            response = await app.async_dispatch(await to_bolt_request(request))
+            return await to_aiohttp_response(response)
+
+        web_app = web.Application()
+        web_app.router.add_post(EVENTS_PATH, events)
+        self._runner = web.AppRunner(web_app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._settings.http_host, self._settings.http_port)
+        await site.start()
+        self._port = int(self._runner.addresses[0][1])
+
+    async def _on_message(self, event: Mapping[str, Any], context: AsyncBoltContext) -> None:
+        assert self._downloads is not None
+        downloader = FileDownloader(self._downloads, self._token)
+        message = to_inbound(
+            event, team_id=context.team_id or self._team_id, bot_user_id=self._bot_user_id, fetcher=downloader.fetcher
+        )
+        if message is None:
+            return
+        if not (message.mentioned or message.is_dm or self._settings.reply_without_mention):
+            return
+        outbox = SlackOutbox(self._client, key=message.key, message_ts=str(event["ts"]), user_id=message.user_id)
+        self._spawn(self._dispatcher.handle(message, outbox), f"slack turn {message.message_id}")
+
+    async def _on_stop(self, ack: Any, body: Mapping[str, Any], action: Mapping[str, Any]) -> None:
+        await ack()
+        try:
+            key = ThreadKey.parse(str(action.get("value", "")))
+        except ValueError:
+            log.warning("Slack: Stop button with a bad value %r", action.get("value"))
+            return
+        if key.platform != "slack":
+            return
+        container = body.get("container") or {}
+        if container.get("message_ts"):
+            await call(
+                "chat.update",
+                self._client.chat_update(
+                    channel=str(container.get("channel_id") or key.channel),
+                    ts=str(container["message_ts"]),
+                    text=stopping_text(body),
+                    blocks=[],
+                ),
+            )
+        self._spawn(self._stop_turn(key), f"slack stop {key}")
+
+    async def _stop_turn(self, key: ThreadKey) -> None:
+        if not await self._dispatcher.stop(key):
+            log.info("Slack: Stop clicked in %s but no turn was running", key)
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Slack: %s failed", task.get_name(), exc_info=task.exception())

@@ -1,0 +1,115 @@
+"""Markdown (as models write it) → Slack mrkdwn, and mrkdwn → message-sized chunks.
+
+Pure functions, no I/O. Code blocks and inline code keep their content (only Slack's three
+control characters are escaped there); prose gets bold, italics, strike-through, links,
+headings, bullets and tables translated. Slack shows a fence's language tag as text, so it is
+dropped; a Markdown table becomes a code block, the only way Slack keeps its columns aligned.
+"""
+
+from __future__ import annotations
+
+import re
+
+from adapters.textsplit import split_markdown
+
+#: Slack rejects or truncates longer messages in practice (KERNELS.md: "~4k").
+MESSAGE_LIMIT = 3_800
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+.#-]*)\s*$")
+_TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
+_TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
+_INLINE_CODE = re.compile(r"(`+)(.+?)\1")
+_LINK = re.compile(r"!?\[([^\]\n]+)\]\((\S+?)(?:\s+\"[^\"]*\")?\)")
+_AUTOLINK = re.compile(r"&lt;(https?://[^\s&]+)&gt;")
+_BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
+_ITALIC_STAR = re.compile(r"(?<![\w*])\*(?=\S)([^*\n]+?)(?<=\S)\*(?![\w*])")
+_STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
+_HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.+?)\s*#*\s*$")
+_BULLET = re.compile(r"^(\s*)[-*+]\s+(?=\S)")
+_HRULE = re.compile(r"^ {0,3}([-*_])(\s*\1){2,}\s*$")
+_PLACEHOLDER = "\x00{}\x00"
+_PLACEHOLDER_RE = re.compile("\x00(\\d+)\x00")
+
+
+def to_mrkdwn(markdown: str) -> str:
+    """Convert Markdown to Slack mrkdwn."""
+    out: list[str] = []
+    prose: list[str] = []
+    lines = markdown.replace("\r\n", "\n").split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        fence = _FENCE.match(line)
+        if fence:
+            out.extend(_prose(prose))
+            prose = []
+            marker = fence.group(1)
+            body: list[str] = []
+            i += 1
+            while i < len(lines) and lines[i].strip() != marker:
+                body.append(lines[i])
+                i += 1
+            out.append(_code_block(body))
+            i += 1  # skip the closing fence (or run past the end of an unclosed block)
+            continue
+        if _TABLE_ROW.match(line) and i + 1 < len(lines) and _TABLE_RULE.match(lines[i + 1]):
+            out.extend(_prose(prose))
+            prose = []
+            table: list[str] = []
+            while i < len(lines) and _TABLE_ROW.match(lines[i]):
+                table.append(lines[i].strip())
+                i += 1
+            out.append(_code_block(table))
+            continue
+        prose.append(line)
+        i += 1
+    out.extend(_prose(prose))
+    return "\n".join(out).strip("\n")
+
+
+def to_chunks(markdown: str, limit: int = MESSAGE_LIMIT) -> list[str]:
+    """Convert Markdown to mrkdwn and split it into messages Slack accepts."""
+    return split_markdown(to_mrkdwn(markdown), limit)
+
+
+def escape(text: str) -> str:
+    """Escape Slack's control characters (``&``, ``<``, ``>``)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _code_block(body: list[str]) -> str:
+    return "```\n" + escape("\n".join(body)) + "\n```"
+
+
+def _prose(lines: list[str]) -> list[str]:
+    return [_line(line) for line in lines]
+
+
+def _line(line: str) -> str:
+    quote = ""
+    stripped = line.lstrip()
+    if stripped.startswith(">"):  # a block quote: Slack uses the same marker
+        quote, line = "> ", stripped[1:].lstrip()
+    if _HRULE.match(line):
+        return quote + "―" * 10
+    kept: list[str] = []
+
+    def keep(text: str) -> str:
+        kept.append(text)
+        return _PLACEHOLDER.format(len(kept) - 1)
+
+    line = _INLINE_CODE.sub(lambda m: keep("`" + escape(m.group(2).strip()) + "`"), line)
+    line = escape(line)
+    line = _LINK.sub(lambda m: keep(f"<{m.group(2)}|{m.group(1)}>"), line)
+    line = _AUTOLINK.sub(lambda m: keep(f"<{m.group(1)}>"), line)
+    heading = _HEADING.match(line)
+    if heading:
+        line = "*" + _BOLD.sub(r"\2", heading.group(1)) + "*"
+    else:
+        line = _BULLET.sub(lambda m: m.group(1) + "• ", line)
+        # Italics first, so the single stars that bold turns into are left alone.
+        line = _ITALIC_STAR.sub(r"_\1_", line)
+        line = _BOLD.sub(r"*\2*", line)
+        line = _STRIKE.sub(r"~\1~", line)
+    line = _PLACEHOLDER_RE.sub(lambda m: kept[int(m.group(1))], line)
+    return quote + line

@@ -1,0 +1,228 @@
+"""Answering one Slack message: notices, the reply (text chunks, uploads), reactions, live status."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from adapters.slack.api import Failure, call, log
+from adapters.slack.format import escape, to_chunks, to_mrkdwn
+from bot.events import Reply, ThreadKey
+
+STOP_ACTION_ID = "threadbook_stop"
+RECEIVED, DONE, FAILED = "eyes", "white_check_mark", "x"
+#: chat.update is rate-limited (~50/min per channel): at most one status edit per second.
+STATUS_INTERVAL_S = 1.0
+_SECTION_LIMIT = 2900  # a section block's text may hold 3,000 characters
+_NO_CHANNEL_ERRORS = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
+
+
+class SlackOutbox:
+    """The :class:`~bot.events.Outbox` for one inbound Slack message, answering in its thread.
+
+    The first thing the core says marks the message with :eyes: (so messages the core ignores
+    get no reaction); the end of the turn swaps it for :white_check_mark: or :x:.
+    """
+
+    def __init__(self, client: AsyncWebClient, *, key: ThreadKey, message_ts: str, user_id: str) -> None:
+        self._client = client
+        self.key = key
+        self._message_ts = message_ts
+        self._user_id = user_id
+        self._lock = asyncio.Lock()
+        self._mark: str | None = None
+        self._warned_user = False
+
+    @property
+    def channel(self) -> str:
+        """The Slack channel id."""
+        return self.key.channel
+
+    @property
+    def thread_ts(self) -> str:
+        """The ts of the thread's parent message."""
+        return self.key.thread
+
+    async def notify(self, text: str) -> None:
+        """Post a short notice into the thread."""
+        await self.received()
+        await self.say(to_mrkdwn(text))
+
+    async def post(self, reply: Reply) -> None:
+        """Post the reply's text (split to fit), then its images and files in one upload."""
+        await self.received()
+        for chunk in to_chunks(reply.text):
+            await self.say(chunk)
+        if reply.images or reply.files:
+            await self._upload(reply)
+        await self.finished(reply.ok)
+
+    def progress(self) -> SlackProgress:
+        """A status message with a Stop button, edited in place."""
+        return SlackProgress(self)
+
+    async def say(self, mrkdwn: str, blocks: list[dict[str, Any]] | None = None) -> str | None:
+        """Post one mrkdwn message in the thread; returns its ts (None if Slack refused it)."""
+        result = await call(
+            "chat.postMessage",
+            self._client.chat_postMessage(
+                channel=self.channel, thread_ts=self.thread_ts, text=mrkdwn, blocks=blocks, unfurl_links=False
+            ),
+        )
+        if isinstance(result, Failure):
+            await self._explain(result)
+            return None
+        return str(result["ts"])
+
+    async def received(self) -> None:
+        """Mark the user's message with :eyes: (once)."""
+        async with self._lock:
+            if self._mark is None:
+                self._mark = RECEIVED
+                await self._react("reactions.add", RECEIVED)
+
+    async def finished(self, ok: bool) -> None:
+        """Replace the current mark with :white_check_mark: or :x:."""
+        wanted = DONE if ok else FAILED
+        async with self._lock:
+            if self._mark == wanted:
+                return
+            if self._mark is not None:
+                await self._react("reactions.remove", self._mark)
+            self._mark = wanted
+            await self._react("reactions.add", wanted)
+
+    async def _react(self, method: str, name: str) -> None:
+        request = (self._client.reactions_add if method == "reactions.add" else self._client.reactions_remove)(
+            channel=self.channel, timestamp=self._message_ts, name=name
+        )
+        await call(method, request, expected=frozenset({"already_reacted", "no_reaction"}))
+
+    async def _upload(self, reply: Reply) -> None:
+        uploads: list[dict[str, Any]] = [
+            {"content": image.data, "filename": image.filename, "title": image.title} for image in reply.images
+        ]
+        for file in reply.files:
+            try:
+                data = await asyncio.to_thread(file.path.read_bytes)
+            except OSError as exc:
+                log.warning("could not read %s for upload: %s", file.path, exc)
+                await self.say(f":warning: I could not read `{escape(file.name)}` to send it.")
+                continue
+            uploads.append({"content": data, "filename": file.name, "title": file.name})
+        if not uploads:
+            return
+        result = await call(
+            "files.uploadV2",
+            self._client.files_upload_v2(file_uploads=uploads, channel=self.channel, thread_ts=self.thread_ts),
+        )
+        if isinstance(result, Failure):
+            names = ", ".join(f"`{escape(str(u['filename']))}`" for u in uploads)
+            await self.say(f":warning: I could not upload {names} to Slack ({escape(result.error)}).")
+
+    async def _explain(self, failure: Failure) -> None:
+        """Tell the user why the thread got no answer when Slack refuses posts there."""
+        if failure.error not in _NO_CHANNEL_ERRORS or self._warned_user or not self._user_id:
+            return
+        self._warned_user = True
+        text = (
+            f"I could not answer in <#{self.channel}> ({failure.error}). "
+            "Invite me to the channel with `/invite @Threadbook` and ask again."
+        )
+        await call("chat.postMessage", self._client.chat_postMessage(channel=self._user_id, text=text))
+
+
+class SlackProgress:
+    """One status message in the thread, edited in place (throttled) and deleted at the end."""
+
+    def __init__(self, outbox: SlackOutbox, *, interval_s: float = STATUS_INTERVAL_S) -> None:
+        self._outbox = outbox
+        self._client = outbox._client
+        self._interval = interval_s
+        self._ts: str | None = None
+        self._shown: str | None = None
+        self._pending: str | None = None
+        self._last = 0.0
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def start(self, status: str) -> None:
+        """Post the status message with its Stop button."""
+        await self._outbox.received()
+        self._ts = await self._outbox.say(to_mrkdwn(status), blocks=status_blocks(status, self._outbox.key))
+        self._shown, self._last = status, time.monotonic()
+
+    async def update(self, status: str) -> None:
+        """Show ``status``: now if the last edit is a second old, else once the second is up."""
+        if self._ts is None:
+            return
+        self._pending = status
+        wait = self._last + self._interval - time.monotonic()
+        if self._flusher is not None and not self._flusher.done():
+            return  # the scheduled edit will show the newest status
+        if wait <= 0:
+            await self._flush()
+        else:
+            self._flusher = asyncio.create_task(self._flush_later(wait))
+
+    async def finish(self, ok: bool) -> None:
+        """Delete the status message and mark the user's message as done or failed."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            self._flusher = None
+        if self._ts is not None:
+            result = await call("chat.delete", self._client.chat_delete(channel=self._outbox.channel, ts=self._ts))
+            if isinstance(result, Failure):  # leave a finished status rather than a live Stop button
+                await call(
+                    "chat.update",
+                    self._client.chat_update(channel=self._outbox.channel, ts=self._ts, text="Done." if ok else "Failed.", blocks=[]),
+                )
+            self._ts = None
+        await self._outbox.finished(ok)
+
+    async def _flush_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self._flush()
+
+    async def _flush(self) -> None:
+        status, self._pending = self._pending, None
+        if status is None or status == self._shown or self._ts is None:
+            return
+        self._shown, self._last = status, time.monotonic()
+        await call(
+            "chat.update",
+            self._client.chat_update(
+                channel=self._outbox.channel, ts=self._ts, text=to_mrkdwn(status), blocks=status_blocks(status, self._outbox.key)
+            ),
+        )
+
+
+def status_blocks(status: str, key: ThreadKey) -> list[dict[str, Any]]:
+    """A status section plus a Stop button whose value is the thread key."""
+    text = to_mrkdwn(status)
+    if len(text) > _SECTION_LIMIT:
+        text = text[: _SECTION_LIMIT - 1] + "…"
+    return [
+        {"type": "section", "text": {"type": "mrkdwn", "text": f":hourglass_flowing_sand: {text}"}},
+        {
+            "type": "actions",
+            "elements": [
+                {
+                    "type": "button",
+                    "text": {"type": "plain_text", "text": "Stop"},
+                    "style": "danger",
+                    "action_id": STOP_ACTION_ID,
+                    "value": str(key),
+                }
+            ],
+        },
+    ]
+
+
+def stopping_text(payload: Mapping[str, Any]) -> str:
+    """The status text shown once Stop was clicked (by whom)."""
+    user = (payload.get("user") or {}).get("id")
+    return f":octagonal_sign: Stopping (requested by <@{user}>)…" if user else ":octagonal_sign: Stopping…"

@@ -1,0 +1,569 @@
+"""A fake Slack on 127.0.0.1: Web API, file hosting, signed Events API delivery, Socket Mode.
+
+The real ``slack_sdk`` / ``slack_bolt`` talk to it through ``base_url``; tests assert on what
+reached it. Everything is one aiohttp server on an ephemeral port::
+
+    async with FakeSlack() as slack:
+        settings = {"slack": {"bot_token": slack.bot_token, "api_url": slack.api_url, ...}}
+        ...
+        await slack.post_event(slack.mention("C1", "hi"), url=adapter_events_url)   # HTTP mode
+        await slack.socket_send("events_api", slack.event_callback(event))          # Socket Mode
+        msg = await slack.wait_for(lambda: slack.bot_messages("C1", thread_ts))
+
+Web API (``POST /api/<method>``, form or JSON body, ``Authorization: Bearer``):
+``auth.test``, ``chat.postMessage`` / ``chat.update`` / ``chat.delete``, ``reactions.add`` /
+``reactions.remove``, ``conversations.replies``, ``files.getUploadURLExternal`` (+ ``POST
+/upload/<file_id>``) and ``files.completeUploadExternal``, ``apps.connections.open`` (app
+token). Every call is recorded in :attr:`FakeSlack.calls`. A wrong token gets
+``invalid_auth``; :meth:`FakeSlack.fail` makes the next calls of a method fail with an error
+(``"ratelimited"`` answers HTTP 429 with ``Retry-After: 1``); channels in
+:attr:`FakeSlack.not_in_channel` refuse posts.
+
+Files: :meth:`FakeSlack.add_file` hosts bytes at ``url_private_download``; like Slack, a
+download without the bot token gets an HTML login page with status 200.
+
+Events: :meth:`FakeSlack.post_event` / :meth:`FakeSlack.post_interactive` sign the body with
+the signing secret (``X-Slack-Retry-Num`` on request). Socket Mode: ``GET /socket`` sends
+``hello``; :meth:`FakeSlack.socket_send` delivers an envelope and waits for its ack;
+:meth:`FakeSlack.socket_disconnect` sends ``disconnect`` and waits for the client to come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+from aiohttp import WSMsgType, web
+from aiohttp.client import ClientSession
+
+T = TypeVar("T")
+
+
+@dataclass
+class Call:
+    """One Web API call as it reached the server."""
+
+    method: str
+    args: dict[str, Any]
+    token: str
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Message:
+    """A message the bot posted (``updates`` holds every later ``chat.update`` text)."""
+
+    channel: str
+    ts: str
+    text: str
+    thread_ts: str | None
+    blocks: list[dict[str, Any]] | None
+    updates: list[str] = field(default_factory=list)
+    deleted: bool = False
+
+
+@dataclass
+class Upload:
+    """A file shared by the ``files_upload_v2`` flow (upload URL + completeUploadExternal)."""
+
+    file_id: str
+    filename: str
+    title: str
+    data: bytes
+    channel: str | None
+    thread_ts: str | None
+
+
+class FakeSlack:
+    """A local Slack workspace with one bot; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        team_id: str = "T1",
+        bot_user_id: str = "UBOT",
+        bot_id: str = "BBOT",
+        bot_token: str = "xoxb-test-token",
+        app_token: str = "xapp-test-token",
+        signing_secret: str = "test-signing-secret",
+    ) -> None:
+        self.team_id, self.bot_user_id, self.bot_id = team_id, bot_user_id, bot_id
+        self.bot_token, self.app_token, self.signing_secret = bot_token, app_token, signing_secret
+        self.calls: list[Call] = []
+        self.messages: list[Message] = []
+        self.uploads: list[Upload] = []
+        self.reactions: dict[tuple[str, str], set[str]] = {}
+        self.not_in_channel: set[str] = set()
+        self.socket_connects = 0
+        self.downloads: list[tuple[str, bool]] = []  # (file id, authorised)
+        self._failures: dict[str, list[str]] = {}
+        self._files: dict[str, tuple[bytes, str]] = {}
+        self._pending_uploads: dict[str, tuple[str, bytes | None]] = {}
+        self._user_messages: list[dict[str, Any]] = []
+        self._sockets: list[web.WebSocketResponse] = []
+        self._acks: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._changed = asyncio.Event()
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self._session: ClientSession | None = None
+        self.port = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Bind 127.0.0.1 on an ephemeral port."""
+        app = web.Application()
+        app.router.add_post("/api/{method}", self._api)
+        app.router.add_post("/upload/{file_id}", self._upload)
+        app.router.add_get("/files-pri/{file_id}/{name}", self._download)
+        app.router.add_get("/socket", self._socket)
+        self._runner = web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        self._session = ClientSession()
+
+    async def stop(self) -> None:
+        """Close sockets, the client session and the server."""
+        for ws in list(self._sockets):
+            await ws.close()
+        if self._session is not None:
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def __aenter__(self) -> FakeSlack:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_url(self) -> str:
+        """The Web API base URL to configure as ``slack.api_url``."""
+        return f"{self.base_url}/api/"
+
+    # ------------------------------------------------------------------ test helpers
+    def fail(self, method: str, error: str, times: int = 1) -> None:
+        """Make the next ``times`` calls of ``method`` fail with ``error``."""
+        self._failures.setdefault(method, []).extend([error] * times)
+
+    def calls_to(self, method: str) -> list[Call]:
+        """The recorded calls of one Web API method."""
+        return [c for c in self.calls if c.method == method]
+
+    def bot_messages(self, channel: str, thread_ts: str | None = None) -> list[Message]:
+        """Messages the bot posted in a channel (and thread), not deleted, oldest first."""
+        return [
+            m
+            for m in self.messages
+            if m.channel == channel and not m.deleted and (thread_ts is None or m.thread_ts == thread_ts)
+        ]
+
+    def add_file(self, name: str, data: bytes, mimetype: str = "application/octet-stream") -> dict[str, Any]:
+        """Host a file and return its Slack file object (for an event's ``files`` list)."""
+        file_id = f"F{next(self._ids):06d}"
+        self._files[file_id] = (data, mimetype)
+        url = f"{self.base_url}/files-pri/{self.team_id}-{file_id}/{name}"
+        return {
+            "id": file_id,
+            "name": name,
+            "title": name,
+            "mimetype": mimetype,
+            "filetype": name.rsplit(".", 1)[-1],
+            "size": len(data),
+            "url_private": url,
+            "url_private_download": url + "?download=1",
+        }
+
+    async def wait_for(self, predicate: Callable[[], T], timeout: float = 10.0) -> T:
+        """Wait until ``predicate()`` is truthy (re-checked on every server change)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = predicate()
+            if result:
+                return result
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"timed out after {timeout}s; calls: {[c.method for c in self.calls]}")
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), min(remaining, 0.5))
+            except TimeoutError:
+                pass
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # ------------------------------------------------------------------ payload builders
+    def next_ts(self) -> str:
+        """A fresh, increasing message timestamp."""
+        n = next(self._ids)
+        return f"{1_700_000_000 + n}.{n:06d}"
+
+    def message_event(
+        self,
+        channel: str,
+        text: str,
+        *,
+        user: str = "U1",
+        ts: str | None = None,
+        thread_ts: str | None = None,
+        files: list[dict[str, Any]] | None = None,
+        event_type: str = "message",
+        channel_type: str = "channel",
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """A ``message`` (or ``app_mention``) event from a user; recorded for conversations.replies."""
+        event: dict[str, Any] = {
+            "type": event_type,
+            "user": user,
+            "text": text,
+            "ts": ts or self.next_ts(),
+            "channel": channel,
+            "team": self.team_id,
+            "event_ts": "0",
+        }
+        event["event_ts"] = event["ts"]
+        if event_type == "message":
+            event["channel_type"] = channel_type
+        if thread_ts:
+            event["thread_ts"] = thread_ts
+        if files:
+            event["files"] = files
+            if event_type == "message":
+                event["subtype"] = "file_share"
+        event.update(extra)
+        self._user_messages.append(event)
+        return event
+
+    def mention(self, channel: str, text: str, **kwargs: Any) -> dict[str, Any]:
+        """An ``app_mention`` event whose text starts with the bot mention."""
+        return self.message_event(channel, f"<@{self.bot_user_id}> {text}", event_type="app_mention", **kwargs)
+
+    def event_callback(self, event: dict[str, Any], *, event_id: str | None = None) -> dict[str, Any]:
+        """Wrap an event the way the Events API and Socket Mode deliver it."""
+        return {
+            "token": "legacy-verification-token",
+            "team_id": self.team_id,
+            "api_app_id": "A1",
+            "event": event,
+            "type": "event_callback",
+            "event_id": event_id or f"Ev{uuid.uuid4().hex[:10].upper()}",
+            "event_time": int(time.time()),
+            "authorizations": [
+                {"enterprise_id": None, "team_id": self.team_id, "user_id": self.bot_user_id, "is_bot": True}
+            ],
+            "is_ext_shared_channel": False,
+        }
+
+    def block_action(self, message: Message, action_id: str, value: str, *, user: str = "U1") -> dict[str, Any]:
+        """A ``block_actions`` payload: ``user`` clicked button ``action_id`` on ``message``."""
+        return {
+            "type": "block_actions",
+            "team": {"id": self.team_id, "domain": "test"},
+            "user": {"id": user, "username": user, "team_id": self.team_id},
+            "api_app_id": "A1",
+            "token": "legacy-verification-token",
+            "container": {"type": "message", "message_ts": message.ts, "channel_id": message.channel},
+            "trigger_id": "1.2.3",
+            "channel": {"id": message.channel, "name": message.channel},
+            "message": {"type": "message", "ts": message.ts, "text": message.text, "thread_ts": message.thread_ts},
+            "actions": [
+                {
+                    "type": "button",
+                    "action_id": action_id,
+                    "block_id": "b1",
+                    "value": value,
+                    "action_ts": str(time.time()),
+                }
+            ],
+        }
+
+    # ------------------------------------------------------------------ delivery
+    def sign(self, body: bytes, timestamp: str, secret: str | None = None) -> str:
+        """The ``X-Slack-Signature`` for ``body`` (v0 scheme)."""
+        base = f"v0:{timestamp}:".encode() + body
+        key = (secret if secret is not None else self.signing_secret).encode()
+        return "v0=" + hmac.new(key, base, hashlib.sha256).hexdigest()
+
+    async def post_signed(
+        self,
+        url: str,
+        body: bytes,
+        content_type: str,
+        *,
+        retry_num: int | None = None,
+        secret: str | None = None,
+    ) -> tuple[int, str]:
+        """POST a signed body to the bot; returns (status, response text)."""
+        assert self._session is not None
+        timestamp = str(int(time.time()))
+        headers = {
+            "Content-Type": content_type,
+            "X-Slack-Request-Timestamp": timestamp,
+            "X-Slack-Signature": self.sign(body, timestamp, secret),
+        }
+        if retry_num is not None:
+            headers["X-Slack-Retry-Num"] = str(retry_num)
+            headers["X-Slack-Retry-Reason"] = "http_timeout"
+        async with self._session.post(url, data=body, headers=headers) as resp:
+            return resp.status, await resp.text()
+
+    async def post_event(
+        self, url: str, payload: dict[str, Any], *, retry_num: int | None = None, secret: str | None = None
+    ) -> tuple[int, str]:
+        """Deliver an Events API body (an event is wrapped by :meth:`event_callback` first)."""
+        if payload.get("type") not in ("event_callback", "url_verification"):
+            payload = self.event_callback(payload)
+        body = json.dumps(payload).encode()
+        return await self.post_signed(url, body, "application/json", retry_num=retry_num, secret=secret)
+
+    async def post_interactive(self, url: str, payload: dict[str, Any]) -> tuple[int, str]:
+        """Deliver an interactivity payload (``payload=<json>`` form body), signed."""
+        body = urlencode({"payload": json.dumps(payload)}).encode()
+        return await self.post_signed(url, body, "application/x-www-form-urlencoded")
+
+    async def socket_send(self, kind: str, payload: dict[str, Any], *, timeout: float = 5.0) -> dict[str, Any]:
+        """Send an envelope (``events_api``, ``interactive``) on the newest socket; return its ack."""
+        ws = await self.wait_for(lambda: [s for s in self._sockets if not s.closed], timeout)
+        envelope_id = str(uuid.uuid4())
+        ack: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._acks[envelope_id] = ack
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": kind,
+            "accepts_response_payload": False,
+            "retry_attempt": 0,
+            "retry_reason": "",
+            "payload": payload,
+        }
+        await ws[-1].send_str(json.dumps(envelope))
+        try:
+            return await asyncio.wait_for(ack, timeout)
+        finally:
+            self._acks.pop(envelope_id, None)
+
+    async def socket_disconnect(self, timeout: float = 5.0) -> None:
+        """Send ``disconnect`` (refresh_requested); wait for the client to open a new socket."""
+        old = [s for s in self._sockets if not s.closed]
+        assert old, "no socket connected"
+        connects = self.socket_connects
+        await old[-1].send_str(json.dumps({"type": "disconnect", "reason": "refresh_requested"}))
+        await self.wait_for(lambda: self.socket_connects > connects, timeout)
+        for ws in old:
+            await ws.close()
+
+    # ------------------------------------------------------------------ HTTP handlers
+    async def _api(self, request: web.Request) -> web.StreamResponse:
+        method = request.match_info["method"]
+        args = await _read_args(request)
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() or str(args.get("token", ""))
+        self.calls.append(Call(method, args, token))
+        self._notify()
+        expected = self.app_token if method == "apps.connections.open" else self.bot_token
+        if token != expected:
+            return web.json_response({"ok": False, "error": "invalid_auth"})
+        failures = self._failures.get(method)
+        if failures:
+            error = failures.pop(0)
+            if error == "ratelimited":
+                return web.json_response({"ok": False, "error": error}, status=429, headers={"Retry-After": "1"})
+            return web.json_response({"ok": False, "error": error})
+        handler = _METHODS.get(method)
+        if handler is None:
+            return web.json_response({"ok": False, "error": "unknown_method"})
+        result = handler(self, args)
+        self._notify()
+        return web.json_response(result)
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        file_id = request.match_info["file_id"]
+        if file_id not in self._pending_uploads:
+            return web.Response(status=404, text="no such upload")
+        data = await request.read()
+        filename, _ = self._pending_uploads[file_id]
+        self._pending_uploads[file_id] = (filename, data)
+        self._notify()
+        return web.Response(text=f"OK - {len(data)}")
+
+    async def _download(self, request: web.Request) -> web.Response:
+        file_id = request.match_info["file_id"].removeprefix(f"{self.team_id}-")
+        authorised = request.headers.get("Authorization") == f"Bearer {self.bot_token}"
+        self.downloads.append((file_id, authorised))
+        self._notify()
+        if not authorised:  # what Slack really does: a login page, status 200
+            return web.Response(text="<html><body>Sign in to Slack</body></html>", content_type="text/html")
+        if file_id not in self._files:
+            return web.Response(status=404, text="file_not_found")
+        data, mime = self._files[file_id]
+        return web.Response(body=data, content_type=mime)
+
+    async def _socket(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self._sockets.append(ws)
+        self.socket_connects += 1
+        self._notify()
+        await ws.send_str(json.dumps({"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A1"}}))
+        try:
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    continue
+                data = json.loads(msg.data)
+                ack = self._acks.get(data.get("envelope_id", ""))
+                if ack is not None and not ack.done():
+                    ack.set_result(data)
+        finally:
+            self._sockets.remove(ws)
+            self._notify()
+        return ws
+
+    # ------------------------------------------------------------------ Web API methods
+    def _auth_test(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "url": "https://test.slack.com/",
+            "team": "Test",
+            "user": "threadbook",
+            "team_id": self.team_id,
+            "user_id": self.bot_user_id,
+            "bot_id": self.bot_id,
+            "is_enterprise_install": False,
+        }
+
+    def _post_message(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel = str(args.get("channel", ""))
+        if channel in self.not_in_channel:
+            return {"ok": False, "error": "not_in_channel"}
+        text = str(args.get("text") or "")
+        if not text and not args.get("blocks"):
+            return {"ok": False, "error": "no_text"}
+        if len(text) > 40_000:
+            return {"ok": False, "error": "msg_too_long"}
+        message = Message(channel, self.next_ts(), text, args.get("thread_ts") or None, args.get("blocks"))
+        self.messages.append(message)
+        return {"ok": True, "channel": channel, "ts": message.ts, "message": _as_event(message, self)}
+
+    def _find(self, args: dict[str, Any]) -> Message | None:
+        channel, ts = args.get("channel"), args.get("ts")
+        return next((m for m in self.messages if m.channel == channel and m.ts == ts and not m.deleted), None)
+
+    def _update(self, args: dict[str, Any]) -> dict[str, Any]:
+        message = self._find(args)
+        if message is None:
+            return {"ok": False, "error": "message_not_found"}
+        message.text = str(args.get("text") or "")
+        message.blocks = args.get("blocks")
+        message.updates.append(message.text)
+        return {"ok": True, "channel": message.channel, "ts": message.ts, "text": message.text}
+
+    def _delete(self, args: dict[str, Any]) -> dict[str, Any]:
+        message = self._find(args)
+        if message is None:
+            return {"ok": False, "error": "message_not_found"}
+        message.deleted = True
+        return {"ok": True, "channel": message.channel, "ts": message.ts}
+
+    def _reaction(self, args: dict[str, Any], add: bool) -> dict[str, Any]:
+        names = self.reactions.setdefault((str(args.get("channel")), str(args.get("timestamp"))), set())
+        name = str(args.get("name"))
+        if add and name in names:
+            return {"ok": False, "error": "already_reacted"}
+        if not add and name not in names:
+            return {"ok": False, "error": "no_reaction"}
+        (names.add if add else names.discard)(name)
+        return {"ok": True}
+
+    def _replies(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel, ts = args.get("channel"), args.get("ts")
+        users = [e for e in self._user_messages if e["channel"] == channel and ts in (e["ts"], e.get("thread_ts"))]
+        bots = [_as_event(m, self) for m in self.bot_messages(str(channel), str(ts))]
+        messages = sorted(users + bots, key=lambda e: float(e["ts"]))
+        return {"ok": True, "messages": messages, "has_more": False}
+
+    def _get_upload_url(self, args: dict[str, Any]) -> dict[str, Any]:
+        if not args.get("filename") or not str(args.get("length", "")).isdigit():
+            return {"ok": False, "error": "invalid_arguments"}
+        file_id = f"F{next(self._ids):06d}"
+        self._pending_uploads[file_id] = (str(args["filename"]), None)
+        return {"ok": True, "upload_url": f"{self.base_url}/upload/{file_id}", "file_id": file_id}
+
+    def _complete_upload(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel = args.get("channel_id")
+        if channel in self.not_in_channel:
+            return {"ok": False, "error": "not_in_channel"}
+        files = args.get("files") or []
+        done: list[dict[str, Any]] = []
+        for item in files:
+            filename, data = self._pending_uploads.get(item.get("id"), ("", None))
+            if data is None:
+                return {"ok": False, "error": "file_not_found"}
+        for item in files:
+            filename, data = self._pending_uploads.pop(item["id"])
+            assert data is not None
+            title = item.get("title") or filename
+            self.uploads.append(Upload(item["id"], filename, title, data, channel, args.get("thread_ts")))
+            done.append({"id": item["id"], "name": filename, "title": title, "size": len(data)})
+        return {"ok": True, "files": done}
+
+    def _connections_open(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "url": f"ws://127.0.0.1:{self.port}/socket?ticket={uuid.uuid4().hex}"}
+
+
+_METHODS: dict[str, Callable[[FakeSlack, dict[str, Any]], dict[str, Any]]] = {
+    "auth.test": FakeSlack._auth_test,
+    "chat.postMessage": FakeSlack._post_message,
+    "chat.update": FakeSlack._update,
+    "chat.delete": FakeSlack._delete,
+    "reactions.add": lambda s, a: s._reaction(a, True),
+    "reactions.remove": lambda s, a: s._reaction(a, False),
+    "conversations.replies": FakeSlack._replies,
+    "files.getUploadURLExternal": FakeSlack._get_upload_url,
+    "files.completeUploadExternal": FakeSlack._complete_upload,
+    "apps.connections.open": FakeSlack._connections_open,
+}
+
+
+def _as_event(message: Message, slack: FakeSlack) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "type": "message",
+        "user": slack.bot_user_id,
+        "bot_id": slack.bot_id,
+        "text": message.text,
+        "ts": message.ts,
+        "channel": message.channel,
+    }
+    if message.thread_ts:
+        event["thread_ts"] = message.thread_ts
+    return event
+
+
+async def _read_args(request: web.Request) -> dict[str, Any]:
+    """Web API arguments from a JSON or form body plus the query string; JSON-in-form decoded."""
+    args: dict[str, Any] = dict(request.query)
+    if request.content_type == "application/json":
+        args.update(await request.json())
+    elif request.can_read_body:
+        args.update({k: v for k, v in (await request.post()).items() if isinstance(v, str)})
+    for key in ("blocks", "files", "attachments"):
+        value = args.get(key)
+        if isinstance(value, str) and value[:1] in "[{":
+            args[key] = json.loads(value)
+    return args

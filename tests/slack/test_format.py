@@ -1,0 +1,89 @@
+"""Markdown → mrkdwn conversion and fence-safe splitting (pure functions)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from adapters.slack.format import MESSAGE_LIMIT, to_chunks, to_mrkdwn
+from adapters.textsplit import split_markdown
+
+
+def test_inline_markdown_becomes_mrkdwn() -> None:
+    text = "The **mean** is *4.2*, ~~old~~ gone; see [the docs](https://x.org/a?b=1&c=2) or <https://y.org>."
+    assert to_mrkdwn(text) == (
+        "The *mean* is _4.2_, ~old~ gone; see <https://x.org/a?b=1&amp;c=2|the docs> or <https://y.org>."
+    )
+
+
+def test_headings_bullets_quotes_and_escaping() -> None:
+    text = "## Summary **now**\n- first\n* second\n> quoted **bit**\nx < y & z > w, 2*3*4 and snake_case_name"
+    assert to_mrkdwn(text).split("\n") == [
+        "*Summary now*",
+        "• first",
+        "• second",
+        "> quoted *bit*",
+        "x &lt; y &amp; z &gt; w, 2*3*4 and snake_case_name",
+    ]
+
+
+def test_code_is_left_alone_except_escaping_and_language_tag() -> None:
+    text = "Run `a<b and **c**`:\n\n```python\nif a < b:\n    print('**not bold**')\n```\nafter"
+    assert to_mrkdwn(text) == (
+        "Run `a&lt;b and **c**`:\n\n```\nif a &lt; b:\n    print('**not bold**')\n```\nafter"
+    )
+
+
+def test_tables_become_code_blocks() -> None:
+    text = "Totals:\n| month | amount |\n|---|---:|\n| Jan | 100 |\n\nDone."
+    assert to_mrkdwn(text) == "Totals:\n```\n| month | amount |\n|---|---:|\n| Jan | 100 |\n```\n\nDone."
+
+
+def _fences_balanced(chunk: str) -> bool:
+    return len(re.findall(r"^```", chunk, flags=re.M)) % 2 == 0
+
+
+def test_split_keeps_short_text_whole_and_drops_empty() -> None:
+    assert split_markdown("hello", 100) == ["hello"]
+    assert split_markdown("\n \n", 100) == []
+
+
+def test_split_prefers_paragraph_breaks() -> None:
+    paragraphs = [f"Paragraph {i}: " + "words " * 12 for i in range(10)]
+    chunks = split_markdown("\n\n".join(paragraphs), 250)
+    assert all(len(c) <= 250 for c in chunks)
+    assert all(c.startswith("Paragraph") for c in chunks)  # no chunk starts mid-paragraph
+    assert "".join(chunks).replace("\n", "") == "".join(paragraphs)
+
+
+@pytest.mark.parametrize("limit", [120, 300, 2000])
+def test_split_closes_and_reopens_code_fences(limit: int) -> None:
+    code = "\n".join(f"value_{i} = {i} * 2  # a comment" for i in range(200))
+    text = f"Here is the code:\n\n```python\n{code}\n```\n\nThat is all."
+    chunks = split_markdown(text, limit)
+    assert len(chunks) > 1
+    for chunk in chunks:
+        assert len(chunk) <= limit
+        assert _fences_balanced(chunk), chunk
+    assert all(c.startswith("```python") for c in chunks[1:-1])
+    # Nothing lost: strip the added fences and the code reads as before.
+    body = "\n".join(chunks)
+    assert all(f"value_{i} = {i} * 2" in body for i in range(200))
+    assert chunks[-1].endswith("That is all.")
+
+
+def test_split_cuts_overlong_lines() -> None:
+    line = "x" * 1000
+    chunks = split_markdown(line, 100)
+    assert all(len(c) <= 100 for c in chunks)
+    assert "".join(chunks) == line
+
+
+def test_long_answer_chunks_fit_slack() -> None:
+    table = "\n".join(f"| {i} | {i * i} |" for i in range(400))
+    text = "# Squares\n\n| n | n² |\n|---|---|\n" + table + "\n\nDone **now**."
+    chunks = to_chunks(text)
+    assert len(chunks) >= 2
+    assert all(len(c) <= MESSAGE_LIMIT and _fences_balanced(c) for c in chunks)
+    assert chunks[0].startswith("*Squares*") and chunks[-1].endswith("Done *now*.")
