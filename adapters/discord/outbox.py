@@ -1,0 +1,170 @@
+"""Answer in one Discord thread: split text, attachments, a live status with a Stop button, reactions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import discord
+
+from adapters.discord.uploads import plan_uploads
+from adapters.textsplit import split_markdown
+from bot.events import Reply, ThreadKey
+
+log = logging.getLogger(__name__)
+
+MESSAGE_LIMIT = 2000
+TYPING_EVERY_S = 8.0  # Discord shows "typing…" for about 10 s per trigger
+WORKING, DONE, FAILED, STOPPED = "👀", "✅", "❌", "⏹️"
+
+#: Interrupts the running turn of a thread; True if one was running.
+StopTurn = Callable[[ThreadKey], Awaitable[bool]]
+
+
+class StopView(discord.ui.View):
+    """The Stop button under the status message."""
+
+    def __init__(self, on_stop: Callable[[discord.Interaction], Awaitable[None]], *, custom_id: str) -> None:
+        super().__init__(timeout=None)
+        self._on_stop = on_stop
+        button: discord.ui.Button[StopView] = discord.ui.Button(
+            label="Stop", style=discord.ButtonStyle.danger, emoji=STOPPED, custom_id=custom_id
+        )
+        button.callback = self._pressed  # type: ignore[method-assign]
+        self.add_item(button)
+
+    async def _pressed(self, interaction: discord.Interaction) -> None:
+        await self._on_stop(interaction)
+
+
+class DiscordProgress:
+    """👀 on the question, "typing…", and one status message edited in place (throttled)."""
+
+    def __init__(self, *, channel: discord.abc.Messageable, source: discord.Message, me: discord.abc.Snowflake,
+                 key: ThreadKey, stop_turn: StopTurn, interval_s: float) -> None:
+        self._channel = channel
+        self._me = me
+        self._source = source
+        self._key = key
+        self._stop_turn = stop_turn
+        self._interval_s = interval_s
+        self._message: discord.Message | None = None
+        self._view: StopView | None = None
+        self._typing: asyncio.Task[None] | None = None
+        self._pending: asyncio.Task[None] | None = None
+        self._latest = ""
+        self._last_edit = 0.0
+        self._stopped = False
+
+    async def start(self, status: str) -> None:
+        """React 👀, start typing, post the status with its Stop button."""
+        await _quietly(self._source.add_reaction(WORKING), "add 👀")
+        self._typing = asyncio.create_task(self._keep_typing())
+        self._view = StopView(self._on_stop, custom_id=f"threadbook:stop:{self._source.id}")
+        self._latest = status
+        try:
+            self._message = await self._channel.send(f"⏳ {status}", view=self._view)
+        except discord.HTTPException as exc:
+            log.warning("could not post the status message in %s: %s", self._key, exc)
+        self._last_edit = time.monotonic()
+
+    async def update(self, status: str) -> None:
+        """Show ``status``; at most one edit per interval, the latest status wins."""
+        self._latest = status
+        if self._stopped or (self._pending is not None and not self._pending.done()):
+            return
+        delay = max(0.0, self._last_edit + self._interval_s - time.monotonic())
+        self._pending = asyncio.create_task(self._edit_after(delay))
+
+    async def finish(self, ok: bool) -> None:
+        """Stop typing, close the status (button removed) and swap 👀 for ✅, ❌ or ⏹️."""
+        for task in (self._typing, self._pending):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._view is not None:
+            self._view.stop()
+        outcome = STOPPED if self._stopped else DONE if ok else FAILED
+        text = {STOPPED: "Stopped.", DONE: "Done.", FAILED: "Failed."}[outcome]
+        if self._message is not None:
+            await _quietly(self._message.edit(content=f"{outcome} {text}", view=None), "close the status")
+        await _quietly(self._source.remove_reaction(WORKING, self._me), "remove 👀")
+        await _quietly(self._source.add_reaction(outcome), f"add {outcome}")
+
+    async def _on_stop(self, interaction: discord.Interaction) -> None:
+        await _quietly(interaction.response.defer(), "acknowledge Stop")
+        if self._stopped:
+            return
+        self._stopped = await self._stop_turn(self._key)
+        log.info("Stop pressed by %s in %s (turn running: %s)", interaction.user.id, self._key, self._stopped)
+        if self._stopped and self._message is not None:
+            if self._pending is not None:
+                self._pending.cancel()
+            await _quietly(self._message.edit(content=f"{STOPPED} Stopping…", view=None), "show Stopping")
+
+    async def _edit_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self._message is None or self._stopped:
+            return
+        self._last_edit = time.monotonic()
+        await _quietly(self._message.edit(content=f"⏳ {self._latest}"), "edit the status")
+
+    async def _keep_typing(self) -> None:
+        while True:
+            await _quietly(self._channel.typing(), "trigger typing")  # type: ignore[arg-type]
+            await asyncio.sleep(TYPING_EVERY_S)
+
+
+class DiscordOutbox:
+    """Where the core's answers to one Discord message go: the session's thread (or DM)."""
+
+    def __init__(self, *, channel: discord.abc.Messageable, source: discord.Message, me: discord.abc.Snowflake,
+                 key: ThreadKey, stop_turn: StopTurn, upload_limit: int, status_interval_s: float = 1.5) -> None:
+        self._channel = channel
+        self._me = me
+        self._source = source
+        self._key = key
+        self._stop_turn = stop_turn
+        self._upload_limit = upload_limit
+        self._status_interval_s = status_interval_s
+
+    async def notify(self, text: str) -> None:
+        """Post a short notice into the thread."""
+        await self._send_text(text)
+
+    async def post(self, reply: Reply) -> None:
+        """Post the text (split at 2,000 characters), then images and files in upload-sized batches."""
+        await self._send_text(reply.text)
+        plan = await plan_uploads(reply.images, reply.files, self._upload_limit)
+        notes = list(plan.notes)
+        for batch in plan.batches:
+            files = await asyncio.to_thread(lambda: [upload.to_file() for upload in batch])
+            try:
+                await self._channel.send(files=files)
+            except discord.HTTPException as exc:
+                names = ", ".join(f"`{upload.name}`" for upload in batch)
+                log.warning("uploading %s to %s failed: %s", names, self._key, exc)
+                notes.append(f"⚠️ Could not upload {names}: {exc.text or exc.status}.")
+        if notes:
+            await self._send_text("\n".join(notes))
+
+    def progress(self) -> DiscordProgress:
+        """A progress handle for this turn."""
+        return DiscordProgress(channel=self._channel, source=self._source, me=self._me, key=self._key,
+                               stop_turn=self._stop_turn, interval_s=self._status_interval_s)
+
+    async def _send_text(self, text: str) -> None:
+        for chunk in split_markdown(text, MESSAGE_LIMIT):
+            await self._channel.send(chunk)
+
+
+async def _quietly(action: Awaitable[object], what: str) -> None:
+    """Run a cosmetic REST call; a failure (no permission, rate limit) is logged, never raised."""
+    try:
+        await action
+    except discord.HTTPException as exc:
+        log.warning("could not %s: %s %s", what, exc.status, exc.text)

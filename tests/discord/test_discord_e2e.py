@@ -1,0 +1,219 @@
+"""Discord end to end: real discord.py against the fake Discord, the real Core, real kernels, scripted LLM.
+
+One fake, one Core and one connected client serve the whole module; each test opens its own
+thread (so its own kernel) with a fresh mention.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import time
+import zipfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from PIL import Image
+
+from adapters.discord import DiscordAdapter
+from adapters.discord.adapter import NO_THREAD_PERMISSION
+from bot.app import Core
+from tests.conftest import make_settings
+from tests.fakes.discord_server import CHANNEL_ID, OTHER_BOT, FakeDiscord, Sent
+from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+UPLOAD_LIMIT_MB = 0.25
+SALES_CSV = b"month,amount\nJan,100\nFeb,200\nMar,300\n"
+
+
+@dataclass
+class World:
+    discord: FakeDiscord
+    llm: ScriptedOpenAI
+    core: Core
+    adapter: DiscordAdapter
+
+    async def ask(self, text: str, **kwargs: Any) -> tuple[dict[str, Any], int]:
+        """Mention the bot in #general; returns the message and the id of the thread it opened."""
+        message = await self.discord.user_message(text, mention_bot=True, **kwargs)
+        thread = await self.discord.wait_for_thread(message["id"])
+        return message, int(thread["id"])
+
+    async def turn_done(self, message: dict[str, Any], timeout: float = 30.0) -> str:
+        """Wait for the ✅/❌/⏹️ reaction on ``message``; returns the emoji."""
+        mid = int(message["id"])
+        return await self.discord.wait_until(
+            lambda: next((e for (_, m, e) in self.discord.reactions if m == mid and e in "✅❌⏹️"), None), timeout)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World]:
+    tmp_path = tmp_path_factory.mktemp("discord")
+    async with FakeDiscord(upload_limit=int(UPLOAD_LIMIT_MB * 2**20)) as fake, ScriptedOpenAI() as llm:
+        settings = make_settings(
+            tmp_path, llm_url=llm.base_url,
+            discord={"token": fake.token, "api_url": fake.api_url, "gateway_url": fake.gateway_url,
+                     "upload_limit_mb": UPLOAD_LIMIT_MB},
+        )
+        async with Core.open(settings) as core:
+            adapter = DiscordAdapter(settings.discord, core.dispatcher, guild_ready_timeout_s=0.05,
+                                     status_interval_s=0.05)
+            await adapter.start()
+            try:
+                yield World(fake, llm, core, adapter)
+            finally:
+                await adapter.stop()
+        assert fake.unknown_routes == []
+
+
+@pytest.fixture(autouse=True)
+def clean_script(world: World) -> None:
+    """No test may leave unused model steps behind for the next one."""
+    yield
+    assert world.llm.remaining == 0, "a scripted LLM step was not used"
+
+
+async def test_mention_with_csv_opens_thread_with_chart_and_follow_up_reuses_variable(world: World) -> None:
+    fake = world.discord
+    world.llm.script(
+        tool_call("import pandas as pd\ndf = pd.read_csv('sales.csv')\nprint(df.shape)"),
+        tool_call("import matplotlib.pyplot as plt\ndf.plot(x='month', y='amount')\nplt.show()"),
+        answer("Sales grew every month, peaking in **March**."),
+    )
+    message, thread_id = await world.ask("Plot the *sales* by month\nplease", files=[("sales.csv", SALES_CSV)])
+
+    thread = fake.threads[thread_id]
+    assert thread["name"] == "Plot the sales by month" and int(thread["parent_id"]) == CHANNEL_ID
+    assert await world.turn_done(message) == "✅"
+    answer_msg = await fake.wait_for_sent(thread_id, lambda s: "peaking in **March**" in s.content)
+    chart = await fake.wait_for_sent(thread_id, lambda s: any(f.name.endswith(".png") for f in s.files))
+    image = Image.open(io.BytesIO(chart.files[0].data))
+    assert image.format == "PNG" and image.width > 100
+    assert answer_msg.id < chart.id  # text first, then the chart
+    # Everything went into the thread: nothing the bot wrote landed in #general.
+    assert CHANNEL_ID not in fake.sent
+    assert fake.cdn_downloads == ["sales.csv"]
+    # 👀 while working, then ✅; "typing…" and a status message edited in place, its Stop button gone at the end.
+    mid = int(message["id"])
+    assert ("add", mid, "👀") in fake.reaction_log and ("remove", mid, "👀") in fake.reaction_log
+    assert (CHANNEL_ID, mid, "👀") not in fake.reactions
+    assert thread_id in fake.typing
+    status = next(s for s in fake.sent[thread_id] if s.content.startswith(("⏳", "✅")) and s.edits)
+    assert any("Running step 1: `import pandas as pd`" in e for e in status.edits)
+    assert status.content == "✅ Done." and status.custom_ids == []
+
+    world.llm.script(tool_call("print(df['amount'].sum())"),
+                     lambda request: answer("Total: " + request["messages"][-1]["content"]))
+    follow_up = await fake.user_message("and the total?", channel_id=thread_id)  # no mention needed in the thread
+    assert await world.turn_done(follow_up) == "✅"
+    reply = await fake.wait_for_sent(thread_id, lambda s: s.content.startswith("Total:"))
+    assert "600" in reply.content
+    assert len(fake.threads) == 1  # the follow-up did not open another thread
+
+
+async def test_bot_authors_get_no_answer(world: World) -> None:
+    fake = world.discord
+    requests_before = len(world.llm.requests)
+    from_bot = await fake.user_message("please run rm -rf", mention_bot=True, author=OTHER_BOT)
+    world.llm.script(answer("Hello from a DM."))
+    dm = fake.dm_channel()
+    from_human = await fake.user_message("hi", channel_id=dm)  # a DM needs no mention
+    await world.turn_done(from_human)
+    await fake.wait_for_sent(dm, lambda s: s.content == "Hello from a DM.")
+    # Events are handled in order, so the bot's earlier message had its chance: no thread, no model call.
+    assert int(from_bot["id"]) not in fake.threads
+    assert len(world.llm.requests) == requests_before + 1
+    assert not any(m == int(from_bot["id"]) for (_, m, _) in fake.reactions)
+
+
+async def test_long_answer_arrives_in_several_messages_with_code_blocks_intact(world: World) -> None:
+    fake = world.discord
+    code = "\n".join(f"value_{i} = compute({i}) * 2  # step {i}" for i in range(60))
+    prose = " ".join(["The numbers check out."] * 40)
+    # ```text, not ```python: a python block in an answer without tool calls would be executed.
+    long_answer = f"{prose}\n\n```text\n{code}\n```\n\n{prose}\n\n```text\n{code}\n```\n\nDone."
+    assert len(long_answer) > 5000
+    world.llm.script(answer(long_answer))
+    fake.fail_next("POST", r"^/channels/\d+/messages$", 429)  # discord.py waits and retries
+    message, thread_id = await world.ask("explain the numbers at length")
+    await world.turn_done(message)
+
+    chunks = [s.content for s in fake.sent[thread_id] if not s.content.startswith(("⏳", "✅", "❌"))]
+    assert len(chunks) >= 3
+    assert all(len(c) <= 2000 for c in chunks)
+    assert all(c.count("```") % 2 == 0 for c in chunks)  # every chunk opens and closes its fences
+    body = "\n".join(chunks)
+    lines = [line for line in body.splitlines() if line.startswith("value_")]
+    assert lines == code.splitlines() * 2  # every code line arrives once, in order
+    assert body.rstrip().endswith("Done.")
+
+
+async def test_oversized_files_are_zipped_or_reported(world: World) -> None:
+    fake = world.discord
+    limit = int(UPLOAD_LIMIT_MB * 2**20)
+    world.llm.script(
+        tool_call("import os\nopen('report.txt', 'w').write('all good here\\n' * 40000)\n"
+                  "open('noise.bin', 'wb').write(os.urandom(400_000))"),
+        answer("I wrote two files."),
+    )
+    message, thread_id = await world.ask("write me the big files")
+    await world.turn_done(message)
+
+    zipped = await fake.wait_for_sent(thread_id, lambda s: any(f.name == "report.txt.zip" for f in s.files))
+    data = next(f.data for f in zipped.files if f.name == "report.txt.zip")
+    assert len(data) <= limit
+    assert zipfile.ZipFile(io.BytesIO(data)).read("report.txt") == b"all good here\n" * 40000
+    note = await fake.wait_for_sent(thread_id, lambda s: "noise.bin" in s.content)
+    assert "upload limit" in note.content and "workspace" in note.content
+    assert all(f.name != "noise.bin" for s in fake.sent[thread_id] for f in s.files)
+
+
+async def test_stop_button_interrupts_a_long_cell(world: World) -> None:
+    fake = world.discord
+    world.llm.script(tool_call("import time\nfor _ in range(600):\n    time.sleep(0.1)\nprint('finished')"))
+    message, thread_id = await world.ask("count slowly to sixty seconds")
+    await fake.wait_until(lambda: any("Running step 1" in s.content for s in fake.sent.get(thread_id, [])))
+    status = next(s for s in fake.sent[thread_id] if s.custom_ids)
+    started = time.monotonic()
+    interaction = await fake.press_button(status.id)
+
+    assert await world.turn_done(message) == "⏹️"
+    assert time.monotonic() - started < 15  # the cell alone would run for 60 s
+    assert {"interaction_id": int(interaction["id"]), "type": 6} in fake.interaction_responses  # acknowledged
+    assert status.content == "⏹️ Stopped." and status.custom_ids == []
+    assert not any("finished" in s.content for s in fake.sent[thread_id])
+    # The kernel survived the interrupt and still answers in this thread.
+    world.llm.script(tool_call("print(6 * 7)"), lambda request: answer("It is " + request["messages"][-1]["content"]))
+    again = await fake.user_message("what is 6*7?", channel_id=thread_id)
+    assert await world.turn_done(again) == "✅"
+    assert "42" in (await fake.wait_for_sent(thread_id, lambda s: s.content.startswith("It is"))).content
+
+
+async def test_answers_again_after_the_gateway_asks_to_reconnect(world: World) -> None:
+    fake = world.discord
+    identifies = fake.identifies
+    await fake.request_reconnect()
+    world.llm.script(answer("Still here."))
+    message = await fake.user_message("are you still there?", mention_bot=True)  # may arrive mid-reconnect
+    thread = await fake.wait_for_thread(message["id"])
+    await fake.wait_for_sent(thread["id"], lambda s: s.content == "Still here.")
+    assert fake.resumes >= 1 and fake.identifies == identifies  # resumed the session, did not re-identify
+    await world.turn_done(message)
+
+
+async def test_missing_thread_permission_is_reported_in_the_channel(world: World) -> None:
+    fake = world.discord
+    requests_before = len(world.llm.requests)
+    fake.fail_next("POST", r"/messages/\d+/threads$", 403)
+    message = await fake.user_message("plot something", mention_bot=True)
+    told = await fake.wait_for_sent(CHANNEL_ID, lambda s: s.content == NO_THREAD_PERMISSION)
+    assert told.id > int(message["id"])
+    assert int(message["id"]) not in fake.threads and len(world.llm.requests) == requests_before
+    fake.sent.pop(CHANNEL_ID)
