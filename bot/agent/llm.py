@@ -158,9 +158,15 @@ def _to_llm_error(exc: openai.OpenAIError, model: str, timeout_s: float) -> LLME
         return LLMError("The language model request failed; please try again.")
     status = exc.status_code
     if status in (401, 403):
-        sentence = f"The language model rejected the bot's API key (HTTP {status}); the bot's operator should check llm.api_key."
+        sentence = (
+            f"The language model rejected the bot's API key (HTTP {status}); "
+            "the bot's operator should check llm.api_key."
+        )
     elif status == 404:
-        sentence = f"The language model endpoint does not know the model '{model}' (HTTP 404); the bot's operator should check llm.model."
+        sentence = (
+            f"The language model endpoint does not know the model '{model}' (HTTP 404); "
+            "the bot's operator should check llm.model."
+        )
     elif status == 429:
         sentence = "The language model is rate-limiting requests (HTTP 429); please try again in a minute."
     elif status >= 500:

@@ -260,13 +260,10 @@ class _Turn:
         return self._finish("max_rounds", f"{summary}\n\n{note}" if summary else note)
 
     def _limit_note(self) -> str:
-        return (
-            f"_Stopped after {self.rounds} code runs, the limit for one message. "
-            "Reply “continue” to let me go on._"
-        )
+        return f"_Stopped after {_runs(self.rounds)}, the limit for one message. Reply “continue” to let me go on._"
 
     def _interrupted_note(self) -> str:
-        return f"_Stopped on request after {self.rounds} code run{'s' if self.rounds != 1 else ''}._"
+        return f"_Stopped on request after {_runs(self.rounds)}._"
 
     def _add(self, message: dict[str, Any]) -> None:
         self.messages.append(message)
@@ -319,6 +316,10 @@ def _parse_call(call: ToolCall) -> tuple[str | None, str]:
     if not isinstance(code, str) or not code.strip():
         return None, 'Error: the python tool needs a non-empty string argument "code"; nothing ran.'
     return code, ""
+
+
+def _runs(count: int) -> str:
+    return f"{count} code run{'' if count == 1 else 's'}"
 
 
 def _tool_message(call_id: str, content: str) -> dict[str, Any]:

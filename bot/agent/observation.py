@@ -17,7 +17,9 @@ TRACEBACK_CHARS = 1500
 TRACEBACK_FRAMES = 2
 
 _OUTCOME_LINES = {
-    Outcome.TIMEOUT_INTERRUPTED: "The code ran past the time limit and was interrupted; variables defined before are kept.",
+    Outcome.TIMEOUT_INTERRUPTED: (
+        "The code ran past the time limit and was interrupted; variables defined before are kept."
+    ),
     Outcome.TIMEOUT_RESTARTED: (
         "The code ran past the time limit and could not be interrupted, so the kernel was restarted: "
         "all variables are lost (files in the workspace remain)."
@@ -33,7 +35,11 @@ _OUTCOME_LINES = {
 def format_observation(result: ExecutionResult) -> str:
     """The text of the ``tool`` message for one execution."""
     parts: list[str] = []
-    if result.outcome in _OUTCOME_LINES:
+    # The kernel layer's notice is the most precise account (exit code, seconds); the stock
+    # lines cover results that come without one.
+    if result.notice:
+        parts.append(f"Notice: {result.notice}")
+    elif result.outcome in _OUTCOME_LINES:
         parts.append(_OUTCOME_LINES[result.outcome])
     elif result.kernel_restarted:
         parts.append("Note: this ran in a fresh kernel; variables from earlier runs are gone, files remain.")
@@ -61,8 +67,6 @@ def format_observation(result: ExecutionResult) -> str:
         parts.append("Files created or changed (sent to the user): " + ", ".join(result.changed_files))
     if result.truncated:
         parts.append("(The kernel truncated the output because it was too long.)")
-    if result.notice:
-        parts.append(f"Notice: {result.notice}")
     if not parts:
         parts.append("(ran without output)")
     return "\n\n".join(parts)

@@ -32,7 +32,8 @@ async def test_answer_and_tool_calls_are_served_and_requests_recorded(scripted_o
 
     first = await llm.chat.completions.create(model="m1", messages=messages)  # type: ignore[arg-type]
     calls = first.choices[0].message.tool_calls or []
-    assert [json.loads(c.function.arguments)["code"] for c in calls] == ["print(1)", "x = 2"]  # type: ignore[union-attr]
+    codes = [json.loads(c.function.arguments)["code"] for c in calls]  # type: ignore[union-attr]
+    assert codes == ["print(1)", "x = 2"]
     assert first.choices[0].finish_reason == "tool_calls"
     assert len({c.id for c in calls}) == 2
 
@@ -120,7 +121,8 @@ async def test_garbage_raw_arguments_and_exhaustion(scripted_openai: ScriptedOpe
     scripted_openai.script(raw_tool_call('{"code": "print('), garbage())
     llm = client(scripted_openai)
     bad = await llm.chat.completions.create(model="m", messages=[])
-    assert bad.choices[0].message.tool_calls[0].function.arguments == '{"code": "print('  # type: ignore[index,union-attr]
+    bad_call = bad.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert bad_call.function.arguments == '{"code": "print('  # type: ignore[union-attr]
 
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{scripted_openai.base_url}/chat/completions", json={"messages": []}) as response:

@@ -115,7 +115,7 @@ async def test_max_rounds_when_the_summary_fails(scripted_openai: ScriptedOpenAI
     scripted_openai.script(tool_call("x"), tool_call("y"), error(401))
     result = await turn(make_agent(max_rounds=1), PreparedRunner(printed("")))
     assert result.stop_reason == "max_rounds"
-    assert result.text == "_Stopped after 1 code runs, the limit for one message. Reply “continue” to let me go on._"
+    assert result.text == "_Stopped after 1 code run, the limit for one message. Reply “continue” to let me go on._"
 
 
 async def test_malformed_arguments_are_reported_to_the_model(
@@ -208,7 +208,7 @@ async def test_base64_is_stripped_from_the_answer(scripted_openai: ScriptedOpenA
 async def test_error_result_goes_back_to_the_model(scripted_openai: ScriptedOpenAI, make_agent: MakeAgent) -> None:
     failing = ExecutionResult(
         outcome=Outcome.ERROR,
-        error=ErrorInfo("ZeroDivisionError", "division by zero", "Cell In[1], line 1\n----> 1 1/0\n\nZeroDivisionError: division by zero"),
+        error=ErrorInfo("ZeroDivisionError", "division by zero", "Cell In[1], line 1\n----> 1 1/0\n\nZeroDivisionError: …"),
     )
     scripted_openai.script(tool_call("1/0"), tool_call("1/1"), answer("1.0"))
     result = await turn(make_agent(), PreparedRunner(failing, printed("1.0\n")))
@@ -218,7 +218,8 @@ async def test_error_result_goes_back_to_the_model(scripted_openai: ScriptedOpen
 
 
 async def test_history_is_replayed_and_trimmed(scripted_openai: ScriptedOpenAI, make_agent: MakeAgent) -> None:
-    old_call = {"id": "call_old", "type": "function", "function": {"name": "python", "arguments": json.dumps({"code": "x" * 500})}}
+    arguments = json.dumps({"code": "x" * 500})
+    old_call = {"id": "call_old", "type": "function", "function": {"name": "python", "arguments": arguments}}
     history = [
         {"role": "user", "content": "first question " + "a" * 400},
         {"role": "assistant", "content": None, "tool_calls": [old_call]},
@@ -234,3 +235,18 @@ async def test_history_is_replayed_and_trimmed(scripted_openai: ScriptedOpenAI, 
 
     await turn(make_agent(), PreparedRunner(), "third question", history=history)
     assert scripted_openai.requests[1]["messages"][1:-1] == history
+
+
+async def test_bad_key_ends_the_turn_with_one_sentence() -> None:
+    async with ScriptedOpenAI(api_key="right-key") as server:
+        server.script(answer("never sent"))
+        agent = Agent(llm_settings(server, api_key="wrong-key"))
+        try:
+            result = await turn(agent, PreparedRunner())
+        finally:
+            await agent.close()
+    assert result.stop_reason == "llm_error" and not result.ok
+    assert result.text == (
+        "The language model rejected the bot's API key (HTTP 401); the bot's operator should check llm.api_key."
+    )
+    assert server.remaining == 1 and len(server.requests) == 1
