@@ -53,6 +53,7 @@ class SlackAdapter:
         self._team_id = ""
         self._bot_user_id = ""
         self._downloads: aiohttp.ClientSession | None = None
+        self._downloader: FileDownloader | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
@@ -68,20 +69,28 @@ class SlackAdapter:
         return bool(self._settings.app_token.get_secret_value())
 
     async def start(self) -> None:
-        """Check the token (auth.test), then connect Socket Mode or start the HTTP endpoint."""
+        """Check the tokens, then connect Socket Mode or start the HTTP endpoint.
+
+        Raises :class:`SlackStartError` (one line naming the setting) when Slack refuses a token.
+        """
         auth = await call("auth.test", self._client.auth_test())
         if isinstance(auth, Failure):
             raise SlackStartError(f"Slack auth.test failed ({auth.error}): check slack.bot_token (SLACK_BOT_TOKEN)")
         self._team_id, self._bot_user_id = str(auth["team_id"]), str(auth["user_id"])
+        socket_url = await self._open_socket_url() if self.socket_mode else None
         self._downloads = aiohttp.ClientSession()
+        self._downloader = FileDownloader(self._downloads, self._token)
         app = self._build_app()
-        if self.socket_mode:
-            self._socket = AsyncSocketModeHandler(app, self._settings.app_token.get_secret_value(), web_client=self._client)
-            await self._socket.connect_async()
-            log.info("Slack: connected over Socket Mode as %s in %s", self._bot_user_id, self._team_id)
-        else:
-            await self._serve_http(app)
-            log.info("Slack: Events API at http://%s:%s%s", self._settings.http_host, self._port, EVENTS_PATH)
+        try:
+            if socket_url is not None:
+                await self._connect_socket(app, socket_url)
+                log.info("Slack: connected over Socket Mode as %s in %s", self._bot_user_id, self._team_id)
+            else:
+                await self._serve_http(app)
+                log.info("Slack: Events API at http://%s:%s%s", self._settings.http_host, self._port, EVENTS_PATH)
+        except BaseException:
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
         """Stop receiving, cancel running turns, close connections."""
@@ -97,7 +106,7 @@ class SlackAdapter:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._downloads is not None:
             await self._downloads.close()
-            self._downloads = None
+            self._downloads = self._downloader = None
 
     async def wait_idle(self) -> None:
         """Wait until every turn started so far has finished (for tests and graceful shutdown)."""
@@ -116,6 +125,23 @@ class SlackAdapter:
         app.action(STOP_ACTION_ID)(self._on_stop)
         return app
 
+    async def _open_socket_url(self) -> str:
+        # Ask for the first websocket URL ourselves: the SDK client would retry a bad app token forever.
+        opened = await call(
+            "apps.connections.open", self._client.apps_connections_open(app_token=self._settings.app_token.get_secret_value())
+        )
+        if isinstance(opened, Failure):
+            raise SlackStartError(
+                f"Slack apps.connections.open failed ({opened.error}): check slack.app_token (SLACK_APP_TOKEN, "
+                "an xapp- token with connections:write) and that Socket Mode is enabled for the app"
+            )
+        return str(opened["url"])
+
+    async def _connect_socket(self, app: AsyncApp, url: str) -> None:
+        self._socket = AsyncSocketModeHandler(app, self._settings.app_token.get_secret_value(), web_client=self._client)
+        self._socket.client.wss_uri = url
+        await self._socket.connect_async()
+
     async def _serve_http(self, app: AsyncApp) -> None:
         async def events(request: web.Request) -> web.Response:
             response = await app.async_dispatch(await to_bolt_request(request))
@@ -130,10 +156,9 @@ class SlackAdapter:
         self._port = int(self._runner.addresses[0][1])
 
     async def _on_message(self, event: Mapping[str, Any], context: AsyncBoltContext) -> None:
-        assert self._downloads is not None
-        downloader = FileDownloader(self._downloads, self._token)
+        assert self._downloader is not None
         message = to_inbound(
-            event, team_id=context.team_id or self._team_id, bot_user_id=self._bot_user_id, fetcher=downloader.fetcher
+            event, team_id=context.team_id or self._team_id, bot_user_id=self._bot_user_id, fetcher=self._downloader.fetcher
         )
         if message is None:
             return

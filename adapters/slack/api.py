@@ -9,11 +9,8 @@ from dataclasses import dataclass
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
+from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler, AsyncRateLimitErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
-from slack_sdk.http_retry.builtin_async_handlers import (
-    AsyncConnectionErrorRetryHandler,
-    AsyncRateLimitErrorRetryHandler,
-)
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 log = logging.getLogger("threadbook.slack")

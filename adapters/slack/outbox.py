@@ -38,6 +38,11 @@ class SlackOutbox:
         self._warned_user = False
 
     @property
+    def client(self) -> AsyncWebClient:
+        """The Web API client used for this thread."""
+        return self._client
+
+    @property
     def channel(self) -> str:
         """The Slack channel id."""
         return self.key.channel
@@ -141,7 +146,7 @@ class SlackProgress:
 
     def __init__(self, outbox: SlackOutbox, *, interval_s: float = STATUS_INTERVAL_S) -> None:
         self._outbox = outbox
-        self._client = outbox._client
+        self._client = outbox.client
         self._interval = interval_s
         self._ts: str | None = None
         self._shown: str | None = None

@@ -63,6 +63,8 @@ async def test_mention_with_csv_gets_chart_in_thread_and_follow_up_reuses_variab
     assert any(r.args.get("name") == "eyes" for r in slack.calls_to("reactions.add"))
     assert slack.downloads == [(file["id"], True)]
     assert "(3, 2)" in last_tool_output(llm.requests[1])  # the kernel read the downloaded CSV
+    first_user = next(m for m in llm.requests[0]["messages"] if m["role"] == "user")["content"]
+    assert first_user.startswith("plot the sales") and "<@" not in first_user and "sales.csv" in first_user
     assert bot.answers(event) == ["Sales grew every month, peaking in *March*."]
     [upload] = slack.uploads
     assert upload.data.startswith(PNG_MAGIC) and len(upload.data) > 1000
@@ -106,6 +108,17 @@ async def test_own_echoes_other_bots_and_edits_get_no_answer(bot: Bot) -> None:
     assert [m.text for m in slack.bot_messages("C_BOTS")] == ["Only this one."]
     assert len(llm.requests) == requests_before + 1
     assert all(("C_BOTS", e["ts"]) not in slack.reactions for e in ignored)
+
+
+async def test_direct_message_without_mention_is_answered_in_its_thread(bot: Bot) -> None:
+    bot.llm.script(answer("Hi from a DM."))
+    event = bot.slack.message_event("D_DM", "hello there", channel_type="im")
+    await bot.slack.post_event(bot.events_url, event)
+    assert await bot.finished(event) == {"white_check_mark"}
+    assert bot.answers(event) == ["Hi from a DM."]
+    assert bot.slack.bot_messages("D_DM")[0].thread_ts == event["ts"]
+    user_turn = next(m for m in bot.llm.requests[-1]["messages"] if m["role"] == "user")
+    assert user_turn["content"] == "hello there"
 
 
 async def test_same_message_delivered_several_times_is_answered_once(bot: Bot) -> None:
