@@ -6,10 +6,7 @@ thread (so its own kernel) with a fresh mention.
 
 from __future__ import annotations
 
-import asyncio
 import io
-import os
-import re
 import time
 import zipfile
 from collections.abc import AsyncIterator
@@ -24,7 +21,7 @@ from adapters.discord import DiscordAdapter
 from adapters.discord.adapter import NO_THREAD_PERMISSION
 from bot.app import Core
 from tests.conftest import make_settings
-from tests.fakes.discord_server import CHANNEL_ID, OTHER_BOT, FakeDiscord, Sent
+from tests.fakes.discord_server import BOT_ID, CHANNEL_ID, OTHER_BOT, FakeDiscord
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -118,19 +115,31 @@ async def test_mention_with_csv_opens_thread_with_chart_and_follow_up_reuses_var
     assert len(fake.threads) == 1  # the follow-up did not open another thread
 
 
-async def test_bot_authors_get_no_answer(world: World) -> None:
+async def test_bots_edits_and_unmentioned_channel_messages_get_no_answer(world: World) -> None:
     fake = world.discord
     requests_before = len(world.llm.requests)
     from_bot = await fake.user_message("please run rm -rf", mention_bot=True, author=OTHER_BOT)
+    unmentioned = await fake.user_message("just chatting in #general")
+    await fake.edit_user_message(unmentioned, f"<@{BOT_ID}> now with a mention")
     world.llm.script(answer("Hello from a DM."))
     dm = fake.dm_channel()
     from_human = await fake.user_message("hi", channel_id=dm)  # a DM needs no mention
     await world.turn_done(from_human)
     await fake.wait_for_sent(dm, lambda s: s.content == "Hello from a DM.")
-    # Events are handled in order, so the bot's earlier message had its chance: no thread, no model call.
-    assert int(from_bot["id"]) not in fake.threads
+    # Events are handled in order, so the earlier messages had their chance: no thread, no model call.
+    assert int(from_bot["id"]) not in fake.threads and int(unmentioned["id"]) not in fake.threads
     assert len(world.llm.requests) == requests_before + 1
-    assert not any(m == int(from_bot["id"]) for (_, m, _) in fake.reactions)
+    assert not any(m in (int(from_bot["id"]), int(unmentioned["id"])) for (_, m, _) in fake.reactions)
+
+
+async def test_mention_inside_a_users_thread_answers_in_that_thread(world: World) -> None:
+    fake = world.discord
+    thread_id = await fake.user_thread("Quarterly numbers")
+    world.llm.script(answer("Answering right here."))
+    message = await fake.user_message("can you help?", channel_id=thread_id, mention_bot=True)
+    assert await world.turn_done(message) == "✅"
+    await fake.wait_for_sent(thread_id, lambda s: s.content == "Answering right here.")
+    assert not any(r.startswith("POST") and r.endswith("/threads") and message["id"] in r for r in fake.requests)
 
 
 async def test_long_answer_arrives_in_several_messages_with_code_blocks_intact(world: World) -> None:
@@ -205,6 +214,7 @@ async def test_answers_again_after_the_gateway_asks_to_reconnect(world: World) -
     thread = await fake.wait_for_thread(message["id"])
     await fake.wait_for_sent(thread["id"], lambda s: s.content == "Still here.")
     assert fake.resumes >= 1 and fake.identifies == identifies  # resumed the session, did not re-identify
+    assert all("compress=zlib-stream" in query for query in fake.gateway_queries)
     await world.turn_done(message)
 
 

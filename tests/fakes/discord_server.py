@@ -15,7 +15,8 @@ Usage::
 
 World: one guild (``GUILD_ID``) with one text channel (``CHANNEL_ID``), the bot user
 (``BOT_ID``; also the application id), a human (``USER``) and another bot (``OTHER_BOT``).
-DM channels come from :meth:`FakeDiscord.dm_channel`.
+DM channels come from :meth:`FakeDiscord.dm_channel`, user-made threads from
+:meth:`FakeDiscord.user_thread`; :meth:`FakeDiscord.edit_user_message` dispatches MESSAGE_UPDATE.
 
 Gateway (``/gateway``, JSON encoding, ``compress=zlib-stream`` honoured as discord.py asks):
 HELLO → client heartbeats (ACKed) → IDENTIFY (token checked, close 4004 otherwise) → READY
@@ -37,7 +38,8 @@ discord.py retries). CDN: ``GET /attachments/{channel}/{id}/{filename}`` serves 
 Recorded: ``sent`` (channel id → list of :class:`Sent`, the bot's messages with content, edits,
 files and components), ``threads``, ``reactions`` (set of (channel, message, emoji)),
 ``reaction_log``, ``typing`` (channel ids, one per POST), ``interaction_responses``,
-``identifies``, ``resumes``, ``requests`` ("METHOD path" strings), ``cdn_downloads``.
+``gateway_queries`` (query string of each gateway connection), ``identifies``, ``resumes``,
+``requests`` ("METHOD path" strings), ``cdn_downloads``.
 """
 
 from __future__ import annotations
@@ -164,6 +166,7 @@ class FakeDiscord:
         self.reaction_log: list[tuple[str, int, str]] = []  # ("add"|"remove", message id, emoji)
         self.typing: list[int] = []
         self.interaction_responses: list[dict[str, Any]] = []
+        self.gateway_queries: list[str] = []
         self.identifies = 0
         self.resumes = 0
         self.requests: list[str] = []
@@ -244,6 +247,19 @@ class FakeDiscord:
         await self._dispatch("MESSAGE_CREATE", message)
         return message
 
+    async def user_thread(self, name: str, *, author: dict[str, Any] = USER) -> int:
+        """A public thread a user opened in ``#general`` (dispatches THREAD_CREATE); returns its id."""
+        thread_id = next(self._ids)
+        thread = self._thread_payload(thread_id, CHANNEL_ID, name, owner_id=int(author["id"]))
+        self._channels[thread_id] = thread
+        await self._dispatch("THREAD_CREATE", {**thread, "newly_created": True})
+        return thread_id
+
+    async def edit_user_message(self, message: dict[str, Any], content: str) -> None:
+        """Edit a user's message and dispatch MESSAGE_UPDATE."""
+        message.update(content=content, edited_timestamp=_now_iso())
+        await self._dispatch("MESSAGE_UPDATE", dict(message))
+
     async def press_button(self, message_id: int, custom_id: str | None = None, *,
                            user: dict[str, Any] = USER) -> dict[str, Any]:
         """Click a button on a bot message (the first one unless ``custom_id``); dispatch INTERACTION_CREATE.
@@ -317,6 +333,7 @@ class FakeDiscord:
     async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(max_msg_size=0)
         await ws.prepare(request)
+        self.gateway_queries.append(request.query_string)
         conn = _Connection(ws, compress=request.query.get("compress") == "zlib-stream")
         await conn.send({"op": 10, "d": {"heartbeat_interval": _HEARTBEAT_MS}})
         try:
@@ -487,13 +504,8 @@ class FakeDiscord:
         name = body.get("name") or ""
         if not 1 <= len(name) <= 100:
             return _error(400, 50035, "Invalid Form Body: name: Must be between 1 and 100 in length.")
-        thread = {
-            "id": message_id, "guild_id": str(GUILD_ID), "parent_id": channel_id, "owner_id": str(BOT_ID),
-            "name": name, "type": _PUBLIC_THREAD, "last_message_id": None, "rate_limit_per_user": 0,
-            "message_count": 0, "member_count": 1, "flags": 0,
-            "thread_metadata": {"archived": False, "auto_archive_duration": body.get("auto_archive_duration") or 1440,
-                                "archive_timestamp": _now_iso(), "locked": False},
-        }
+        thread = self._thread_payload(int(message_id), int(channel_id), name, owner_id=BOT_ID,
+                                      archive_minutes=body.get("auto_archive_duration") or 1440)
         self.threads[int(message_id)] = thread
         self._channels[int(message_id)] = thread
         self._messages[int(message_id)]["thread"] = thread
@@ -539,6 +551,16 @@ class FakeDiscord:
         return {"id": str(CHANNEL_ID), "type": 0, "guild_id": str(GUILD_ID), "name": "general", "position": 0,
                 "permission_overwrites": [], "nsfw": False, "parent_id": None, "topic": None,
                 "last_message_id": None, "rate_limit_per_user": 0, "default_auto_archive_duration": 1440}
+
+    def _thread_payload(self, thread_id: int, parent_id: int, name: str, *, owner_id: int,
+                        archive_minutes: int = 1440) -> dict[str, Any]:
+        return {
+            "id": str(thread_id), "guild_id": str(GUILD_ID), "parent_id": str(parent_id), "owner_id": str(owner_id),
+            "name": name, "type": _PUBLIC_THREAD, "last_message_id": None, "rate_limit_per_user": 0,
+            "message_count": 0, "member_count": 1, "flags": 0,
+            "thread_metadata": {"archived": False, "auto_archive_duration": archive_minutes,
+                                "archive_timestamp": _now_iso(), "locked": False},
+        }
 
     def _member(self, user: dict[str, Any]) -> dict[str, Any]:
         return {"user": user, "roles": [], "joined_at": _now_iso(), "deaf": False, "mute": False, "flags": 0,
