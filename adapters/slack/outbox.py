@@ -55,7 +55,8 @@ class SlackOutbox:
     async def notify(self, text: str) -> None:
         """Post a short notice into the thread."""
         await self.received()
-        await self.say(to_mrkdwn(text))
+        for chunk in to_chunks(text):
+            await self.say(chunk)
 
     async def post(self, reply: Reply) -> None:
         """Post the reply's text (split to fit), then its images and files in one upload."""
