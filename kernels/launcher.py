@@ -259,8 +259,8 @@ class KernelLauncher:
         self.cache_dir = self.run_root / "cache"
 
     def kernel_spec(self) -> KernelSpec:
-        """The ipykernel command line (history off, modules from ``preload`` imported)."""
-        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--HistoryManager.enabled=False"]
+        """The ipykernel command line (history in memory only, modules from ``preload`` imported)."""
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--HistoryManager.hist_file=:memory:"]
         if self.settings.preload:
             lines = ", ".join(repr(f"__import__({module!r})") for module in self.settings.preload)
             argv.append(f"--IPKernelApp.exec_lines=[{lines}]")

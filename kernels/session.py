@@ -102,7 +102,9 @@ class KernelSession:
         handle, self._handle = self._handle, None
         if handle is not None:
             try:
-                await handle.shutdown()
+                # Shielded: a cancelled caller (e.g. a reaper job stopped mid-way) must not
+                # leave a half-stopped kernel behind.
+                await asyncio.shield(handle.shutdown())
             except Exception:
                 log.exception("cleaning up the kernel of %s failed", self.key)
 

@@ -1,0 +1,98 @@
+"""KernelPool and Reaper with real kernels: cap, LRU eviction, concurrency, culling, no orphans."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from kernels import KernelPool, PoolFullError, Reaper
+from tests.kernels.conftest import kernel_processes, kernel_settings
+
+
+@pytest_asyncio.fixture
+async def small_pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
+    pool = KernelPool(kernel_settings(tmp_path, max_kernels=2, idle_timeout_s=0.3, reap_interval_s=0.1))
+    yield pool
+    await pool.shutdown_all()
+
+
+async def test_same_key_same_session_and_concurrent_sessions(small_pool: KernelPool) -> None:
+    a, b = await asyncio.gather(small_pool.get_or_start("p:a"), small_pool.get_or_start("p:b"))
+    assert await small_pool.get_or_start("p:a") is a and small_pool.get("p:b") is b
+    started = time.monotonic()
+    results = await asyncio.gather(a.execute("import time; time.sleep(0.6)"), b.execute("import time; time.sleep(0.6)"))
+    assert all(r.ok for r in results) and time.monotonic() - started < 1.1  # ran side by side
+    one_at_a_time = await asyncio.gather(a.execute("import time; time.sleep(0.3); 1"), a.execute("2"))
+    assert [r.result for r in one_at_a_time] == ["1", "2"]
+
+
+async def test_full_pool_evicts_lru_idle_and_refuses_when_all_busy(small_pool: KernelPool) -> None:
+    a = await small_pool.get_or_start("p:a")
+    await a.execute("v = 1")
+    b = await small_pool.get_or_start("p:b")
+    await b.execute("v = 2")
+    c = await small_pool.get_or_start("p:c")  # evicts a, the least recently used
+    assert small_pool.get("p:a") is None and a.state == "stopped" and not await a.is_alive()
+    running = [asyncio.ensure_future(s.execute("import time; time.sleep(1.5)")) for s in (b, c)]
+    while not (b.busy and c.busy):
+        await asyncio.sleep(0.01)
+    with pytest.raises(PoolFullError):
+        await small_pool.get_or_start("p:d")
+    await asyncio.gather(*running)
+    again = await small_pool.get_or_start("p:a")  # evicts b now; a's variables are gone
+    result = await again.execute("'v' in dir()")
+    assert result.result == "False" and result.kernel_restarted and "variables" in result.notice
+
+
+async def test_reaper_culls_idle_kernels_and_a_later_execute_works(small_pool: KernelPool) -> None:
+    settings = small_pool.settings
+    session = await small_pool.get_or_start("p:idle")
+    await session.execute("open('keep.txt', 'w').write('x'); v = 1")
+    reaper = Reaper(small_pool, settings)
+    reaper.start()
+    try:
+        for _ in range(50):
+            if small_pool.get("p:idle") is None and not await session.is_alive():
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await reaper.stop()
+    assert small_pool.get("p:idle") is None and not await session.is_alive()
+    assert (session.workspace.path / "keep.txt").exists()
+    fresh = await small_pool.get_or_start("p:idle")
+    result = await fresh.execute("import os; os.path.exists('keep.txt')")
+    assert result.result == "True" and result.kernel_restarted and fresh.executions == 1
+
+
+async def test_reaper_spares_busy_kernels(small_pool: KernelPool) -> None:
+    session = await small_pool.get_or_start("p:busy")
+    running = asyncio.ensure_future(session.execute("import time; time.sleep(1)"))
+    while not session.busy:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.4)  # longer than idle_timeout_s, but busy
+    assert await small_pool.cull_idle(0.3) == []
+    assert (await running).ok
+
+
+async def test_shutdown_all_leaves_no_kernel_processes(tmp_path: Path) -> None:
+    pool = KernelPool(kernel_settings(tmp_path, max_kernels=3))
+    sessions = await asyncio.gather(*(pool.get_or_start(f"p:{i}") for i in range(3)))
+    await sessions[0].execute("import subprocess; subprocess.Popen(['sleep', '60'])")
+    pids = [s.pid for s in sessions]
+    assert {p.pid for p in kernel_processes()} >= set(pids)
+    await pool.shutdown_all()
+    left = kernel_processes()
+    assert left == [], [(p.pid, p.cmdline(), p.ppid(), pids) for p in left]
+    assert pool.sessions() == []
+
+
+@pytest.fixture(autouse=True)
+def _no_kernel_outlives_a_test() -> Iterator[None]:
+    yield
+    left = kernel_processes()
+    assert left == [], [(p.pid, p.status()) for p in left]
