@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 THREAD_ARCHIVE_MINUTES = 1440
 _CHUNK = 256 * 1024
+_THREAD_ALREADY_CREATED = 160004  # Discord's JSON error code
 _USER_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
 NO_THREAD_PERMISSION = (
     "I can't open a thread for this here: I need the **Create Public Threads** and **Send Messages in "
@@ -186,6 +187,12 @@ class DiscordAdapter:
             except discord.HTTPException as reply_exc:
                 log.warning("could not tell the user either: %s", reply_exc.text)
             return None
+        except discord.HTTPException as exc:
+            if exc.code != _THREAD_ALREADY_CREATED:
+                raise
+            # A redelivered event: the thread exists (its id is the message id); the dispatcher drops the duplicate.
+            existing = await self.client.fetch_channel(message.id)
+            return existing if isinstance(existing, discord.Thread) else None
 
     @property
     def _upload_limit(self) -> int:

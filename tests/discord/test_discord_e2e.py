@@ -217,6 +217,17 @@ async def test_answers_again_after_the_gateway_asks_to_reconnect(world: World) -
     assert all("compress=zlib-stream" in query for query in fake.gateway_queries)
     await world.turn_done(message)
 
+    # A duplicate delivery of the same message is not answered twice.
+    requests_before = len(world.llm.requests)
+    await fake.redeliver(message)
+    await fake.wait_until(lambda: f"GET /channels/{message['id']}" in fake.requests)  # found the existing thread
+    world.llm.script(answer("Yes, once."))
+    follow_up = await fake.user_message("only once?", channel_id=thread["id"])
+    await world.turn_done(follow_up)
+    contents = [s.content for s in fake.sent[int(thread["id"])]]
+    assert contents.count("Still here.") == 1 and "Yes, once." in contents
+    assert len(world.llm.requests) == requests_before + 1
+
 
 async def test_missing_thread_permission_is_reported_in_the_channel(world: World) -> None:
     fake = world.discord

@@ -16,7 +16,8 @@ Usage::
 World: one guild (``GUILD_ID``) with one text channel (``CHANNEL_ID``), the bot user
 (``BOT_ID``; also the application id), a human (``USER``) and another bot (``OTHER_BOT``).
 DM channels come from :meth:`FakeDiscord.dm_channel`, user-made threads from
-:meth:`FakeDiscord.user_thread`; :meth:`FakeDiscord.edit_user_message` dispatches MESSAGE_UPDATE.
+:meth:`FakeDiscord.user_thread`; :meth:`FakeDiscord.edit_user_message` dispatches MESSAGE_UPDATE and
+:meth:`FakeDiscord.redeliver` a duplicate MESSAGE_CREATE.
 
 Gateway (``/gateway``, JSON encoding, ``compress=zlib-stream`` honoured as discord.py asks):
 HELLO → client heartbeats (ACKed) → IDENTIFY (token checked, close 4004 otherwise) → READY
@@ -230,7 +231,7 @@ class FakeDiscord:
         self,
         content: str,
         *,
-        channel_id: int = CHANNEL_ID,
+        channel_id: int | str = CHANNEL_ID,
         author: dict[str, Any] = USER,
         mention_bot: bool = False,
         files: list[tuple[str, bytes]] | None = None,
@@ -239,6 +240,8 @@ class FakeDiscord:
 
         ``mention_bot`` prefixes ``<@BOT_ID>`` and lists the bot in ``mentions``.
         """
+        channel_id = int(channel_id)
+        assert channel_id in self._channels, f"unknown channel {channel_id}"
         if mention_bot:
             content = f"<@{BOT_ID}> {content}"
         message = self._message_payload(channel_id, author, content)
@@ -254,6 +257,10 @@ class FakeDiscord:
         self._channels[thread_id] = thread
         await self._dispatch("THREAD_CREATE", {**thread, "newly_created": True})
         return thread_id
+
+    async def redeliver(self, message: dict[str, Any]) -> None:
+        """Dispatch MESSAGE_CREATE for ``message`` again, as first sent (a duplicate delivery)."""
+        await self._dispatch("MESSAGE_CREATE", {k: v for k, v in message.items() if k != "thread"})
 
     async def edit_user_message(self, message: dict[str, Any], content: str) -> None:
         """Edit a user's message and dispatch MESSAGE_UPDATE."""
