@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
+from pathlib import Path
 
 import psutil
 import pytest
 from PIL import Image
 
-from kernels import KernelPool, Outcome
+from kernels import KernelOptions, KernelPool, Outcome
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -59,17 +61,22 @@ async def test_plot_comes_back_as_png_and_savefig_as_changed_file(pool: KernelPo
     assert written.changed_files == ["notes.txt"]
 
 
-async def test_secrets_do_not_reach_the_kernel(pool: KernelPool, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_secrets_do_not_reach_the_kernel(
+    pool: KernelPool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-secret")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("DISCORD_TOKEN", "dc-test")
-    session = await pool.get_or_start("t:env")  # started after the variables were set
+    # started after the variables were set
+    session = await pool.get_or_start("t:env", KernelOptions(data_dir=tmp_path))
     got = await session.execute("import os; sorted(os.environ)")
     names = eval(got.result)  # a list of str repr'd by IPython
     assert not {"SLACK_BOT_TOKEN", "OPENAI_API_KEY", "DISCORD_TOKEN"} & set(names)
     assert "xoxb" not in got.result
     home = await session.execute("import os; os.environ['HOME'], os.environ['MPLBACKEND']")
     assert str(session.workspace.path) in home.result and "matplotlib_inline" in home.result
+    data_dir = await session.execute("os.environ['THREADBOOK_DATA_DIR']")
+    assert data_dir.result == repr(str(tmp_path))
 
 
 async def test_timeout_interrupts_and_session_stays_usable(pool: KernelPool) -> None:
@@ -94,8 +101,6 @@ async def test_timeout_restarts_a_kernel_that_ignores_interrupts(pool: KernelPoo
 
 
 async def test_stop_button_interrupts(pool: KernelPool) -> None:
-    import asyncio
-
     session = await pool.get_or_start("t:stop")
     task = asyncio.ensure_future(session.execute("import time\nprint('started', flush=True)\ntime.sleep(30)"))
     while session.state != "busy":
