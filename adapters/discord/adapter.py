@@ -162,8 +162,6 @@ class DiscordAdapter:
                                    stop_turn=self._dispatcher.stop, upload_limit=self._upload_limit,
                                    status_interval_s=self._status_interval_s)
             await self._dispatcher.handle(inbound, outbox)
-        except asyncio.CancelledError:
-            raise
         except Exception:
             log.exception("handling Discord message %s failed", message.id)
 

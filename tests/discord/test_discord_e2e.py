@@ -27,6 +27,7 @@ from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 UPLOAD_LIMIT_MB = 0.25
+MAX_ATTACHMENT_MB = 0.5
 SALES_CSV = b"month,amount\nJan,100\nFeb,200\nMar,300\n"
 
 
@@ -58,6 +59,7 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
             tmp_path, llm_url=llm.base_url,
             discord={"token": fake.token, "api_url": fake.api_url, "gateway_url": fake.gateway_url,
                      "upload_limit_mb": UPLOAD_LIMIT_MB},
+            kernels={"max_upload_mb": MAX_ATTACHMENT_MB},
         )
         async with Core.open(settings) as core:
             adapter = DiscordAdapter(settings.discord, core.dispatcher, guild_ready_timeout_s=0.05,
@@ -140,6 +142,18 @@ async def test_mention_inside_a_users_thread_answers_in_that_thread(world: World
     assert await world.turn_done(message) == "✅"
     await fake.wait_for_sent(thread_id, lambda s: s.content == "Answering right here.")
     assert not any(r.startswith("POST") and r.endswith("/threads") and message["id"] in r for r in fake.requests)
+
+
+async def test_oversized_attachment_is_refused_without_downloading_it(world: World) -> None:
+    fake = world.discord
+    world.llm.script(answer("I only have the small file."))
+    big = b"x,y\n" + b"1,2\n" * 200_000  # 800 KB, over kernels.max_upload_mb
+    message, thread_id = await world.ask("compare these", files=[("big.csv", big), ("small.csv", SALES_CSV)])
+    await world.turn_done(message)
+    notice = await fake.wait_for_sent(thread_id, lambda s: "big.csv" in s.content)
+    assert "upload limit" in notice.content
+    assert "big.csv" not in fake.cdn_downloads and "small.csv" in fake.cdn_downloads
+    await fake.wait_for_sent(thread_id, lambda s: s.content == "I only have the small file.")
 
 
 async def test_long_answer_arrives_in_several_messages_with_code_blocks_intact(world: World) -> None:
