@@ -59,20 +59,22 @@ class Dispatcher:
         """Interrupt the running turn of a thread (the Stop button). True if one was running."""
         return await self._turns.stop(key)
 
-    def busy(self, key: ThreadKey) -> bool:
-        """True while a turn runs (or waits) in this thread."""
-        return key in self._slots
+    def admits(self, *, platform: str, channel: str, user_id: str) -> bool:
+        """The allow-list rule alone, for adapters that must decide before opening a thread."""
+        access = self._settings.access
+        if access.allow_channels and f"{platform}:{channel}" not in access.allow_channels and channel not in access.allow_channels:
+            log.info("ignored message in channel %s:%s: not in access.allow_channels", platform, channel)
+            return False
+        if access.allow_users and user_id not in access.allow_users:
+            log.info("ignored message from user %s: not in access.allow_users", user_id)
+            return False
+        return True
 
     async def _accepts(self, message: InboundMessage) -> bool:
         key = message.key
         if message.is_bot:
             return False
-        access = self._settings.access
-        if access.allow_channels and key.channel_key not in access.allow_channels and key.channel not in access.allow_channels:
-            log.info("ignored message in channel %s: not in access.allow_channels", key.channel_key)
-            return False
-        if access.allow_users and message.user_id not in access.allow_users:
-            log.info("ignored message from user %s: not in access.allow_users", message.user_id)
+        if not self.admits(platform=key.platform, channel=key.channel, user_id=message.user_id):
             return False
         if not message.mentioned and not message.is_dm and not await self._store.thread_exists(str(key)):
             return False

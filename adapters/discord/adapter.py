@@ -175,6 +175,8 @@ class DiscordAdapter:
         me = self.client.user
         if not isinstance(channel, discord.TextChannel) or me is None or not is_mentioned(message, me.id):
             return None
+        if not self._dispatcher.admits(platform="discord", channel=str(channel.id), user_id=str(message.author.id)):
+            return None  # no thread for someone the allow-list keeps out
         name = thread_name(strip_mention(message.content, me.id), [a.filename for a in message.attachments])
         try:
             return await message.create_thread(name=name, auto_archive_duration=THREAD_ARCHIVE_MINUTES)

@@ -21,7 +21,7 @@ from adapters.discord import DiscordAdapter
 from adapters.discord.adapter import NO_THREAD_PERMISSION
 from bot.app import Core
 from tests.conftest import make_settings
-from tests.fakes.discord_server import BOT_ID, CHANNEL_ID, OTHER_BOT, FakeDiscord
+from tests.fakes.discord_server import BOT_ID, CHANNEL_ID, OTHER_BOT, USER, USER_ID, FakeDiscord
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -60,6 +60,7 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
             discord={"token": fake.token, "api_url": fake.api_url, "gateway_url": fake.gateway_url,
                      "upload_limit_mb": UPLOAD_LIMIT_MB},
             kernels={"max_upload_mb": MAX_ATTACHMENT_MB},
+            access={"allow_users": [str(USER_ID)]},
         )
         async with Core.open(settings) as core:
             adapter = DiscordAdapter(settings.discord, core.dispatcher, guild_ready_timeout_s=0.05,
@@ -132,6 +133,19 @@ async def test_bots_edits_and_unmentioned_channel_messages_get_no_answer(world: 
     assert int(from_bot["id"]) not in fake.threads and int(unmentioned["id"]) not in fake.threads
     assert len(world.llm.requests) == requests_before + 1
     assert not any(m in (int(from_bot["id"]), int(unmentioned["id"])) for (_, m, _) in fake.reactions)
+
+
+async def test_a_user_outside_the_allow_list_gets_no_thread(world: World) -> None:
+    fake = world.discord
+    requests_before = len(world.llm.requests)
+    stranger = {**USER, "id": "1100000000000000099", "username": "mallory", "global_name": "Mallory"}
+    refused = await fake.user_message("run this for me", mention_bot=True, author=stranger)
+    world.llm.script(answer("Hello from a DM."))
+    dm = fake.dm_channel()
+    allowed = await fake.user_message("hi", channel_id=dm)  # handled after the stranger's message
+    await world.turn_done(allowed)
+    assert int(refused["id"]) not in fake.threads
+    assert len(world.llm.requests) == requests_before + 1
 
 
 async def test_mention_inside_a_users_thread_answers_in_that_thread(world: World) -> None:
