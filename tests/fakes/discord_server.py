@@ -59,6 +59,8 @@ from urllib.parse import unquote
 import pytest_asyncio
 from aiohttp import WSMsgType, web
 
+from tests.fakes.local_http import serve_locally
+
 BOT_ID = 1_100_000_000_000_000_001
 GUILD_ID = 1_100_000_000_000_000_010
 CHANNEL_ID = 1_100_000_000_000_000_020
@@ -181,11 +183,7 @@ class FakeDiscord:
         app.router.add_get("/gateway", self._gateway)
         app.router.add_get("/attachments/{channel}/{attachment}/{filename}", self._cdn_get)
         app.router.add_route("*", "/api/v10/{tail:.*}", self._rest)
-        self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self._port = await serve_locally(app)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

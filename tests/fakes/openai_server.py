@@ -53,6 +53,8 @@ from typing import Any, Union
 import pytest_asyncio
 from aiohttp import web
 
+from tests.fakes.local_http import serve_locally
+
 MODEL = "fake-model"
 
 
@@ -161,11 +163,7 @@ class ScriptedOpenAI:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self._port = await serve_locally(app)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

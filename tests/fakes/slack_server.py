@@ -45,6 +45,8 @@ from urllib.parse import urlencode
 from aiohttp import WSMsgType, web
 from aiohttp.client import ClientSession
 
+from tests.fakes.local_http import serve_locally
+
 T = TypeVar("T")
 
 
@@ -125,11 +127,7 @@ class FakeSlack:
         app.router.add_post("/upload/{file_id}", self._upload)
         app.router.add_get("/files-pri/{file_id}/{name}", self._download)
         app.router.add_get("/socket", self._socket)
-        self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await serve_locally(app)
         self._session = ClientSession()
 
     async def stop(self) -> None:
