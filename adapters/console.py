@@ -9,6 +9,7 @@ line at EOF, so scripts can drive it through a pipe.
 from __future__ import annotations
 
 import asyncio
+import functools
 import mimetypes
 import shlex
 import sys
@@ -109,7 +110,7 @@ class ConsoleAdapter:
                 self._say(f"not attached: {raw} is not a file")
                 continue
             mime, _ = mimetypes.guess_type(path.name)
-            found.append(Attachment(name=path.name, size=path.stat().st_size, mime=mime, fetch=lambda p=path: _file_fetcher(p)))
+            found.append(Attachment(name=path.name, size=path.stat().st_size, mime=mime, fetch=functools.partial(_file_fetcher, path)))
             self._say(f"attached: {path.name} (goes with your next message)")
         return found
 

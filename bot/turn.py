@@ -129,9 +129,9 @@ class TurnRunner:
             return Reply(text=KERNEL_START_NOTICE, ok=False)
         turn.session = session
         kernel_is_fresh = session.executions == 0 and await self._store.cell_count(str(key)) > 0
-        files = await workspace.list_files()
+        workspace_files = await workspace.list_files()
         system_prompt = build_system_prompt(
-            files=[PromptFile(name=f.name, size=f.size) for f in files[:MAX_PROMPT_FILES]],
+            files=[PromptFile(name=f.name, size=f.size) for f in workspace_files[:MAX_PROMPT_FILES]],
             channel_prompt=policy.system_prompt,
             data_dir=policy.data_dir,
             kernel_fresh=kernel_is_fresh,

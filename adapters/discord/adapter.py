@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 import discord
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-THREAD_ARCHIVE_MINUTES = 1440
+THREAD_ARCHIVE_MINUTES: Literal[60, 1440, 4320, 10080] = 1440
 _CHUNK = 256 * 1024
 _THREAD_ALREADY_CREATED = 160004  # Discord's JSON error code
 _USER_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
