@@ -46,6 +46,7 @@ class Core:
             stack.push_async_callback(store.close)
             pool = KernelPool(settings.kernels)
             stack.push_async_callback(pool.shutdown_all)
+            await pool.start()
             reaper = Reaper(pool, settings.kernels)
             reaper.start()
             stack.push_async_callback(reaper.stop)

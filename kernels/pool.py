@@ -6,10 +6,12 @@ import asyncio
 import logging
 
 from bot.config import KernelSettings
+from kernels.forkserver import ForkingLauncher
 from kernels.launcher import KernelLauncher
 from kernels.options import KernelOptions
 from kernels.result import PoolFullError
 from kernels.session import KernelSession
+from kernels.warm import HandOff, WarmPool
 from kernels.workspace import WorkspaceManager
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,29 @@ class KernelPool:
         #: Keys whose kernel ran code and was stopped by the pool (culled, evicted).
         self._lost: set[str] = set()
         self._lock = asyncio.Lock()
+        if settings.fork_server and type(self.launcher) is KernelLauncher:
+            self.launcher = ForkingLauncher(self.launcher)
+        #: Kernels started ahead for new threads (``warm_pool``); they count toward ``max_kernels``.
+        self.warm: WarmPool | None = None
+        if settings.warm_pool:
+            self.warm = WarmPool(
+                self.launcher,
+                root=self.workspaces.root,
+                size=settings.warm_pool,
+                options=KernelOptions(network=settings.network),
+                has_room=lambda: self._kernel_count() < settings.max_kernels,
+                busy=lambda: any(s.state == "busy" for s in self._sessions.values()),
+            )
+
+    async def start(self) -> None:
+        """Start background work: the fork server, filling the warm pool."""
+        if isinstance(self.launcher, ForkingLauncher):
+            await self.launcher.server.launch()
+        if self.warm is not None:
+            self.warm.start()
+
+    def _kernel_count(self) -> int:
+        return len(self._sessions) + (self.warm.count if self.warm is not None else 0)
 
     def get(self, key: str) -> KernelSession | None:
         """The session of ``key``, if one exists."""
@@ -54,13 +79,15 @@ class KernelPool:
         async with self._lock:
             session = self._sessions.get(key)
             if session is None:
-                if len(self._sessions) >= self.settings.max_kernels:
-                    await self._evict_one()
+                warm = await self.warm.take() if self.warm is not None and self.warm.fits(options) else None
+                if warm is None and self._kernel_count() >= self.settings.max_kernels:
+                    if self.warm is None or not await self.warm.shrink():
+                        await self._evict_one()
                 session = KernelSession(
                     key,
                     self.workspaces.for_key(key),
                     self.settings,
-                    launcher=self.launcher,
+                    launcher=self.launcher if warm is None else HandOff(warm, self.launcher),
                     options=options,
                     lost_state=key in self._lost,
                 )
@@ -91,10 +118,14 @@ class KernelPool:
         if session.executions:
             self._lost.add(session.key)
         await session.shutdown()
+        if self.warm is not None:
+            self.warm.kick()  # room for a warm kernel again
 
     async def cull_idle(self, idle_timeout_s: float) -> list[str]:
         """Shut down kernels idle longer than ``idle_timeout_s`` and not busy; workspaces stay."""
         culled: list[str] = []
+        if self.warm is not None:  # warm kernels are never culled; retention must spare their folders
+            await asyncio.to_thread(self.warm.touch)
         for session in self.sessions():
             try:
                 if session.busy or session.idle_seconds() <= idle_timeout_s:
@@ -114,9 +145,13 @@ class KernelPool:
 
     async def shutdown_all(self) -> None:
         """Shut down every kernel; no process the pool started outlives this call."""
+        if self.warm is not None:
+            await self.warm.stop()
         sessions = self.sessions()
         self._sessions.clear()
         results = await asyncio.gather(*(s.shutdown() for s in sessions), return_exceptions=True)
         for session, outcome in zip(sessions, results):
             if isinstance(outcome, BaseException):
                 log.error("shutting down the kernel of %s failed: %r", session.key, outcome)
+        if isinstance(self.launcher, ForkingLauncher):
+            await self.launcher.server.stop()

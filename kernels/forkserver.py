@@ -1,0 +1,331 @@
+"""Fork-server kernels: a pre-imported parent forks fresh ipykernel processes on request.
+
+:class:`ForkServer` runs ``kernels/zygote.py`` (see its docstring for the protocol and the
+fork-safety rules) and talks JSON lines over its stdin/stdout. :class:`ForkingLauncher` is a
+:class:`~kernels.launcher.KernelLauncher` whose provisioner asks the fork server for the
+process instead of spawning one; everything else (run dir, connection file, environment,
+readiness check, handle) is the launcher's own code, so a ``KernelSession`` behaves the same
+for forked and spawned kernels. The forked process is represented by :class:`ForkedProcess`,
+a ``Popen`` look-alike built on a pidfd: ``jupyter_client``'s ``LocalProvisioner`` then
+signals its process group (interrupt, kill) and polls it exactly as for a spawned kernel.
+
+Availability: the fork server serves the default kernel profile only (sandbox ``none``;
+options equal to the defaults). Other starts, starts while the fork server is down, and
+failed forks go to the wrapped launcher (spawn). A fork server that dies is restarted in the
+background with a growing delay; kernels it forked keep running.
+
+Not done yet: the sandboxed profile (a zygote inside bubblewrap that puts each child in its
+own namespaces and uid) - under ``sandbox: bwrap`` every start is a spawn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.manager import AsyncKernelManager
+
+from kernels.launcher import KernelHandle, KernelLauncher, ThreadbookProvisioner, kernel_environment, resource_limits
+from kernels.options import KernelOptions
+from kernels.result import KernelStartError
+
+log = logging.getLogger(__name__)
+
+ZYGOTE = Path(__file__).with_name("zygote.py")
+START_TIMEOUT_S = 60.0
+FORK_TIMEOUT_S = 10.0
+RESTART_DELAYS_S = (1.0, 2.0, 5.0, 15.0, 30.0)
+
+
+class ForkedProcess:
+    """A ``Popen`` look-alike for a kernel the fork server forked (not our child)."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, pid: int, server: ForkServer) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._server = server
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:  # already gone (and reaped): the exit report follows
+            self._pidfd = None
+
+    def _exited(self) -> bool:
+        if self._pidfd is None:
+            return True
+        readable, _, _ = select.select([self._pidfd], [], [], 0)
+        return bool(readable)
+
+    def poll(self) -> int | None:
+        """The exit code once the process has ended (as reported by the fork server)."""
+        if self.returncode is None and self._exited():
+            code = self._server.exit_codes.pop(self.pid, None)
+            if code is None and not self._server.running:
+                code = 1  # orphaned by a dead fork server: the exit code is unknowable
+            if code is not None:
+                self._set_returncode(code)
+        return self.returncode
+
+    def _set_returncode(self, code: int) -> None:
+        self.returncode = code
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the exit code is known (only called after ``poll`` returned one)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"process {self.pid} still running")
+            time.sleep(0.01)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        """Signal the process (through its pidfd: never a recycled pid)."""
+        if self._pidfd is not None:
+            signal.pidfd_send_signal(self._pidfd, signum)
+
+    def kill(self) -> None:
+        """SIGKILL the process."""
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        """SIGTERM the process."""
+        self.send_signal(signal.SIGTERM)
+
+
+class ForkServer:
+    """Owns one zygote process; forks kernels through it; restarts it when it dies."""
+
+    def __init__(self, launcher: KernelLauncher) -> None:
+        self.launcher = launcher
+        self.preload = list(launcher.settings.preload)
+        self.exit_codes: dict[int, int] = {}
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._restarter: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._ids = itertools.count(1)
+        self._ready: asyncio.Future[int] | None = None
+        self._lifeline_r, self._lifeline_w = os.pipe2(os.O_CLOEXEC)
+        self._closed = False
+        self._run_dirs: list[Path] = []
+        self.running = False
+        #: Times the zygote was (re)started.
+        self.starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        """The zygote's process id while it runs."""
+        return self._proc.pid if self._proc is not None and self.running else None
+
+    async def launch(self) -> bool:
+        """Start the zygote; on failure log it, keep retrying in the background, return False."""
+        try:
+            await self.start()
+            return True
+        except Exception:
+            log.warning("the fork server did not start; spawning kernels until it does", exc_info=True)
+            if not self._closed and (self._restarter is None or self._restarter.done()):
+                self._restarter = asyncio.create_task(self._restart(), name="fork-server-restart")
+            return False
+
+    async def start(self) -> None:
+        """Start the zygote and wait until its imports are done."""
+        run_dir = Path(await asyncio.to_thread(self.launcher._make_run_dir))
+        env = kernel_environment(
+            workspace=run_dir, run_dir=run_dir, cache_dir=self.launcher.cache_dir, options=KernelOptions()
+        )
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        with open(run_dir / "zygote.log", "ab") as log_file:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-P", str(ZYGOTE), json.dumps(self.preload), str(self._lifeline_r),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log_file,
+                env=env, cwd=run_dir, pass_fds=(self._lifeline_r,), start_new_session=True,
+                limit=1 << 20,
+            )  # fmt: skip
+        self.starts += 1
+        self._run_dirs.append(run_dir)
+        self.running = True
+        self._reader = asyncio.create_task(self._read(self._proc), name="fork-server-reader")
+        try:
+            ready = await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
+        except BaseException:
+            await self._kill()
+            raise
+        log.info("fork server ready (pid %s, preloaded %s)", ready, ", ".join(self.preload) or "nothing")
+
+    async def fork(self, *, argv: list[str], cwd: str, env: dict[str, str], log_path: str, limits: list[tuple[int, int]]) -> ForkedProcess:
+        """Fork one kernel process; raises :class:`KernelStartError` when the server cannot."""
+        proc = self._proc
+        if proc is None or not self.running or proc.stdin is None:
+            raise KernelStartError("the fork server is not running")
+        request_id = next(self._ids)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        request = {"id": request_id, "argv": argv, "cwd": cwd, "env": env, "log": log_path, "limits": limits}
+        try:
+            proc.stdin.write((json.dumps(request) + "\n").encode())
+            await proc.stdin.drain()
+            pid = await asyncio.wait_for(future, FORK_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise KernelStartError(f"the fork server did not fork: {exc!r}") from exc
+        finally:
+            self._pending.pop(request_id, None)
+        return ForkedProcess(pid, self)
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            message = json.loads(line)
+            if "ready" in message:
+                if self._ready is not None and not self._ready.done():
+                    self._ready.set_result(message["ready"])
+            elif "exit" in message:
+                self.exit_codes[message["exit"]] = message["code"]
+            elif (future := self._pending.get(message["id"])) is not None and not future.done():
+                if "pid" in message:
+                    future.set_result(message["pid"])
+                else:
+                    future.set_exception(KernelStartError(f"fork failed: {message['error']}"))
+        await proc.wait()
+        self.running = False
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(KernelStartError("the fork server exited"))
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(KernelStartError(f"the fork server exited during start ({proc.returncode})"))
+        if not self._closed:
+            log.error("the fork server exited (code %s); spawning kernels until it is back", proc.returncode)
+            self._restarter = asyncio.create_task(self._restart(), name="fork-server-restart")
+
+    async def _restart(self) -> None:
+        for attempt in itertools.count():
+            await asyncio.sleep(RESTART_DELAYS_S[min(attempt, len(RESTART_DELAYS_S) - 1)])
+            if self._closed:
+                return
+            try:
+                await self.start()
+                return
+            except Exception:
+                log.warning("restarting the fork server failed", exc_info=True)
+
+    async def stop(self) -> None:
+        """Stop the zygote (it kills what it forked that still runs) and release the lifeline."""
+        self._closed = True
+        if self._restarter is not None:
+            self._restarter.cancel()
+            await asyncio.gather(self._restarter, return_exceptions=True)
+        proc = self._proc
+        if proc is not None and proc.stdin is not None and proc.returncode is None:
+            proc.stdin.close()
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except asyncio.TimeoutError:
+                await self._kill()
+        await self._kill()
+        for run_dir in self._run_dirs:
+            await asyncio.to_thread(shutil.rmtree, run_dir, True)
+        for fd in (self._lifeline_r, self._lifeline_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    async def _kill(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+
+class ForkProvisioner(ThreadbookProvisioner):
+    """A provisioner whose process comes from the fork server (same env, limits and kill)."""
+
+    server: ForkServer | None = None
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        """Fork the kernel with ``cmd``'s ipykernel arguments, cwd and (allow-listed) env."""
+        assert self.server is not None
+        env = dict(kwargs.get("env") or self.launch_env)
+        env.pop("JPY_PARENT_PID", None)  # the lifeline ties the kernel to the bot instead
+        stdout = kwargs.get("stdout")
+        log_path = getattr(stdout, "name", os.devnull)
+        process = await self.server.fork(
+            argv=fork_argv(cmd, self.server.preload),
+            cwd=str(kwargs.get("cwd") or os.getcwd()),
+            env=env,
+            log_path=str(log_path),
+            limits=[(int(limit), int(value)) for limit, value in self.limits],
+        )
+        self.process = process
+        self.pid = self.pgid = process.pid  # the child called setsid: it leads its group
+        self.cwd = kwargs.get("cwd")
+        return self.connection_info
+
+
+def fork_argv(cmd: list[str], preload: list[str]) -> list[str]:
+    """The ``IPKernelApp`` arguments of a kernel command, with exec_lines for a forked child."""
+    args = cmd[cmd.index("ipykernel_launcher") + 1 :]
+    args = [arg for arg in args if not arg.startswith("--IPKernelApp.exec_lines=")]
+    lines = ["%matplotlib inline"] if "matplotlib" in preload else []
+    if lines:
+        args.append(f"--IPKernelApp.exec_lines={lines!r}")
+    return args
+
+
+class ForkingLauncher(KernelLauncher):
+    """Starts kernels by forking them from a :class:`ForkServer`, spawning when it cannot."""
+
+    def __init__(self, spawn: KernelLauncher) -> None:
+        super().__init__(spawn.settings, run_root=spawn.run_root.parent)
+        self.spawn = spawn
+        self.server = ForkServer(self)
+        #: Starts served by forking / by spawning (for benchmarks and tests).
+        self.forked = 0
+        self.spawned = 0
+
+    @property
+    def available(self) -> bool:
+        """Whether the next start can be a fork."""
+        return self.server.running
+
+    def fits(self, options: KernelOptions) -> bool:
+        """Whether a kernel for ``options`` may be forked (the default profile only)."""
+        return type(self.spawn) is KernelLauncher and options == KernelOptions(network=self.settings.network)
+
+    def make_provisioner(self, manager: AsyncKernelManager, *, env: dict[str, str]) -> ThreadbookProvisioner:
+        """A :class:`ForkProvisioner` wired to this launcher's fork server."""
+        provisioner = ForkProvisioner(kernel_id=manager.kernel_id, kernel_spec=manager.kernel_spec, parent=manager)
+        provisioner.launch_env = env
+        provisioner.limits = resource_limits(self.settings)
+        provisioner.server = self.server
+        return provisioner
+
+    async def start(self, workspace: Path, options: KernelOptions = KernelOptions()) -> KernelHandle:
+        """A forked kernel when the fork server is up and ``options`` fit, else a spawned one."""
+        if self.available and self.fits(options):
+            try:
+                handle = await super().start(workspace, options)
+                self.forked += 1
+                return handle
+            except KernelStartError:
+                log.warning("forking a kernel failed; spawning one", exc_info=True)
+        handle = await self.spawn.start(workspace, options)
+        self.spawned += 1
+        return handle

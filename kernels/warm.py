@@ -1,0 +1,303 @@
+"""Warm pool: kernels started ahead so a new thread's first execution does not wait.
+
+The problem: a kernel's working directory (and, under the sandbox, its ``/workspace`` bind
+mount) is fixed when it starts, before anyone knows which thread will use it.
+
+The mechanism ("adopt"): each warm kernel starts in its own fresh, empty folder
+``<workspace_root>/.warm/<id>``. On hand-out the files already in the thread's workspace
+(uploads of the first message) are moved into that folder, and the folder is renamed onto
+the thread's workspace path. A rename keeps the inode, so the kernel's cwd and any bind
+mount follow it, and every ``Workspace`` object the bot holds stays valid because it
+addresses the folder by the same path. ``rename(2)`` replaces the (now empty) old
+workspace folder atomically; if a file appeared in it meanwhile the rename fails with
+``ENOTEMPTY`` and the move is repeated. Uploads to a thread happen only inside that
+thread's turn (the dispatcher runs one turn per thread at a time) and before the kernel is
+requested, so no upload is in flight while its workspace is adopted.
+
+Warm kernels count toward ``max_kernels``: the pool refills only while there is room, and a
+new thread that finds no warm kernel ready first shrinks the warm pool before it evicts
+another thread's idle kernel. Refills run one at a time, and each waits (a bounded time)
+until no thread's code is executing, so warming never competes with a running turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from queue import Empty
+
+from kernels.launcher import KernelHandle, KernelLauncher
+from kernels.options import KernelOptions
+from kernels.result import KernelStartError
+
+log = logging.getLogger(__name__)
+
+WARM_DIR = ".warm"
+#: How long a refill defers to running executions before it goes ahead anyway.
+MAX_DEFER_S = 5.0
+#: Pause after a failed warm start before the next try.
+RETRY_DELAY_S = 5.0
+_REPLY_TIMEOUT_S = 30.0
+
+
+async def run_silently(handle: KernelHandle, code: str, timeout: float = _REPLY_TIMEOUT_S) -> None:
+    """Run ``code`` in the kernel without history or output and wait for its reply.
+
+    Silent executions do not advance the execution count, so the thread's first cell is
+    still ``[1]``. Raises :class:`KernelStartError` when the code fails or times out.
+    """
+    client = handle.client
+    msg_id = client.execute(code, silent=True, store_history=False, allow_stdin=False)
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            reply = await client.get_shell_msg(timeout=remaining)
+        except Empty:
+            break
+        if reply["parent_header"].get("msg_id") == msg_id:
+            content = reply["content"]
+            if content.get("status") != "ok":
+                raise KernelStartError(f"warm-up failed: {content.get('ename')}: {content.get('evalue')}")
+            return
+    raise KernelStartError(f"warm-up did not answer within {timeout:g} s")
+
+
+def warm_up_code(preload: tuple[str, ...]) -> str:
+    """What a warm kernel runs before it is handed out: ``preload`` imported, inline plots ready."""
+    lines = [f"__import__({module!r})" for module in preload]
+    if "matplotlib" in preload:
+        lines.append("get_ipython().run_line_magic('matplotlib', 'inline')")
+    return "\n".join(lines) or "pass"
+
+
+def _fix_home_code(folder: Path) -> str:
+    # HOME pointed at the warm folder's old path (without a sandbox HOME is the workspace).
+    return (
+        "(lambda os: os.environ.get('HOME') == {old!r} and os.environ.__setitem__('HOME', os.getcwd()))"
+        "(__import__('os'))"
+    ).format(old=str(folder))
+
+
+class WarmKernel:
+    """A ready kernel waiting in its own empty folder for a thread."""
+
+    def __init__(self, handle: KernelHandle, folder: Path) -> None:
+        self.handle = handle
+        self.folder = folder
+
+    async def adopt(self, workspace: Path) -> KernelHandle:
+        """Give the kernel ``workspace``: move its files in, rename the folder onto it."""
+        await asyncio.to_thread(adopt_folder, self.folder, workspace)
+        await run_silently(self.handle, _fix_home_code(self.folder))
+        return self.handle
+
+    async def discard(self) -> None:
+        """Stop the kernel and remove its folder."""
+        try:
+            await self.handle.shutdown()
+        finally:
+            await asyncio.to_thread(shutil.rmtree, self.folder, True)
+
+
+def adopt_folder(folder: Path, workspace: Path) -> None:
+    """(Blocking) move ``workspace``'s entries into ``folder``, then rename ``folder`` to ``workspace``."""
+    if not folder.is_dir():
+        raise KernelStartError(f"the warm kernel's folder {folder} is gone")
+    for entry in list(os.scandir(folder)):  # a warm folder should be empty; never mix leftovers in
+        shutil.rmtree(entry.path) if entry.is_dir(follow_symlinks=False) else os.unlink(entry.path)
+    workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for _ in range(100):
+        for entry in list(os.scandir(workspace)):
+            os.rename(entry.path, folder / entry.name)
+        try:
+            os.rename(folder, workspace)  # replaces the now empty folder atomically
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+    raise KernelStartError(f"{workspace} kept changing while a warm kernel was handed over")
+
+
+class HandOff(KernelLauncher):
+    """A one-shot launcher for one session: its first start adopts a warm kernel.
+
+    Later starts of the same session (after a death or a restart) go to ``fallback``, as
+    does the first one when the warm kernel turns out to be unusable.
+    """
+
+    def __init__(self, warm: WarmKernel, fallback: KernelLauncher) -> None:
+        super().__init__(fallback.settings, run_root=fallback.run_root.parent)
+        self._warm: WarmKernel | None = warm
+        self.fallback = fallback
+
+    async def start(self, workspace: Path, options: KernelOptions = KernelOptions()) -> KernelHandle:
+        """The warm kernel, now in ``workspace``; a fresh one from ``fallback`` after that."""
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            try:
+                return await warm.adopt(workspace)
+            except Exception:
+                log.warning("a warm kernel could not be handed over; starting one", exc_info=True)
+                await warm.discard()
+        return await self.fallback.start(workspace, options)
+
+
+class WarmPool:
+    """Keeps up to ``size`` ready kernels, refilling one at a time in the background."""
+
+    def __init__(
+        self,
+        launcher: KernelLauncher,
+        *,
+        root: Path,
+        size: int,
+        options: KernelOptions = KernelOptions(),
+        has_room: Callable[[], bool] = lambda: True,
+        busy: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """``has_room()``: may one more kernel start (the ``max_kernels`` cap);
+        ``busy()``: is some thread's code running (refills wait for it, at most ``MAX_DEFER_S``)."""
+        self.launcher = launcher
+        self.folder_root = Path(root) / WARM_DIR
+        self.size = size
+        self.options = options
+        self._has_room = has_room
+        self._busy = busy
+        self._ready: list[WarmKernel] = []
+        self._starting = 0
+        #: Starts in flight whose kernel is to be thrown away on arrival (room was needed).
+        self._doomed = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._inflight: asyncio.Task[bool] | None = None
+        self._closed = False
+
+    @property
+    def count(self) -> int:
+        """Warm kernels that are ready or starting (what counts toward ``max_kernels``)."""
+        return len(self._ready) + self._starting - self._doomed
+
+    @property
+    def ready(self) -> int:
+        """Warm kernels ready to hand out."""
+        return len(self._ready)
+
+    def start(self) -> None:
+        """Begin filling the pool in the background."""
+        if self._task is None and self.size > 0:
+            self._closed = False
+            self._task = asyncio.create_task(self._refill_loop(), name="warm-pool-refill")
+
+    def kick(self) -> None:
+        """Look again whether a refill is due (after a hand-out or a kernel stopped)."""
+        self._wake.set()
+
+    def fits(self, options: KernelOptions) -> bool:
+        """Whether a kernel for ``options`` may come from this pool."""
+        return options == self.options
+
+    async def take(self) -> WarmKernel | None:
+        """A ready, live warm kernel, or None. The pool refills behind it."""
+        while self._ready:
+            warm = self._ready.pop(0)
+            self.kick()
+            if await warm.handle.is_alive():
+                return warm
+            log.warning("a warm kernel died while waiting; discarding it")
+            asyncio.create_task(warm.discard())
+        return None
+
+    async def shrink(self) -> bool:
+        """Give up one warm kernel to make room for a thread. False when there is none."""
+        if self._ready:
+            await self._ready.pop().discard()
+            return True
+        if self._starting - self._doomed > 0:
+            self._doomed += 1
+            return True
+        return False
+
+    async def wait_ready(self, count: int | None = None, timeout: float = 60.0) -> None:
+        """Wait until ``count`` (default: ``size``) kernels are ready (tests, benchmarks)."""
+        want = self.size if count is None else count
+        deadline = time.monotonic() + timeout
+        while len(self._ready) < want:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self._ready)} of {want} warm kernels ready after {timeout:g} s")
+            await asyncio.sleep(0.02)
+
+    async def stop(self) -> None:
+        """Stop refilling and shut down every warm kernel; no process outlives this call."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._inflight is not None:
+            await asyncio.gather(self._inflight, return_exceptions=True)
+        ready, self._ready = self._ready, []
+        await asyncio.gather(*(w.discard() for w in ready), return_exceptions=True)
+        await asyncio.to_thread(shutil.rmtree, self.folder_root, True)
+
+    def touch(self) -> None:
+        """(Blocking) mark the warm folders as used now, so workspace retention spares them."""
+        for folder in [self.folder_root, *(warm.folder for warm in self._ready)]:
+            try:
+                os.utime(folder)
+            except OSError:
+                pass
+
+    async def _refill_loop(self) -> None:
+        while not self._closed:
+            self._wake.clear()
+            if self._due():
+                await self._defer_to_running_code()
+                if self._due():
+                    # Shielded: stopping the loop must not cancel a launch half-way (its
+                    # process would be left behind); stop() waits for it instead.
+                    self._inflight = asyncio.create_task(self._add_one())
+                    if not await asyncio.shield(self._inflight):
+                        await asyncio.sleep(RETRY_DELAY_S)
+                continue
+            await self._wake.wait()
+
+    def _due(self) -> bool:
+        return not self._closed and self.count < self.size and self._has_room()
+
+    async def _defer_to_running_code(self) -> None:
+        deadline = time.monotonic() + MAX_DEFER_S
+        while self._busy() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+
+    async def _add_one(self) -> bool:
+        folder = self.folder_root / uuid.uuid4().hex[:12]
+        self._starting += 1
+        warm: WarmKernel | None = None
+        failed = False
+        try:
+            await asyncio.to_thread(folder.mkdir, parents=True, mode=0o700)
+            warm = WarmKernel(await self.launcher.start(folder, self.options), folder)
+            await run_silently(warm.handle, warm_up_code(self.launcher.settings.preload))
+        except Exception:
+            log.warning("starting a warm kernel failed", exc_info=True)
+            failed = True
+        self._starting -= 1
+        keep = not failed and not self._closed and not self._doomed
+        if self._doomed:
+            self._doomed -= 1
+        if keep:
+            assert warm is not None
+            self._ready.append(warm)
+            return True
+        if warm is not None:
+            await warm.discard()
+        else:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+        return not failed
