@@ -77,12 +77,16 @@ def warm_up_code(preload: tuple[str, ...]) -> str:
     return "\n".join(lines) or "pass"
 
 
-def _fix_home_code(folder: Path) -> str:
-    # HOME pointed at the warm folder's old path (without a sandbox HOME is the workspace).
+def _follow_rename_code(folder: Path) -> str:
+    # Without a sandbox HOME is the workspace: it named the warm folder's old path.
     return (
-        "(lambda os: os.environ.get('HOME') == {old!r} and os.environ.__setitem__('HOME', os.getcwd()))"
-        "(__import__('os'))"
-    ).format(old=str(folder))
+        "def _threadbook_adopt(old):\n"
+        "    import os\n"
+        "    if os.environ.get('HOME') == old:\n"
+        "        os.environ['HOME'] = os.getcwd()\n"
+        f"_threadbook_adopt({str(folder)!r})\n"
+        "del _threadbook_adopt\n"
+    )
 
 
 class WarmKernel:
@@ -95,7 +99,7 @@ class WarmKernel:
     async def adopt(self, workspace: Path) -> KernelHandle:
         """Give the kernel ``workspace``: move its files in, rename the folder onto it."""
         await asyncio.to_thread(adopt_folder, self.folder, workspace)
-        await run_silently(self.handle, _fix_home_code(self.folder))
+        await run_silently(self.handle, _follow_rename_code(self.folder))
         return self.handle
 
     async def discard(self) -> None:

@@ -95,7 +95,6 @@ def _run_child(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    sys.path.insert(0, os.getcwd())  # like `python -m ipykernel_launcher`: the workspace is importable
     sys.argv = ["ipykernel_launcher", *request["argv"]]
     import random
 

@@ -32,7 +32,9 @@ async def test_hand_out_is_fast_sees_uploads_and_refills(warm_pool: KernelPool) 
 
     started = time.monotonic()
     session = await warm_pool.get_or_start("w:a")
-    result = await session.execute("import os; print(open('upload.csv').read().split()[1], os.getcwd() == os.environ['HOME'])")
+    result = await session.execute(
+        "import os; print(open('upload.csv').read().split()[1], os.getcwd() == os.environ['HOME'])"
+    )
     elapsed = time.monotonic() - started
     assert result.ok and result.streams[0].text == "1,2 True\n", result
     assert result.execution_count == 1  # the warm-up left no trace in the thread's history
