@@ -1,0 +1,162 @@
+"""``python -m bench [--quick]``: kernel start-up and bot benchmarks, spawn vs pool vs fork.
+
+Prints one table (p50/p90/max, wall time, idle PSS), writes ``bench/results.json`` and
+checks the targets of issue 7; a missed target makes the exit code 1, except in ``--quick``
+mode (a smoke run for CI: fewer samples, targets reported only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import kernels, slack
+
+RESULTS = Path(__file__).with_name("results.json")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each scenario does."""
+
+    first: int
+    burst: int
+    turns: int
+    concurrent: int
+
+
+FULL = Sizes(first=10, burst=20, turns=30, concurrent=100)
+QUICK = Sizes(first=2, burst=3, turns=5, concurrent=5)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One goal: ``scenario``/``mode`` result ``field`` must be <= ``limit``."""
+
+    scenario: str
+    mode: str
+    field: str
+    limit: float
+    text: str
+
+
+TARGETS = (
+    Target("first_exec", "pool", "p50_ms", 50, "first execution, warm kernel available: p50 <= 50 ms"),
+    Target("first_exec", "fork", "p50_ms", 300, "first execution, pool empty (fork server): p50 <= 300 ms"),
+    Target("burst", "pool", "max_ms", 3000, "20 new threads at once (warm pool): all within 3 s"),
+    Target("burst", "fork", "max_ms", 3000, "20 new threads at once (fork server): all within 3 s"),
+    Target("burst", "fork", "idle_pss_mib", 50, "idle kernel with pandas/numpy/matplotlib: <= 50 MiB PSS"),
+    Target("turn_overhead", "pool", "p50_ms", 30, "bot overhead per turn via Slack, print(1): p50 <= 30 ms"),
+    Target("concurrent", "pool", "errors", 0, "100 concurrent threads answered, no error (warm pool)"),
+    Target("concurrent", "fork", "errors", 0, "100 concurrent threads answered, no error (fork server)"),
+    Target("concurrent", "spawn", "errors", 0, "100 concurrent threads answered, no error (spawn)"),
+)
+
+
+def scenarios(sizes: Sizes) -> dict[str, Callable[[str, Path], Awaitable[dict[str, Any]]]]:
+    """Scenario name → coroutine function (mode, scratch dir) → result."""
+    return {
+        "first_exec": lambda mode, root: kernels.first_execution(mode, root, sizes.first),
+        "burst": lambda mode, root: kernels.burst(mode, root, sizes.burst),
+        "turn_overhead": lambda mode, root: slack.turn_overhead(mode, root, sizes.turns),
+        "concurrent": lambda mode, root: slack.concurrent_threads(mode, root, sizes.concurrent),
+    }
+
+
+async def run(sizes: Sizes, only: set[str] | None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every scenario for every mode; a failing one records its error and the run goes on."""
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, scenario in scenarios(sizes).items():
+        if only and name not in only:
+            continue
+        for mode in kernels.MODES:
+            with tempfile.TemporaryDirectory(prefix=f"bench-{name}-{mode}-") as scratch:
+                started = time.perf_counter()
+                try:
+                    outcome = await scenario(mode, Path(scratch))
+                except Exception as exc:  # reported in the table and the JSON
+                    logging.getLogger("bench").exception("%s/%s failed", name, mode)
+                    outcome = {"error": f"{type(exc).__name__}: {exc}"}
+                outcome["scenario_s"] = time.perf_counter() - started
+            results.setdefault(name, {})[mode] = outcome
+            print(f"  {name:<14} {mode:<6} done in {outcome['scenario_s']:.1f} s", file=sys.stderr, flush=True)
+    return results
+
+
+def check(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each target with the measured value and whether it was met (None: not measured)."""
+    checks = []
+    for target in TARGETS:
+        value = results.get(target.scenario, {}).get(target.mode, {}).get(target.field)
+        met = None if value is None else value <= target.limit
+        checks.append({"target": target.text, "value": value, "limit": target.limit, "met": met})
+    return checks
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def table(results: dict[str, dict[str, dict[str, Any]]], checks: list[dict[str, Any]]) -> str:
+    """The results and target checks as a Markdown table."""
+    lines = [
+        "| scenario | mode | n | p50 ms | p90 ms | max ms | wall s | idle PSS MiB | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, by_mode in results.items():
+        for mode, r in by_mode.items():
+            if "error" in r:
+                lines.append(f"| {name} | {mode} | failed: {r['error'][:80]} | | | | | | |")
+                continue
+            lines.append(
+                f"| {name} | {mode} | {r.get('n', '-')} | {_fmt(r.get('p50_ms'))} | {_fmt(r.get('p90_ms'))} | "
+                f"{_fmt(r.get('max_ms'))} | {_fmt(r.get('wall_s'), 2)} | {_fmt(r.get('idle_pss_mib'))} | "
+                f"{_fmt(r.get('errors'))} |"
+            )
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    for c in checks:
+        met = {True: "yes", False: "**NO**", None: "not measured"}[c["met"]]
+        lines.append(f"| {c['target']} | {_fmt(c['value'])} | {met} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run, print, write results.json; exit 1 when a target is missed (not in --quick mode)."""
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small CI smoke run; targets do not fail it")
+    parser.add_argument("--only", action="append", choices=list(scenarios(QUICK)), help="run only these scenarios")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="where to write the JSON results")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    sizes = QUICK if args.quick else FULL
+    started = time.perf_counter()
+    results = asyncio.run(run(sizes, set(args.only) if args.only else None))
+    checks = check(results)
+    document = {
+        "quick": args.quick,
+        "sizes": sizes.__dict__,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "duration_s": time.perf_counter() - started,
+        "results": results,
+        "targets": checks,
+    }
+    args.output.write_text(json.dumps(document, indent=2) + "\n")
+    print(table(results, checks))
+    failed = any(r.get("error") for by_mode in results.values() for r in by_mode.values())
+    missed = any(c["met"] is False for c in checks)
+    return 1 if failed or (missed and not args.quick) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

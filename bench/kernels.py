@@ -1,0 +1,113 @@
+"""Kernel start-up scenarios: first execution in a new thread, 20 at once, idle memory.
+
+Each scenario runs with three kernel sources, side by side in one run:
+``spawn`` (a plain cold start), ``pool`` (a warm kernel available) and ``fork`` (pool empty,
+the fork server forks one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from bot.config import KernelSettings
+from kernels import KernelPool
+from kernels.forkserver import ForkingLauncher
+
+MODES = ("spawn", "pool", "fork")
+PRELOAD = ("pandas", "numpy", "matplotlib")
+FIRST_CELL = "1 + 1"
+MiB = 1024 * 1024
+
+
+def settings_for(mode: str, root: Path, *, warm: int = 0, max_kernels: int = 120) -> KernelSettings:
+    """Kernel settings of one mode (``pool`` refills from the fork server)."""
+    return KernelSettings(
+        workspace_root=root / "workspaces",
+        sandbox="none",
+        preload=PRELOAD,
+        max_kernels=max_kernels,
+        warm_pool=warm if mode == "pool" else 0,
+        fork_server=mode in ("pool", "fork"),
+        exec_timeout_s=60,
+    )
+
+
+@asynccontextmanager
+async def open_pool(mode: str, root: Path, *, warm: int = 0) -> AsyncIterator[KernelPool]:
+    """A started pool of ``mode`` (warm kernels ready), shut down on exit."""
+    pool = KernelPool(settings_for(mode, root, warm=warm))
+    await pool.start()
+    try:
+        if mode == "fork":
+            assert isinstance(pool.launcher, ForkingLauncher) and pool.launcher.available, "fork server not up"
+        if pool.warm is not None:
+            await pool.warm.wait_ready(timeout=120)
+        yield pool
+    finally:
+        await pool.shutdown_all()
+
+
+async def _first_execution(pool: KernelPool, key: str) -> float:
+    started = time.perf_counter()
+    session = await pool.get_or_start(key)
+    result = await session.execute(FIRST_CELL)
+    if result.result != "2":
+        raise RuntimeError(f"first execution in {key} failed: {result}")
+    return time.perf_counter() - started
+
+
+async def first_execution(mode: str, root: Path, samples: int) -> dict[str, Any]:
+    """New thread → first cell done, one thread at a time (warm kernel ready before each)."""
+    times: list[float] = []
+    async with open_pool(mode, root, warm=1) as pool:
+        for i in range(samples):
+            if pool.warm is not None:
+                await pool.warm.wait_ready(timeout=120)
+            times.append(await _first_execution(pool, f"bench:first:{i}"))
+            await pool.shutdown(f"bench:first:{i}")
+    return summary(times)
+
+
+async def burst(mode: str, root: Path, threads: int) -> dict[str, Any]:
+    """``threads`` new threads at once: each one's first cell; wall time; idle PSS per kernel."""
+    async with open_pool(mode, root, warm=threads) as pool:
+        started = time.perf_counter()
+        times = await asyncio.gather(*(_first_execution(pool, f"bench:burst:{i}") for i in range(threads)))
+        wall = time.perf_counter() - started
+        sessions = pool.sessions()
+        await asyncio.gather(*(s.execute("import pandas, numpy, matplotlib.pyplot") for s in sessions))
+        await asyncio.sleep(0.5)  # let the kernels settle (idle)
+        pss = [await s.memory_bytes() or 0 for s in sessions]
+        parent = 0
+        if isinstance(pool.launcher, ForkingLauncher):
+            parent = await _pss(pool.launcher.server.pid)
+        result = summary(list(times))
+        result["wall_s"] = wall
+        # The fork server's own memory is shared by its children: each kernel carries a share.
+        per_kernel = [(p + parent / len(pss)) / MiB for p in pss]
+        result["idle_pss_mib"] = statistics.median(per_kernel)
+        result["fork_server_pss_mib"] = parent / MiB
+    return result
+
+
+async def _pss(pid: int | None) -> int:
+    import psutil
+
+    if pid is None:
+        return 0
+    info = await asyncio.to_thread(psutil.Process(pid).memory_full_info)
+    return int(getattr(info, "pss", info.rss))
+
+
+def summary(times: list[float]) -> dict[str, Any]:
+    """p50 / p90 / max in milliseconds of a list of durations in seconds."""
+    ordered = sorted(times)
+    ms = [t * 1000 for t in ordered]
+    p90 = ms[min(len(ms) - 1, max(0, round(0.9 * len(ms)) - 1))]
+    return {"n": len(ms), "p50_ms": statistics.median(ms), "p90_ms": p90, "max_ms": ms[-1]}

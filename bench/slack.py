@@ -1,0 +1,99 @@
+"""Whole-bot scenarios through the real Slack adapter, a fake Slack and a zero-latency model.
+
+The model answers each turn with one tool call ``print(1)`` and then a text answer; the
+time measured runs from the event's delivery (HTTP Events API) to the turn's final ✅
+reaction, which the adapter adds after the reply is posted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from adapters.slack import SlackAdapter
+from bench.kernels import summary
+from bot.app import Core
+from bot.config import parse_settings
+from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
+from tests.fakes.slack_server import FakeSlack
+
+DONE = frozenset({"white_check_mark", "x"})
+
+
+def _model(request: dict[str, Any]) -> Any:
+    """print(1) first, then the answer (whatever order concurrent threads ask in)."""
+    if request["messages"][-1]["role"] == "tool":
+        return answer("It printed 1.")
+    return tool_call("print(1)")
+
+
+@asynccontextmanager
+async def running_bot(mode: str, root: Path, *, warm: int) -> AsyncIterator[tuple[FakeSlack, str]]:
+    """Fake Slack, model, Core and Slack adapter with kernels of ``mode``; yields (slack, events url)."""
+    async with FakeSlack() as slack, ScriptedOpenAI() as llm:
+        llm.script(*[_model] * 10_000)
+        raw = {
+            "llm": {"base_url": llm.base_url, "api_key": "k", "model": "fake-model", "request_timeout_s": 60},
+            "slack": {"bot_token": slack.bot_token, "signing_secret": slack.signing_secret,
+                      "api_url": slack.api_url, "http_host": "127.0.0.1", "http_port": 0},
+            "kernels": {"workspace_root": str(root / "workspaces"), "sandbox": "none", "max_kernels": 120,
+                        "preload": ["pandas", "numpy", "matplotlib"], "warm_pool": warm if mode == "pool" else 0,
+                        "fork_server": mode in ("pool", "fork"), "exec_timeout_s": 120},
+            "storage": {"path": str(root / "threadbook.db")},
+        }  # fmt: skip
+        settings = parse_settings(raw, env={})
+        async with Core.open(settings) as core:
+            if core.pool.warm is not None:
+                await core.pool.warm.wait_ready(timeout=120)
+            adapter = SlackAdapter(settings.slack, core.dispatcher)
+            await adapter.start()
+            try:
+                yield slack, f"http://127.0.0.1:{adapter.port}/slack/events"
+            finally:
+                await adapter.wait_idle()
+                await adapter.stop()
+
+
+async def _turn(slack: FakeSlack, url: str, event: dict[str, Any], timeout: float) -> tuple[float, bool]:
+    key = (event["channel"], event["ts"])
+    started = time.perf_counter()
+    status, _ = await slack.post_event(url, event)
+    await slack.wait_for(lambda: DONE & slack.reactions.get(key, set()), timeout)
+    elapsed = time.perf_counter() - started
+    ok = status == 200 and slack.reactions[key] & DONE == {"white_check_mark"}
+    return elapsed, ok
+
+
+async def turn_overhead(mode: str, root: Path, turns: int) -> dict[str, Any]:
+    """Follow-up turns in one thread (its kernel running): event → final reply posted."""
+    async with running_bot(mode, root, warm=1) as (slack, url):
+        first = slack.mention("C1", "start")
+        await _turn(slack, url, first, 120)
+        times = []
+        for i in range(turns):
+            event = slack.message_event("C1", f"again {i}", thread_ts=first["ts"])
+            elapsed, ok = await _turn(slack, url, event, 60)
+            if not ok:
+                raise RuntimeError(f"turn {i} failed")
+            times.append(elapsed)
+    return summary(times)
+
+
+async def concurrent_threads(mode: str, root: Path, threads: int) -> dict[str, Any]:
+    """``threads`` new threads mentioned at once; every one must be answered without error."""
+    async with running_bot(mode, root, warm=threads) as (slack, url):
+        events = [slack.mention(f"C{i % 7}", f"go {i}") for i in range(threads)]
+        started = time.perf_counter()
+        outcomes = await asyncio.gather(
+            *(_turn(slack, url, e, 600) for e in events), return_exceptions=True
+        )
+        wall = time.perf_counter() - started
+    times = [o[0] for o in outcomes if isinstance(o, tuple)]
+    errors = sum(1 for o in outcomes if not isinstance(o, tuple) or not o[1])
+    result = summary(times) if times else {"n": 0}
+    result.update(wall_s=wall, errors=errors)
+    return result

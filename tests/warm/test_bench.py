@@ -1,0 +1,31 @@
+"""The benchmark's smoke run (``python -m bench --quick``) so the bench cannot rot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(120)
+def test_quick_bench_writes_results_and_prints_the_table(tmp_path: Path) -> None:
+    output = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--output", str(output)],
+        cwd=ROOT, capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(output.read_text())
+    assert document["quick"] is True
+    for scenario in ("first_exec", "burst", "turn_overhead", "concurrent"):
+        for mode in ("spawn", "pool", "fork"):
+            result = document["results"][scenario][mode]
+            assert "error" not in result and result["n"] > 0, (scenario, mode, result)
+    assert all(r["errors"] == 0 for r in document["results"]["concurrent"].values())
+    assert "| first_exec | pool |" in done.stdout and "| target | measured | met |" in done.stdout
+    assert all(c["met"] is not None for c in document["targets"])
