@@ -130,12 +130,13 @@ class TurnRunner:
         turn.session = session
         kernel_is_fresh = session.executions == 0 and await self._store.cell_count(str(key)) > 0
         workspace_files = await workspace.list_files()
+        seen = self._pool.launcher.kernel_view(options)  # data_dir and network as the (sandboxed) kernel sees them
         system_prompt = build_system_prompt(
             files=[PromptFile(name=f.name, size=f.size) for f in workspace_files[:MAX_PROMPT_FILES]],
             channel_prompt=policy.system_prompt,
-            data_dir=policy.data_dir,
+            data_dir=seen.data_dir,
             kernel_fresh=kernel_is_fresh,
-            network=options.network,
+            network=seen.network,
         )
         runner = _RecordingRunner(session=session, store=self._store, key=str(key), turn=turn, progress=progress)
 

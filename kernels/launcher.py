@@ -268,6 +268,19 @@ class KernelLauncher:
             argv=argv, display_name="Threadbook Python", language="python", interrupt_mode=self.interrupt_mode
         )
 
+    def kernel_view(self, options: KernelOptions) -> KernelOptions:
+        """``options`` as code inside the kernel sees them (the data_dir path, whether there is network)."""
+        return options
+
+    def environment(self, *, workspace: Path, run_dir: Path, options: KernelOptions) -> dict[str, str]:
+        """The kernel's environment for one start."""
+        return kernel_environment(workspace=workspace, run_dir=run_dir, cache_dir=self.cache_dir, options=options)
+
+    def configure_provisioner(
+        self, provisioner: ThreadbookProvisioner, *, workspace: Path, run_dir: Path, options: KernelOptions
+    ) -> None:
+        """Per-start provisioner set-up (the sandbox builds its ``bwrap`` command here)."""
+
     def make_provisioner(self, manager: AsyncKernelManager, *, env: dict[str, str]) -> ThreadbookProvisioner:
         """The provisioner for one kernel start."""
         provisioner = self.provisioner_class(kernel_id=manager.kernel_id, kernel_spec=manager.kernel_spec, parent=manager)
@@ -283,8 +296,9 @@ class KernelLauncher:
             manager.ip = str(run_dir / "ipc")
         manager._threadbook_spec = self.kernel_spec()
         manager.kernel_id = uuid.uuid4().hex
-        env = kernel_environment(workspace=workspace, run_dir=run_dir, cache_dir=self.cache_dir, options=options)
+        env = self.environment(workspace=workspace, run_dir=run_dir, options=options)
         manager.provisioner = self.make_provisioner(manager, env=env)
+        self.configure_provisioner(manager.provisioner, workspace=workspace, run_dir=run_dir, options=options)
         client: AsyncKernelClient | None = None
         try:
             with open(run_dir / KERNEL_LOG, "ab") as log:  # the kernel keeps its own copy of the fd

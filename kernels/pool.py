@@ -10,6 +10,7 @@ from kernels.forkserver import ForkingLauncher
 from kernels.launcher import KernelLauncher
 from kernels.options import KernelOptions
 from kernels.result import PoolFullError
+from kernels.sandbox import make_launcher
 from kernels.session import KernelSession
 from kernels.warm import HandOff, WarmPool
 from kernels.workspace import WorkspaceManager
@@ -33,7 +34,7 @@ class KernelPool:
             max_file_bytes=int(settings.max_upload_mb * 1024 * 1024),
             quota_bytes=int(settings.workspace_quota_mb * 1024 * 1024),
         )
-        self.launcher = launcher or KernelLauncher(settings)
+        self.launcher = launcher or make_launcher(settings)
         self._sessions: dict[str, KernelSession] = {}
         #: Keys whose kernel ran code and was stopped by the pool (culled, evicted).
         self._lost: set[str] = set()

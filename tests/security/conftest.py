@@ -1,0 +1,174 @@
+"""Real sandboxed kernels for the attack suite, a neighbour thread's kernel, host canaries.
+
+The suite skips only when this machine cannot start the bubblewrap sandbox at all (the
+probe says why). Every attack test records its observed outcome; when the whole attack
+module ran and passed, the table in ``docs/security.md`` is regenerated from them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+import pytest_asyncio
+
+from bot.config import KernelSettings
+from kernels import KernelOptions, KernelPool, KernelSession, KernelStartError
+from kernels.sandbox import BwrapLauncher, detect_support, probe
+from tests.security.report import write_table
+
+CANARY = f"tb-canary-{uuid.uuid4().hex}"
+SECRET_VARS = ("SLACK_BOT_TOKEN", "DISCORD_TOKEN", "OPENAI_API_KEY")
+ATTACK_MODULE = "test_attacks.py"
+
+
+def _sandbox_skip_reason() -> str | None:
+    try:
+        probe(detect_support())
+    except KernelStartError as exc:
+        return f"this machine cannot create the kernel sandbox's namespaces: {exc}"
+    return None
+
+
+SKIP_REASON = _sandbox_skip_reason()
+
+
+@dataclass
+class Outcomes:
+    """Attack → observed outcome, in the order the tests ran."""
+
+    rows: dict[str, str] = field(default_factory=dict)
+
+    def record(self, attack: str, outcome: str) -> None:
+        """Record one contained attack (call after the test's assertions passed)."""
+        self.rows[attack] = outcome
+
+
+@pytest.fixture(scope="session")
+def outcomes(request: pytest.FixtureRequest) -> Iterator[Outcomes]:
+    collected = Outcomes()
+    yield collected
+    attack_items = [item for item in request.session.items if item.path.name == ATTACK_MODULE]
+    failed = request.session.testsfailed
+    if attack_items and not failed and len(collected.rows) == len(attack_items):
+        mode = "root, kernels dropped to a per-workspace uid by setpriv" if os.geteuid() == 0 else (
+            "non-root, kernels in an unprivileged user namespace"
+        )
+        write_table(Path(__file__).resolve().parents[2] / "docs" / "security.md", collected.rows, mode=mode)
+
+
+@dataclass
+class HostFiles:
+    """Files of the bot that no kernel may read: config, database, a data dir for one channel."""
+
+    config: Path
+    database: Path
+    data_dir: Path
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def host_files(tmp_path_factory: pytest.TempPathFactory) -> HostFiles:
+    root = tmp_path_factory.mktemp("bot")
+    config = root / "config.yaml"
+    config.write_text(f"slack:\n  bot_token: {CANARY}\n")
+    database = root / "threadbook.db"
+    with sqlite3.connect(database) as db:
+        db.execute("create table secrets (value text)")
+        db.execute("insert into secrets values (?)", (CANARY,))
+    data_dir = root / "channel-data"
+    data_dir.mkdir()
+    (data_dir / "sales.csv").write_text("region,amount\nnorth,10\n")
+    # Kernels run as another uid: the channel's data must be world-readable (docs/security.md).
+    for path in (root.parent, root, data_dir):
+        path.chmod(0o755)
+    (data_dir / "sales.csv").chmod(0o644)
+    return HostFiles(config=config, database=database, data_dir=data_dir, root=root)
+
+
+@pytest.fixture(scope="module")
+def secret_env() -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in SECRET_VARS}
+    os.environ.update({name: CANARY for name in SECRET_VARS})
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def sandbox_pool(
+    tmp_path_factory: pytest.TempPathFactory, secret_env: None
+) -> AsyncIterator[KernelPool]:
+    if SKIP_REASON:
+        pytest.skip(SKIP_REASON)
+    root = tmp_path_factory.mktemp("sandboxed")
+    settings = KernelSettings(
+        workspace_root=root / "workspaces",
+        sandbox="bwrap",
+        exec_timeout_s=5,
+        interrupt_grace_s=1,
+        max_kernels=8,
+        preload=(),
+        memory_mb=512,
+        max_processes=64,
+        max_file_mb=10,
+        max_output_bytes=10_000,
+    )
+    kernel_pool = KernelPool(settings)
+    assert isinstance(kernel_pool.launcher, BwrapLauncher)
+    yield kernel_pool
+    await kernel_pool.shutdown_all()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def neighbour(sandbox_pool: KernelPool) -> KernelSession:
+    """Another thread's kernel, shared by the module; it keeps a secret file in its workspace."""
+    session = await sandbox_pool.get_or_start("slack:C1:neighbour")
+    result = await session.execute(f"open('secret.txt', 'w').write({CANARY!r})")
+    assert result.ok
+    return session
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def attacker(
+    sandbox_pool: KernelPool, host_files: HostFiles, request: pytest.FixtureRequest
+) -> AsyncIterator[KernelSession]:
+    """A fresh sandboxed kernel for one attack; afterwards nothing of it is left on the host."""
+    key = f"slack:C2:attacker-{request.node.name}"
+    session = await sandbox_pool.get_or_start(key, KernelOptions(data_dir=host_files.data_dir))
+    tree = _sandbox_tree(session)
+    uids = {proc.uids().real for proc in tree} - {0, os.getuid()}
+    yield session
+    await sandbox_pool.shutdown(key)
+    survivors = [proc for proc in tree if proc.is_running()]  # zombies count: they are running
+    assert not survivors, f"sandbox processes outlived the kernel's shutdown: {survivors}"
+    left = await asyncio.to_thread(_processes_of, uids)
+    assert not left, f"processes of the attacker's uid outlived its kernel: {left}"
+
+
+def _sandbox_tree(session: KernelSession) -> list[psutil.Process]:
+    handle = session._handle
+    assert handle is not None and handle.pid is not None
+    root = psutil.Process(handle.pid)
+    return [root, *root.children(recursive=True)]
+
+
+def _processes_of(uids: set[int]) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["uids", "status", "cmdline"]):
+        try:
+            if proc.info["uids"] and proc.info["uids"].real in uids:
+                found.append(f"{proc.pid} {proc.info['status']} {' '.join(proc.info['cmdline'] or [])[:60]}")
+        except psutil.Error:
+            continue
+    return found

@@ -1,0 +1,385 @@
+"""Attacks run by model-written code, each in a real sandboxed kernel.
+
+Every test asserts that the attack is contained and that a neighbour thread's kernel keeps
+answering ``1+1`` while (or right after) the attack runs, then records what was observed;
+the records become the table in docs/security.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import stat
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from kernels import ExecutionResult, KernelSession, Outcome, UnsafePathError
+from tests.security.conftest import CANARY, HostFiles, Outcomes
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+#: The kernel code's helper: try something, return the exception's name (and errno name) or "ok".
+TRY = """
+import errno, json, os
+def attempt(action):
+    try:
+        value = action()
+    except BaseException as exc:
+        code = getattr(exc, 'errno', None)
+        return f"{type(exc).__name__}" + (f" ({errno.errorcode[code]})" if code in errno.errorcode else "")
+    return 'ok' if value is None or not isinstance(value, (str, bytes)) else ('ok: ' + str(value)[:200])
+"""
+
+
+async def attack(
+    attacker: KernelSession, neighbour: KernelSession, code: str, *, timeout: float = 5, overlap: bool = False
+) -> ExecutionResult:
+    """Run ``code`` in the attacker's kernel; the neighbour must answer ``1+1`` meanwhile.
+
+    ``overlap``: the neighbour runs while the attack is still going (long-running attacks).
+    """
+
+    async def neighbour_answers() -> None:
+        if overlap:
+            await asyncio.sleep(0.5)  # let the attack get going first
+        started = time.monotonic()
+        answer = await neighbour.execute("1+1", timeout=10)
+        assert answer.ok and answer.result == "2", answer
+        assert time.monotonic() - started < 5, "the neighbour's 1+1 was slowed down by the attack"
+
+    if overlap:
+        result, _ = await asyncio.gather(attacker.execute(TRY + code, timeout=timeout), neighbour_answers())
+    else:
+        result = await attacker.execute(TRY + code, timeout=timeout)
+        await neighbour_answers()
+    return result
+
+
+def report(result: ExecutionResult) -> dict[str, Any]:
+    """The JSON the attack code printed last."""
+    assert result.outcome is Outcome.OK, (result.outcome, result.error, result.stdout[-2000:])
+    data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return data
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def listener() -> AsyncIterator[tuple[int, list[str]]]:
+    """A TCP port of the bot's process on 127.0.0.1 (like its HTTP port); records connections."""
+    seen: list[str] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(str(writer.get_extra_info("peername")))
+        writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    yield server.sockets[0].getsockname()[1], seen
+    server.close()
+    await server.wait_closed()
+
+
+async def test_secrets_in_environment(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    assert os.environ["SLACK_BOT_TOKEN"] == CANARY  # the bot's own environment has them
+    data = report(await attack(attacker, neighbour, """
+print(json.dumps({'leaked': sorted(k for k, v in os.environ.items() if 'tb-canary' in v),
+                  'names': sorted(os.environ)}))
+"""))
+    assert data["leaked"] == [] and not {"SLACK_BOT_TOKEN", "OPENAI_API_KEY"} & set(data["names"])
+    outcomes.record("read tokens from `os.environ`", f"absent: the kernel gets an allow-listed environment "
+                    f"({len(data['names'])} variables, no token)")
+
+
+async def test_secrets_in_proc_environ(
+    attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
+) -> None:
+    data = report(await attack(attacker, neighbour, """
+pids = [p for p in os.listdir('/proc') if p.isdigit()]
+leaks = [p for p in pids if 'tb-canary' in attempt(lambda: open(f'/proc/{p}/environ', 'rb').read().decode(errors='replace'))]
+print(json.dumps({'pid1': attempt(lambda: open('/proc/1/environ', 'rb').read().decode(errors='replace')),
+                  'visible': len(pids), 'leaks': leaks}))
+"""))
+    assert data["leaks"] == [] and CANARY not in data["pid1"]
+    assert data["visible"] < 10, "the kernel sees processes outside its pid namespace"
+    outcomes.record("read `/proc/1/environ` (and every `/proc/*/environ`)",
+                    f"{data['pid1'].split(':')[0]}; own pid namespace: {data['visible']} processes visible, no token")
+
+
+async def test_parent_environ(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    bot_pid = os.getpid()
+    data = report(await attack(attacker, neighbour, f"""
+print(json.dumps({{'ppid': os.getppid(),
+                  'parent': attempt(lambda: open(f'/proc/{{os.getppid()}}/environ', 'rb').read().decode(errors='replace')),
+                  'bot': attempt(lambda: open('/proc/{bot_pid}/environ', 'rb').read().decode(errors='replace'))}}))
+"""))
+    assert CANARY not in data["parent"] and CANARY not in data["bot"]
+    outcomes.record("read the parent's environ (`/proc/$PPID/environ`, the bot's host pid)",
+                    f"parent is the sandbox's init (pid {data['ppid']}): {data['parent'].split(':')[0]}; "
+                    f"bot's pid: {data['bot']}")
+
+
+async def test_bot_config_and_database(
+    attacker: KernelSession, neighbour: KernelSession, host_files: HostFiles, outcomes: Outcomes
+) -> None:
+    targets = {"config": host_files.config, "database": host_files.database}
+    relative = {name: os.path.relpath(path, attacker.workspace.path) for name, path in targets.items()}
+    data = report(await attack(attacker, neighbour, f"""
+targets, relative = {json.dumps({k: str(v) for k, v in targets.items()})}, {json.dumps(relative)}
+out = {{}}
+for name, path in targets.items():
+    out[name + ' absolute'] = attempt(lambda: open(path, 'rb').read().decode(errors='replace'))
+    out[name + ' relative'] = attempt(lambda: open(relative[name], 'rb').read().decode(errors='replace'))
+    os.symlink(path, name + '-link')
+    out[name + ' symlink'] = attempt(lambda: open(name + '-link', 'rb').read().decode(errors='replace'))
+out['repo config.yaml'] = attempt(lambda: open('/work/main/config.yaml').read())
+print(json.dumps(out))
+"""))
+    assert all(CANARY not in value and value.startswith("FileNotFoundError") for value in data.values()), data
+    for name in targets:  # the bot itself never follows a planted link either
+        with pytest.raises(UnsafePathError):
+            await attacker.workspace.read_bytes(f"{name}-link")
+    outcomes.record("read the bot's config and SQLite DB (absolute path, `../` path, planted symlink)",
+                    "FileNotFoundError: not in the sandbox's file system; the bot refuses to follow the "
+                    "planted symlink (UnsafePathError)")
+
+
+async def test_other_threads_workspace(
+    attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
+) -> None:
+    target = neighbour.workspace.path / "secret.txt"
+    assert target.read_text() == CANARY
+    relative = os.path.relpath(target, attacker.workspace.path)
+    data = report(await attack(attacker, neighbour, f"""
+out = {{'absolute': attempt(lambda: open({str(target)!r}).read()),
+       'relative': attempt(lambda: open({relative!r}).read()),
+       'parent dir': attempt(lambda: os.listdir('..'))}}
+os.symlink({str(target)!r}, 'neighbour-link')
+out['symlink'] = attempt(lambda: open('neighbour-link').read())
+print(json.dumps(out))
+"""))
+    assert all(CANARY not in value for value in data.values()), data
+    assert data["absolute"].startswith("FileNotFoundError") and data["symlink"].startswith("FileNotFoundError")
+    assert data["parent dir"] == "ok", data  # `/` inside the sandbox: no workspaces there
+    outcomes.record("read another thread's workspace (absolute path, `../` path, planted symlink)",
+                    f"absolute: {data['absolute']}; relative: {data['relative']}; symlink: {data['symlink']}")
+
+
+async def test_write_outside_workspace(
+    attacker: KernelSession, neighbour: KernelSession, host_files: HostFiles, outcomes: Outcomes
+) -> None:
+    marker = f"pwned-{os.getpid()}"
+    targets = ["/usr", "/etc", "/", str(attacker.workspace.path.parent), "/data", "/root/.pyenv", "/work"]
+    data = report(await attack(attacker, neighbour, f"""
+out = {{t: attempt(lambda: open(os.path.join(t, {marker!r}), 'w').write('x')) for t in {targets!r}}}
+out['/tmp (private)'] = attempt(lambda: open('/tmp/{marker}', 'w').write('x'))
+out['data env'] = os.environ.get('THREADBOOK_DATA_DIR')
+out['data read'] = attempt(lambda: open('/data/sales.csv').read())
+print(json.dumps(out))
+"""))
+    for target in targets:
+        assert not data[target].startswith("ok"), (target, data[target])
+        if not target.startswith("/data"):
+            assert not (Path(target) / marker).exists()
+    assert not (host_files.data_dir / marker).exists() and not Path(f"/tmp/{marker}").exists()
+    assert data["data env"] == "/data" and data["data read"].startswith("ok: region")
+    assert data["/tmp (private)"].startswith("ok")
+    errors = sorted({value.split(" (")[-1].rstrip(")") for key, value in data.items() if key in targets})
+    outcomes.record("write outside the workspace (`/usr`, `/etc`, `/`, the workspaces folder, the channel's "
+                    "`/data`)", f"refused ({', '.join(errors)}); `/tmp` works but is a private tmpfs; "
+                    "`/data` is readable, read-only")
+
+
+async def test_connect_to_bot_port(
+    attacker: KernelSession, neighbour: KernelSession, listener: tuple[int, list[str]], outcomes: Outcomes
+) -> None:
+    port, seen = listener
+    with socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass  # the port is really open on the host
+    await asyncio.sleep(0.05)
+    seen.clear()
+    data = report(await attack(attacker, neighbour, f"""
+import socket
+out = {{'127.0.0.1': attempt(lambda: socket.create_connection(('127.0.0.1', {port}), timeout=2).close()),
+       'localhost': attempt(lambda: socket.create_connection(('localhost', {port}), timeout=2).close()),
+       'interfaces': sorted(n for _, n in socket.if_nameindex())}}
+print(json.dumps(out))
+"""))
+    assert data["127.0.0.1"].startswith("ConnectionRefusedError") and data["interfaces"] == ["lo"]
+    assert not data["localhost"].startswith("ok")
+    assert seen == [], "the kernel reached the bot's port"
+    outcomes.record("connect to the bot's port on 127.0.0.1", f"{data['127.0.0.1']}: own network namespace, "
+                    "only its own `lo`")
+
+
+async def test_connect_outside(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    data = report(await attack(attacker, neighbour, """
+import socket, time
+start = time.monotonic()
+out = {'192.0.2.1:80': attempt(lambda: socket.create_connection(('192.0.2.1', 80), timeout=3).close())}
+out['seconds'] = time.monotonic() - start
+print(json.dumps(out))
+"""))
+    assert data["192.0.2.1:80"] == "OSError (ENETUNREACH)" and data["seconds"] < 1
+    outcomes.record("connect to an outside address (192.0.2.1:80, TEST-NET)", "OSError (ENETUNREACH) at once: "
+                    "no route out of the network namespace")
+
+
+async def test_resolve_dns(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    data = report(await attack(attacker, neighbour, """
+import socket
+print(json.dumps({'example.com': attempt(lambda: socket.getaddrinfo('example.com', 443)),
+                  'resolv.conf': os.path.exists('/etc/resolv.conf')}))
+"""))
+    assert data["example.com"].startswith("gaierror") and not data["resolv.conf"]
+    outcomes.record("resolve DNS (`example.com`)", f"{data['example.com']}: no resolver, no network")
+
+
+async def test_fork_bomb(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    limit = attacker.settings.max_processes
+    result = await attack(attacker, neighbour, """
+import subprocess, time
+bomb = subprocess.Popen(['bash', '-c', ':(){ :|:& };:'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+peak = 0
+for _ in range(15):
+    time.sleep(0.1)
+    peak = max(peak, sum(1 for p in os.listdir('/proc') if p.isdigit()))
+print(json.dumps({'peak': peak}))
+""", overlap=True)
+    data = report(result)
+    assert 10 < data["peak"] <= limit, data
+    outcomes.record("fork bomb (`:(){ :|:& };:`)", f"capped by RLIMIT_NPROC (limit {limit} per kernel uid, "
+                    f"threads included); the pid namespace dies with the kernel")
+
+
+async def test_memory_bomb(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    limit = attacker.settings.memory_mb
+    data = report(await attack(attacker, neighbour, """
+chunks = []
+try:
+    while True:
+        chunks.append(bytearray(32 * 2**20))
+except MemoryError:
+    got = len(chunks) * 32
+del chunks
+print(json.dumps({'mb': got}))
+""", overlap=True, timeout=20))
+    assert data["mb"] < limit
+    after = await attacker.execute("1+1")
+    assert after.result == "2" and not after.kernel_restarted
+    outcomes.record("memory bomb", f"MemoryError after ~{limit} MiB (RLIMIT_DATA); the kernel stays alive")
+
+
+async def test_fill_the_disk(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    data = report(await attack(attacker, neighbour, """
+def fill(folder, mb, per_file):
+    block, written, names = b'0' * 2**20, 0, []
+    try:
+        while written < mb:
+            names.append(os.path.join(folder, f'big-{len(names)}.bin'))
+            with open(names[-1], 'wb') as f:
+                for _ in range(min(per_file, mb - written)):
+                    f.write(block); f.flush(); written += 1
+    except OSError as exc:
+        return f"{errno.errorcode[exc.errno]} after {written} MiB"
+    finally:
+        for name in names:
+            os.path.exists(name) and os.remove(name)
+    return f"ok {written} MiB"
+print(json.dumps({'workspace': fill('.', 100, 100), 'tmp': fill('/tmp', 400, 8), 'shm': fill('/dev/shm', 400, 8)}))
+""", overlap=True, timeout=30))
+    file_mb = attacker.settings.max_file_mb
+    assert data["workspace"] == f"EFBIG after {file_mb} MiB", data
+    assert data["tmp"].startswith("ENOSPC") and data["shm"].startswith("ENOSPC"), data
+    outcomes.record("fill the disk (one huge file; fill `/tmp` and `/dev/shm`)",
+                    f"workspace file: {data['workspace']} (RLIMIT_FSIZE); `/tmp`: {data['tmp']}; "
+                    f"`/dev/shm`: {data['shm']} (size-capped tmpfs)")
+
+
+async def test_spin_forever(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    result = await attack(attacker, neighbour, "while True:\n    pass", timeout=2, overlap=True)
+    assert result.outcome is Outcome.TIMEOUT_INTERRUPTED, result
+    after = await attacker.execute("1+1")
+    assert after.result == "2"
+    outcomes.record("spin forever (`while True: pass`)", "stopped at the execution timeout by a message-mode "
+                    "interrupt; variables kept")
+
+
+async def test_print_100_mb(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    result = await attacker.execute("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)",
+                                    timeout=60)
+    answer = await neighbour.execute("1+1", timeout=10)
+    assert answer.result == "2"
+    assert result.truncated and len(result.stdout) <= 2 * attacker.settings.max_output_bytes
+    outcomes.record("print 100 MB", f"kept to {attacker.settings.max_output_bytes} bytes (middle truncated)")
+
+
+async def test_kill_the_parent(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    bot_pid = os.getpid()
+    result = await attack(attacker, neighbour, f"""
+import signal
+out = {{'ppid': os.getppid(), 'kill ppid': attempt(lambda: os.kill(os.getppid(), signal.SIGKILL)),
+       'kill bot pid': attempt(lambda: os.kill({bot_pid}, signal.SIGKILL)),
+       'kill -1': attempt(lambda: os.kill(-1, signal.SIGKILL))}}
+print(json.dumps(out))
+""")
+    assert os.getpid() == bot_pid  # the test process (the bot) is alive
+    after = await attacker.execute("1+1")
+    assert after.result == "2"
+    if result.outcome is Outcome.OK:
+        data = report(result)
+        observed = f"`kill -9 $PPID`: {data['kill ppid']}; the bot's pid: {data['kill bot pid']}; `kill -9 -1`: " \
+                   f"{data['kill -1']} (reaches only the sandbox's own processes)"
+    else:  # the sandbox's init ran as the kernel's own uid and took the kernel with it
+        observed = f"the kernel killed its own sandbox ({result.outcome.value}); it was restarted"
+    outcomes.record("kill the parent (`os.kill(os.getppid(), 9)`, the bot's pid, `kill -9 -1`)", observed)
+
+
+async def test_setuid_file(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    data = report(await attack(attacker, neighbour, """
+import shutil, subprocess
+shutil.copy('/usr/bin/id', 'suid-id')
+os.chmod('suid-id', 0o4755)
+out = {'chown root': attempt(lambda: os.chown('suid-id', 0, 0)),
+       'euid': subprocess.run(['./suid-id', '-u'], capture_output=True, text=True).stdout.strip(),
+       'uid': os.getuid()}
+print(json.dumps(out))
+"""))
+    host = (attacker.workspace.path / "suid-id").stat()
+    assert data["chown root"] == "PermissionError (EPERM)" and data["euid"] == str(data["uid"]) != "0"
+    assert host.st_uid != 0 and host.st_uid != os.getuid() or os.getuid() != 0
+    assert host.st_mode & stat.S_ISUID  # the bit is set, but on a file owned by the kernel's uid
+    outcomes.record("create a setuid file", "allowed, but owned by the kernel's unprivileged uid, `chown root` → "
+                    "EPERM, running it keeps the same uid (nosuid bind + no_new_privs)")
+
+
+async def test_escape_with_unshare_or_mount(
+    attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
+) -> None:
+    marker = f"pwned-{os.getpid()}"
+    data = report(await attack(attacker, neighbour, f"""
+import subprocess
+def run(*cmd):
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    return f"exit {{done.returncode}}: {{(done.stderr.strip().splitlines() or [''])[0][:80]}}"
+status = dict(line.split(':', 1) for line in open('/proc/self/status'))
+out = {{'mount tmpfs': run('mount', '-t', 'tmpfs', 'none', '/workspace'),
+       'unshare remount /usr rw': run('unshare', '-Urm', 'sh', '-c', 'mount -o remount,rw /usr && touch /usr/{marker}'),
+       'unshare mount host root': run('unshare', '-Urm', 'sh', '-c', 'mount --bind / /tmp && ls /tmp/work/main'),
+       'CapEff': status['CapEff'].strip(), 'CapBnd': status['CapBnd'].strip(),
+       'NoNewPrivs': status['NoNewPrivs'].strip()}}
+print(json.dumps(out))
+"""))
+    assert not Path(f"/usr/{marker}").exists()
+    assert data["CapEff"] == data["CapBnd"] == "0000000000000000" and data["NoNewPrivs"] == "1"
+    assert data["mount tmpfs"].startswith("exit ") and not data["mount tmpfs"].startswith("exit 0")
+    assert not data["unshare remount /usr rw"].startswith("exit 0")
+    assert "config.yaml" not in data["unshare mount host root"]
+    outcomes.record("escape via `mount` / `unshare -Urm` (remount `/usr` rw, bind the real `/`)",
+                    f"no capabilities, no_new_privs; mount: {data['mount tmpfs'].split(': ', 1)[-1] or 'refused'}; "
+                    f"nested namespace: {data['unshare remount /usr rw'].split(': ', 1)[-1] or 'refused'}; "
+                    "`/` inside is the sandbox's own root")

@@ -1,0 +1,51 @@
+"""``kernels.sandbox: auto | bwrap | none``, the start-up probe, and what the model is told."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from bot.config import KernelSettings
+from kernels import KernelLauncher, KernelOptions, KernelStartError
+from kernels.sandbox import DATA, BwrapLauncher, make_launcher
+from tests.security.conftest import SKIP_REASON
+
+MISSING = "/nonexistent/bwrap"
+
+
+def settings(tmp_path: Path, mode: str) -> KernelSettings:
+    return KernelSettings(sandbox=mode, workspace_root=tmp_path / "ws", preload=())  # type: ignore[arg-type]
+
+
+def test_none_is_the_plain_launcher(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    launcher = make_launcher(settings(tmp_path, "none"))
+    assert type(launcher) is KernelLauncher and not caplog.records
+    options = KernelOptions(data_dir=tmp_path, network=True)
+    assert launcher.kernel_view(options) == options
+
+
+def test_auto_falls_back_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        launcher = make_launcher(settings(tmp_path, "auto"), bwrap=MISSING)
+    assert type(launcher) is KernelLauncher
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "sandbox off" in warnings[0].getMessage()
+    assert MISSING in warnings[0].getMessage()  # says what is missing
+
+
+def test_bwrap_refuses_to_start_without_it(tmp_path: Path) -> None:
+    with pytest.raises(KernelStartError, match="kernels.sandbox is 'bwrap' but .*nonexistent/bwrap"):
+        make_launcher(settings(tmp_path, "bwrap"), bwrap=MISSING)
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_auto_uses_bwrap_when_it_works(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        launcher = make_launcher(settings(tmp_path, "auto"))
+    assert isinstance(launcher, BwrapLauncher) and not caplog.records
+    assert launcher.transport == "ipc" and launcher.kernel_spec().interrupt_mode == "message"
+    # The model is told the in-sandbox data path, and that there is no network even if asked.
+    view = launcher.kernel_view(KernelOptions(data_dir=tmp_path, network=True))
+    assert view == KernelOptions(data_dir=DATA, network=False)
