@@ -64,8 +64,9 @@ class ForkedProcess:
     def _exited(self) -> bool:
         if self._pidfd is None:
             return True
-        readable, _, _ = select.select([self._pidfd], [], [], 0)
-        return bool(readable)
+        poller = select.poll()  # not select(): a busy bot has fds above 1024
+        poller.register(self._pidfd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def poll(self) -> int | None:
         """The exit code once the process has ended (as reported by the fork server)."""
