@@ -20,7 +20,7 @@ def kernel_settings(root: Path, **overrides: Any) -> KernelSettings:
     values: dict[str, Any] = {
         "workspace_root": root / "workspaces",
         "exec_timeout_s": 20,
-        "interrupt_grace_s": 1,
+        "interrupt_grace_s": 2,  # an interrupt on a loaded 2-core CI machine can take over 1 s
         "max_kernels": 6,
         "preload": (),
         "sandbox": "none",
