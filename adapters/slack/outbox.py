@@ -97,10 +97,12 @@ class SlackOutbox:
         async with self._lock:
             if self._mark == wanted:
                 return
-            if self._mark is not None:
-                await self._react("reactions.remove", self._mark)
-            self._mark = wanted
-            await self._react("reactions.add", wanted)
+            previous, self._mark = self._mark, wanted
+            # Both at once: the done mark should not wait for the removal's round trip.
+            await asyncio.gather(
+                self._react("reactions.add", wanted),
+                *([self._react("reactions.remove", previous)] if previous is not None else []),
+            )
 
     async def _react(self, method: str, name: str) -> None:
         request = (self._client.reactions_add if method == "reactions.add" else self._client.reactions_remove)(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
 
 from bot.config import LLMSettings
 
@@ -114,7 +115,10 @@ class LLMClient:
         attempts = self._settings.max_retries + 1
         for attempt in range(attempts):
             try:
-                response = await self._client.chat.completions.create(**kwargs)
+                # The typed ``chat.completions.create`` runs every message of the history through
+                # openai's parameter transformer (tens of ms per call for a long thread); our
+                # messages are plain JSON already, so post them as they are.
+                response = await self._client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion)
                 return _parse(response)
             # ValueError: the openai client lets json.JSONDecodeError through for a non-JSON body.
             except (_Unreadable, openai.APIResponseValidationError, ValueError) as exc:
