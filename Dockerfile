@@ -1,9 +1,10 @@
-# Threadbook: slim Python, bubblewrap for the kernel sandbox, non-root user.
+# Threadbook: slim Python, bubblewrap for the kernel sandbox (slirp4netns + iproute2 for
+# network: true channels), non-root user.
 # Config and data are volumes: /app/config.yaml (read-only) and /app/data.
 FROM python:3.12-slim
 
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends bubblewrap tini \
+    && apt-get install -y --no-install-recommends bubblewrap slirp4netns iproute2 tini \
     && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --create-home --uid 10001 threadbook

@@ -4,7 +4,8 @@ Each kernel runs as ``bwrap [namespaces, binds] -- prlimit [limits] -- [setpriv]
 ipykernel_launcher``:
 
 * new pid, net, ipc, uts and cgroup namespaces; only ``lo`` exists, so there is no network
-  and the bot's own ports on the host's 127.0.0.1 are unreachable;
+  and the bot's own ports on the host's 127.0.0.1 are unreachable (``network: true``
+  kernels also get slirp4netns's ``tap0``, see :mod:`kernels.slirp`);
 * read-only binds of ``/usr``, the Python installation and the virtualenv (at their own
   paths, parents created ``0755`` so an unprivileged uid can reach them), a few files from
   ``/etc`` and a generated ``/etc/passwd``; nothing else of the host is visible;
@@ -27,8 +28,8 @@ Who the kernel is depends on who runs the bot:
 
 ``sandbox: auto`` probes once (a real sandboxed Python start) and falls back to the plain
 launcher with one warning; ``sandbox: bwrap`` raises :class:`KernelStartError` instead.
-A channel that asks for ``network: true`` still gets no network here: no mechanism that
-keeps the host's loopback out (slirp4netns, pasta) is available, so the launcher warns once.
+For ``network: true`` the same start-up probes slirp4netns (:mod:`kernels.slirp`); without
+it such kernels stay offline and the launcher warns once, saying what to install.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from kernels.launcher import (
 )
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
+from kernels.slirp import HOSTS, RESOLV_CONF, TAP, Slirp, SlirpSupport, attach, detect_slirp
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +84,11 @@ _TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _PRLIMIT_NAMES = {"RLIMIT_DATA": "data", "RLIMIT_AS": "as", "RLIMIT_CPU": "cpu", "RLIMIT_NPROC": "nproc",
                   "RLIMIT_FSIZE": "fsize", "RLIMIT_NOFILE": "nofile"}
 NETWORK_WARNING = (
-    "a channel asked for network: true, but the bwrap sandbox has no way to give a kernel network "
-    "without also exposing the host's loopback (the bot's own ports); its kernels run without network"
+    "a channel asked for network: true, but its kernels run without network: %s "
+    "(slirp4netns gives a sandboxed kernel network without exposing the host's loopback)"
 )
+#: Public CA certificates, bound for kernels with network (``/etc/ssl/private`` never is).
+_CA_CERTS = Path("/etc/ssl/certs")
 
 
 @dataclass(frozen=True)
@@ -206,8 +210,13 @@ def sandbox_prefix(
     limits: Limits,
     data_dir: Path | None = None,
     python_dirs: Iterable[Path] | None = None,
+    network: bool = False,
 ) -> list[str]:
-    """The command prefix that runs a program in a kernel sandbox (append the program's argv)."""
+    """The command prefix that runs a program in a kernel sandbox (append the program's argv).
+
+    ``network``: bind the resolver files :func:`write_network_files` wrote (and the CA
+    certificates); the network itself is attached from outside by :func:`kernels.slirp.attach`.
+    """
     args = _Args(support)
     args.add("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup")
     if not support.as_root:
@@ -232,6 +241,11 @@ def sandbox_prefix(
             args.bind(path, path)
     args.bind(run_dir / "passwd", "/etc/passwd")
     args.bind(run_dir / "group", "/etc/group")
+    if network:
+        args.bind(run_dir / "resolv.conf", "/etc/resolv.conf")
+        args.bind(run_dir / "hosts", "/etc/hosts")
+        if _CA_CERTS.is_dir():
+            args.bind(_CA_CERTS, _CA_CERTS)
     for root in python_roots() if python_dirs is None else python_dirs:
         args.bind(root, root)
     if data_dir is not None:
@@ -265,6 +279,13 @@ def write_identity_files(run_dir: Path, identity: Identity) -> None:
         os.chmod(run_dir / name, 0o644)
 
 
+def write_network_files(run_dir: Path) -> None:
+    """(Blocking) the ``/etc/resolv.conf`` (slirp4netns's DNS relay) and ``/etc/hosts`` of a kernel with network."""
+    for name, text in (("resolv.conf", RESOLV_CONF), ("hosts", HOSTS)):
+        (run_dir / name).write_text(text)
+        os.chmod(run_dir / name, 0o644)
+
+
 def hand_over(workspace: Path, run_dir: Path, identity: Identity) -> None:
     """(Blocking) make the workspace and the run dir writable by the kernel's uid (root mode).
 
@@ -293,6 +314,8 @@ class BwrapProvisioner(ThreadbookProvisioner):
     workspace: Path | None = None
     run_dir: Path | None = None
     identity: Identity | None = None
+    network: SlirpSupport | None = None  # set for kernels with network
+    slirp: Slirp | None = None
 
     def wrap_command(self, cmd: list[str]) -> list[str]:
         """``bwrap ... -- prlimit ... -- [setpriv ... --] python -m ipykernel_launcher ...``."""
@@ -305,6 +328,17 @@ class BwrapProvisioner(ThreadbookProvisioner):
         await asyncio.to_thread(hand_over, self.workspace, self.run_dir, self.identity)
         return kwargs
 
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        """Start the sandbox; for a kernel with network, return only once ``tap0`` is configured."""
+        info = await super().launch_kernel(cmd, **kwargs)
+        if self.network is not None and self.process is not None:
+            try:
+                self.slirp = await asyncio.to_thread(attach, self.network, self.process, log=kwargs.get("stderr"))
+            except BaseException:
+                await self.kill()
+                raise
+        return info
+
     async def kill(self, restart: bool = False) -> None:
         """SIGKILL bwrap's child (pid 1 of the kernel's pid namespace: the kernel takes every
         process in it along), let the outer bwrap exit and be reaped, then kill what is left."""
@@ -316,6 +350,17 @@ class BwrapProvisioner(ThreadbookProvisioner):
                     pass
             await asyncio.to_thread(_wait_exit, self.process, 1.0)
         await super().kill(restart=restart)
+        await self._stop_slirp()
+
+    async def cleanup(self, restart: bool = False) -> None:
+        """Also end slirp4netns if the kernel died on its own."""
+        await self._stop_slirp()
+        await super().cleanup(restart=restart)
+
+    async def _stop_slirp(self) -> None:
+        slirp, self.slirp = self.slirp, None
+        if slirp is not None:
+            await asyncio.to_thread(slirp.stop)
 
 
 def _children(pid: int | None) -> list[psutil.Process]:
@@ -339,14 +384,29 @@ class BwrapLauncher(KernelLauncher):
     transport = "ipc"
     interrupt_mode = "message"
 
-    def __init__(self, settings: KernelSettings, *, support: BwrapSupport, run_root: Path | None = None) -> None:
+    def __init__(
+        self,
+        settings: KernelSettings,
+        *,
+        support: BwrapSupport,
+        network: SlirpSupport | None = None,
+        network_missing: str = "slirp4netns was not probed",
+        run_root: Path | None = None,
+    ) -> None:
+        """``network``: how ``network: true`` kernels get it; None keeps them offline (one
+        warning quoting ``network_missing``)."""
         super().__init__(settings, run_root=run_root)
         self.support = support
+        self.network = network
+        self.network_missing = network_missing
         self._network_warned = False
 
     def kernel_view(self, options: KernelOptions) -> KernelOptions:
-        """Inside: ``data_dir`` is ``/data``; no network, whatever was asked."""
-        return KernelOptions(data_dir=DATA if options.data_dir is not None else None, network=False)
+        """Inside: ``data_dir`` is ``/data``; network only where asked and slirp4netns works."""
+        return KernelOptions(
+            data_dir=DATA if options.data_dir is not None else None,
+            network=options.network and self.network is not None,
+        )
 
     def environment(self, *, workspace: Path, run_dir: Path, options: KernelOptions) -> dict[str, str]:
         """The allow-listed environment with in-sandbox paths (``HOME=/workspace``, ``/data``)."""
@@ -362,11 +422,14 @@ class BwrapLauncher(KernelLauncher):
     ) -> None:
         """Build this kernel's bwrap command; the rlimits move inside it."""
         assert isinstance(provisioner, BwrapProvisioner)
-        if options.network and not self._network_warned:
+        if options.network and self.network is None and not self._network_warned:
             self._network_warned = True
-            log.warning(NETWORK_WARNING)
+            log.warning(NETWORK_WARNING, self.network_missing)
+        network = self.kernel_view(options).network
         identity = identity_for(workspace, self.support)
         write_identity_files(run_dir, identity)  # tiny files in a fresh run dir
+        if network:
+            write_network_files(run_dir)
         provisioner.prefix = sandbox_prefix(
             self.support,
             workspace=workspace,
@@ -374,7 +437,9 @@ class BwrapLauncher(KernelLauncher):
             identity=identity,
             limits=resource_limits(self.settings),
             data_dir=options.data_dir,
+            network=network,
         )
+        provisioner.network = self.network if network else None
         provisioner.limits = []
         provisioner.workspace, provisioner.run_dir, provisioner.identity = workspace, run_dir, identity
 
@@ -404,12 +469,64 @@ def probe(support: BwrapSupport) -> None:
             raise KernelStartError(f"bubblewrap cannot start a sandboxed kernel here: {detail}")
 
 
-def make_launcher(
-    settings: KernelSettings, *, run_root: Path | None = None, bwrap: str | None = None
-) -> KernelLauncher:
-    """The launcher ``settings.sandbox`` asks for (probing bwrap once for ``auto``/``bwrap``).
+def probe_network(support: BwrapSupport, network: SlirpSupport) -> None:
+    """(Blocking) start a tiny sandboxed Python with slirp4netns attached and check it sees
+    ``tap0``; raise :class:`KernelStartError` saying what failed."""
+    with tempfile.TemporaryDirectory(prefix="threadbook-netprobe-") as tmp:
+        workspace, run_dir = Path(tmp) / "workspace", Path(tmp) / "run"
+        workspace.mkdir()
+        run_dir.mkdir()
+        identity = identity_for(workspace, support)
+        write_identity_files(run_dir, identity)
+        write_network_files(run_dir)
+        hand_over(workspace, run_dir, identity)
+        prefix = sandbox_prefix(support, workspace=workspace, run_dir=run_dir, identity=identity, limits=[], network=True)
+        try:
+            sandbox = subprocess.Popen(
+                [*prefix, "/bin/sh", "-c", "read line; cat /proc/net/dev"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+        except OSError as exc:
+            raise KernelStartError(f"slirp4netns probe failed: {exc}") from exc
+        try:
+            slirp = attach(network, sandbox, log=subprocess.DEVNULL)
+            try:
+                out, err = sandbox.communicate("go\n", timeout=PROBE_TIMEOUT_S)
+            finally:
+                slirp.stop()
+        except subprocess.TimeoutExpired as exc:
+            raise KernelStartError(f"slirp4netns probe failed: {exc}") from exc
+        finally:
+            if sandbox.poll() is None:
+                sandbox.kill()
+                sandbox.communicate()
+        if f"{TAP}:" not in out:
+            detail = (err.strip().splitlines() or [f"interfaces {out.strip()}"])[-1]
+            raise KernelStartError(f"slirp4netns ran but the sandbox has no tap0: {detail}")
 
-    ``bwrap`` overrides where the binary is looked for (default: :func:`find_bwrap`).
+
+def _network_support(support: BwrapSupport, slirp4netns: str | None) -> tuple[SlirpSupport | None, str]:
+    """slirp4netns for ``network: true`` kernels, probed once, or None and why not."""
+    try:
+        network = detect_slirp(slirp4netns)
+        probe_network(support, network)
+    except KernelStartError as exc:
+        return None, str(exc)
+    return network, ""
+
+
+def make_launcher(
+    settings: KernelSettings,
+    *,
+    run_root: Path | None = None,
+    bwrap: str | None = None,
+    slirp4netns: str | None = None,
+) -> KernelLauncher:
+    """The launcher ``settings.sandbox`` asks for (probing bwrap, then slirp4netns, once for
+    ``auto``/``bwrap``; without slirp4netns ``network: true`` kernels stay offline).
+
+    ``bwrap`` and ``slirp4netns`` override where the binaries are looked for (default:
+    :func:`find_bwrap`, ``PATH``).
 
     ``bwrap`` raises :class:`KernelStartError` when the sandbox cannot run; ``auto`` then
     logs one warning and returns the plain, limits-only launcher.
@@ -425,4 +542,7 @@ def make_launcher(
         log.warning("kernel sandbox off (kernels run with resource limits only): %s", exc)
         return KernelLauncher(settings, run_root=run_root)
     log.info("kernel sandbox: bubblewrap (%s, %s)", support.bwrap, "root + setpriv" if support.as_root else "user namespace")
-    return BwrapLauncher(settings, support=support, run_root=run_root)
+    network, missing = _network_support(support, slirp4netns)
+    if network is not None:
+        log.info("network: true kernels: slirp4netns (%s)", network.slirp4netns)
+    return BwrapLauncher(settings, support=support, network=network, network_missing=missing, run_root=run_root)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -21,7 +22,7 @@ import pytest_asyncio
 
 from bot.config import KernelSettings
 from kernels import KernelOptions, KernelPool, KernelSession, KernelStartError
-from kernels.sandbox import BwrapLauncher, detect_support, probe
+from kernels.sandbox import BwrapLauncher, BwrapProvisioner, detect_support, probe
 from tests.security.report import write_table
 
 CANARY = f"tb-canary-{uuid.uuid4().hex}"
@@ -38,6 +39,10 @@ def _sandbox_skip_reason() -> str | None:
 
 
 SKIP_REASON = _sandbox_skip_reason()
+#: ``network: true`` tests skip only where slirp4netns is not installed (a failing probe fails them).
+NO_SLIRP = None if shutil.which("slirp4netns") else (
+    "slirp4netns is not installed (apt-get install slirp4netns): network: true kernels stay offline here"
+)
 
 
 @dataclass
@@ -169,6 +174,40 @@ def _processes_of(uids: set[int]) -> list[str]:
         try:
             if proc.info["uids"] and proc.info["uids"].real in uids:
                 found.append(f"{proc.pid} {proc.info['status']} {' '.join(proc.info['cmdline'] or [])[:60]}")
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def net_attacker(sandbox_pool: KernelPool, request: pytest.FixtureRequest) -> AsyncIterator[KernelSession]:
+    """A fresh sandboxed kernel with ``network: true``; afterwards neither it nor its
+    slirp4netns is left on the host."""
+    if NO_SLIRP:
+        pytest.skip(NO_SLIRP)
+    key = f"slack:C3:net-{request.node.name}"
+    session = await sandbox_pool.get_or_start(key, KernelOptions(network=True))
+    assert session._handle is not None
+    provisioner = session._handle.manager.provisioner
+    assert isinstance(provisioner, BwrapProvisioner) and provisioner.slirp is not None, (
+        "slirp4netns is installed but the kernel got no network"
+    )
+    slirp = psutil.Process(provisioner.slirp.process.pid)
+    assert slirp.name() == "slirp4netns"
+    tree = _sandbox_tree(session)
+    yield session
+    await sandbox_pool.shutdown(key)
+    survivors = [proc for proc in [*tree, slirp] if proc.is_running()]
+    assert not survivors, f"processes outlived the network kernel's shutdown: {survivors}"
+    assert _slirp_children() == [], "a slirp4netns of the bot outlived its kernel"
+
+
+def _slirp_children() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.name() == "slirp4netns":
+                found.append(proc)
         except psutil.Error:
             continue
     return found

@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 
 from kernels import ExecutionResult, KernelSession, Outcome, UnsafePathError
+from kernels.slirp import DNS, GATEWAY, GUEST, host_networks
 from tests.security.conftest import CANARY, HostFiles, Outcomes
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -383,3 +384,99 @@ print(json.dumps(out))
                     f"no capabilities, no_new_privs; mount: {data['mount tmpfs'].split(': ', 1)[-1] or 'refused'}; "
                     f"nested namespace: {data['unshare remount /usr rw'].split(': ', 1)[-1] or 'refused'}; "
                     "`/` inside is the sandbox's own root")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def open_listener() -> AsyncIterator[tuple[int, list[str]]]:
+    """A bot port bound to every host address (``http_host: 0.0.0.0``, the default); records connections."""
+    seen: list[str] = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(str(writer.get_extra_info("peername")))
+        writer.close()
+
+    server = await asyncio.start_server(on_connect, "0.0.0.0", 0)
+    yield server.sockets[0].getsockname()[1], seen
+    server.close()
+    await server.wait_closed()
+
+
+#: Inside a kernel: its interfaces, tap0's address, the default gateway, the resolver.
+NET_FACTS = """
+import fcntl, socket, struct
+def tap_address():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # SIOCGIFADDR: no traffic
+        return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack('256s', b'tap0'))[20:24])
+def default_gateway():
+    for line in open('/proc/net/route').read().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == '00000000':
+            return fields[0] + ' via ' + socket.inet_ntoa(struct.pack('<I', int(fields[2], 16)))
+facts = {'interfaces': sorted(n for _, n in socket.if_nameindex()), 'address': attempt(tap_address),
+         'gateway': default_gateway(), 'resolv.conf': attempt(lambda: open('/etc/resolv.conf').read()),
+         'secrets': sorted(k for k, v in os.environ.items() if 'tb-canary' in v)}
+"""
+
+
+async def test_network_kernel_reaches_not_the_bot(
+    net_attacker: KernelSession,
+    neighbour: KernelSession,
+    listener: tuple[int, list[str]],
+    open_listener: tuple[int, list[str]],
+    outcomes: Outcomes,
+) -> None:
+    """``network: true``: a real tap0 via slirp4netns, yet neither the host's loopback (directly or
+    through slirp's 10.0.2.2) nor the host's own addresses are reachable, and no secret is in."""
+    port, seen = listener
+    open_port, open_seen = open_listener
+    host_addresses = [str(net.network_address) for net in host_networks() if net.prefixlen == 32]
+    for port_ in (port, open_port):
+        with socket.create_connection(("127.0.0.1", port_), timeout=2):
+            pass  # both ports are really open on the host
+    await asyncio.sleep(0.05)
+    seen.clear()
+    open_seen.clear()
+    data = report(await attack(net_attacker, neighbour, NET_FACTS + f"""
+connect = lambda host, port: attempt(lambda: socket.create_connection((host, port), timeout=2).close())
+facts['127.0.0.1'] = connect('127.0.0.1', {port})
+facts['10.0.2.2'] = connect('10.0.2.2', {port})
+facts['10.0.2.2 (0.0.0.0 port)'] = connect('10.0.2.2', {open_port})
+facts['host'] = {{address: connect(address, {open_port}) for address in {host_addresses!r}}}
+print(json.dumps(facts))
+""", timeout=15))
+    assert data["interfaces"] == ["lo", "tap0"] and data["address"] == f"ok: {GUEST}"
+    assert data["gateway"] == f"tap0 via {GATEWAY}" and data["resolv.conf"] == f"ok: nameserver {DNS}\n"
+    assert data["secrets"] == []
+    assert not data["127.0.0.1"].startswith("ok") and not data["10.0.2.2"].startswith("ok")
+    assert not data["10.0.2.2 (0.0.0.0 port)"].startswith("ok")
+    assert all(outcome == "PermissionError (EACCES)" for outcome in data["host"].values()), data["host"]
+    assert seen == [] and open_seen == [], "a kernel with network reached the bot's port"
+    outcomes.record(
+        "`network: true` kernel: connect to the bot's port (127.0.0.1, slirp's host alias 10.0.2.2, "
+        "the host's own addresses for a port bound to 0.0.0.0)",
+        f"has `tap0` {GUEST} via {GATEWAY} (slirp4netns), yet 127.0.0.1: {data['127.0.0.1']}; "
+        f"10.0.2.2: {data['10.0.2.2']} (`--disable-host-loopback`); host addresses "
+        f"({len(data['host'])}): PermissionError (EACCES) (prohibit routes); no token in the environment",
+    )
+
+
+async def test_network_kernel_cannot_lift_its_blocks(
+    net_attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
+) -> None:
+    data = report(await attack(net_attacker, neighbour, """
+import shutil, subprocess
+ip = shutil.which('ip') or '/usr/sbin/ip'
+def run(*args):
+    done = subprocess.run([ip, *args], capture_output=True, text=True)
+    return f"exit {done.returncode}: {done.stderr.strip()}"
+rejects = lambda: sum(int(line.split()[3], 16) & 0x200 != 0 for line in open('/proc/net/route').read().splitlines()[1:])
+before = rejects()
+out = {'route del': run('route', 'del', 'prohibit', '169.254.0.0/16'),
+       'addr add': run('addr', 'add', '10.0.3.1/24', 'dev', 'tap0'), 'before': before, 'after': rejects()}
+print(json.dumps(out))
+"""))
+    assert not data["route del"].startswith("exit 0") and not data["addr add"].startswith("exit 0"), data
+    assert data["before"] == data["after"] == len(host_networks()), data
+    outcomes.record("`network: true` kernel: remove the blocking routes (`ip route del`, `ip addr add`)",
+                    f"refused ({data['route del']}): the kernel's uid has no CAP_NET_ADMIN; "
+                    f"all {data['after']} prohibit routes stay")
