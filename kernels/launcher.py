@@ -250,7 +250,8 @@ class KernelLauncher:
     """Starts ready ipykernel processes for workspaces. Subclass to sandbox or pre-start."""
 
     provisioner_class: type[ThreadbookProvisioner] = ThreadbookProvisioner
-    transport = "tcp"
+    #: ipc sockets in the per-kernel run dir: no TCP port race when many kernels start at once.
+    transport = "ipc"
     interrupt_mode = "signal"
 
     def __init__(self, settings: KernelSettings, *, run_root: Path | None = None) -> None:
