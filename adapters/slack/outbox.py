@@ -17,6 +17,8 @@ STOP_ACTION_ID = "threadbook_stop"
 RECEIVED, DONE, FAILED = "eyes", "white_check_mark", "x"
 #: chat.update is rate-limited (~50/min per channel): at most one status edit per second.
 STATUS_INTERVAL_S = 1.0
+#: Larger result files stay in the workspace (reading them into memory to upload is not worth it).
+MAX_UPLOAD_BYTES = 100 * 2**20
 _SECTION_LIMIT = 2900  # a section block's text may hold 3,000 characters
 _NO_CHANNEL_ERRORS = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
 
@@ -116,6 +118,12 @@ class SlackOutbox:
         ]
         for file in reply.files:
             try:
+                if (await asyncio.to_thread(file.path.stat)).st_size > MAX_UPLOAD_BYTES:
+                    await self.say(
+                        f":package: `{escape(file.name)}` is over {MAX_UPLOAD_BYTES // 2**20} MB, so it stays in "
+                        "this thread's workspace; ask me for a smaller extract or a compressed copy."
+                    )
+                    continue
                 data = await asyncio.to_thread(file.path.read_bytes)
             except OSError as exc:
                 log.warning("could not read %s for upload: %s", file.path, exc)

@@ -209,3 +209,22 @@ async def test_not_in_channel_is_explained_to_the_user_directly(bot: Bot) -> Non
     assert "not_in_channel" in dm.text and "/invite" in dm.text
     await bot.finished(event)
     assert len(slack.bot_messages("U_ASKER")) == 1  # told once, not once per failed post
+
+
+async def test_result_file_over_the_upload_cap_stays_in_the_workspace(
+    bot: Bot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import adapters.slack.outbox as outbox
+
+    monkeypatch.setattr(outbox, "MAX_UPLOAD_BYTES", 1024)
+    slack, llm = bot.slack, bot.llm
+    llm.script(
+        tool_call("open('small.txt', 'w').write('ok')\nopen('big.bin', 'wb').write(b'x' * 4096)"),
+        answer("Made two files."),
+    )
+    event = slack.mention("C_BIG", "make files")
+    await slack.post_event(bot.events_url, event)
+    await bot.finished(event)
+    assert any("big.bin" in t and "stays in" in t for t in bot.answers(event))
+    uploaded = [u.filename for u in slack.uploads if u.channel == "C_BIG"]
+    assert uploaded == ["small.txt"]
