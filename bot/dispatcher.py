@@ -9,6 +9,7 @@ in-thread command or agent turn. Adapters call :meth:`Dispatcher.handle` and not
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from bot.turn import TurnRunner
 log = logging.getLogger(__name__)
 
 QUEUED_NOTICE = "⏳ I'm still working on the previous message in this thread; yours is queued and comes next."
+RESTART_NOTICE = "🔁 I was restarted while working on this message; please send it again."
 FAILURE_NOTICE = "⚠️ Something went wrong on my side while handling that message. Please try again."
 
 
@@ -48,6 +50,11 @@ class Dispatcher:
             if not await self._accepts(message):
                 return
             await self._serialised(message, outbox)
+        except asyncio.CancelledError:
+            # The bot is shutting down mid-turn: say so, so nobody waits for an answer that never comes.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(outbox.notify(RESTART_NOTICE))
+            raise
         except Exception:
             log.exception("turn failed for %s message %s", message.key, message.message_id)
             try:

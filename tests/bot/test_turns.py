@@ -17,7 +17,7 @@ from PIL import Image
 from bot.app import Core
 from bot.dispatcher import QUEUED_NOTICE
 from tests.conftest import make_settings
-from tests.fakes.memory import MemoryChat, bytes_attachment
+from tests.fakes.memory import MemoryChat, MemoryOutbox, bytes_attachment
 from tests.fakes.openai_server import ScriptedOpenAI, answer, error, tool_call
 
 SALES_CSV = b"month,amount\nJan,100\nFeb,200\nMar,300\n"
@@ -225,3 +225,16 @@ async def test_restart_keeps_history_and_tells_the_model_variables_are_lost(tmp_
         request = llm.requests[-2]
         assert any("remember 41" in json.dumps(m) for m in request["messages"])
         assert "variables" in request["messages"][0]["content"].lower()
+
+
+async def test_a_turn_cut_off_by_shutdown_says_so(chat: MemoryChat, llm: ScriptedOpenAI, core: Core) -> None:
+    llm.script(tool_call("import time\ntime.sleep(30)"), answer("never"))
+    outbox = MemoryOutbox()
+    turn = asyncio.create_task(core.dispatcher.handle(chat.message("slow"), outbox))
+    while (session := core.pool.get(str(chat.key()))) is None or not session.busy:
+        await asyncio.sleep(0.02)
+    turn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    assert any("restarted" in notice for notice in outbox.notices)
+    assert outbox.progress_log[-1] == ("finish", "failed")
