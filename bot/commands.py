@@ -12,7 +12,7 @@ from bot.store import Store
 from kernels import KernelPool
 
 HELP_TEXT = """\
-*Threadbook* runs Python for you in this thread. Attach files (CSV, Excel, JSON, …) and ask a question; \
+**Threadbook** runs Python for you in this thread. Attach files (CSV, Excel, JSON, …) and ask a question; \
 I write and run the code, and post the answer, charts and files here. Variables stay between messages of this thread.
 
 Commands (send just the word):
@@ -98,9 +98,9 @@ class Commands:
                 kernel += f", {_human_size(memory)} memory"
         return Reply(
             text=(
-                f"*Kernel:* {kernel}\n"
-                f"*Code cells run in this thread:* {cells}\n"
-                f"*Tokens used:* {prompt_tokens + completion_tokens:,} "
+                f"**Kernel:** {kernel}\n"
+                f"**Code cells run in this thread:** {cells}\n"
+                f"**Tokens used:** {prompt_tokens + completion_tokens:,} "
                 f"({prompt_tokens:,} prompt, {completion_tokens:,} completion)"
             )
         )

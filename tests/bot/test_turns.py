@@ -163,7 +163,7 @@ async def test_commands_help_files_status_reset(chat: MemoryChat, llm: ScriptedO
 
     assert "notes.txt" in (await chat.say("files", mentioned=False)).reply.text
     status = (await chat.say("status", mentioned=False)).reply.text
-    assert "Code cells run in this thread:* 1" in status and "Tokens used" in status
+    assert "Code cells run in this thread:** 1" in status and "Tokens used" in status
     assert "Fresh kernel" in (await chat.say("reset", mentioned=False)).reply.text
 
     llm.script(tool_call("print('kept' in dir())\nprint(open('notes.txt').read())"), echo_tool_output())
