@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import kernels, slack
+from bench.kernels import Sandbox
 
 RESULTS = Path(__file__).with_name("results.json")
 
@@ -64,20 +65,20 @@ TARGETS = (
 )
 
 
-def scenarios(sizes: Sizes) -> dict[str, Callable[[str, Path], Awaitable[dict[str, Any]]]]:
-    """Scenario name → coroutine function (mode, scratch dir) → result."""
+def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[str, Path], Awaitable[dict[str, Any]]]]:
+    """Scenario name → coroutine function (mode, scratch dir) → result, kernels under ``sandbox``."""
     return {
-        "first_exec": lambda mode, root: kernels.first_execution(mode, root, sizes.first),
-        "burst": lambda mode, root: kernels.burst(mode, root, sizes.burst),
-        "turn_overhead": lambda mode, root: slack.turn_overhead(mode, root, sizes.turns),
-        "concurrent": lambda mode, root: slack.concurrent_threads(mode, root, sizes.concurrent),
+        "first_exec": lambda mode, root: kernels.first_execution(mode, root, sizes.first, sandbox=sandbox),
+        "burst": lambda mode, root: kernels.burst(mode, root, sizes.burst, sandbox=sandbox),
+        "turn_overhead": lambda mode, root: slack.turn_overhead(mode, root, sizes.turns, sandbox=sandbox),
+        "concurrent": lambda mode, root: slack.concurrent_threads(mode, root, sizes.concurrent, sandbox=sandbox),
     }
 
 
-async def run(sizes: Sizes, only: set[str] | None) -> dict[str, dict[str, dict[str, Any]]]:
+async def run(sizes: Sizes, only: set[str] | None, sandbox: Sandbox = "none") -> dict[str, dict[str, dict[str, Any]]]:
     """Every scenario for every mode; a failing one records its error and the run goes on."""
     results: dict[str, dict[str, dict[str, Any]]] = {}
-    for name, scenario in scenarios(sizes).items():
+    for name, scenario in scenarios(sizes, sandbox).items():
         if only and name not in only:
             continue
         for mode in kernels.MODES:
@@ -137,14 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small CI smoke run; targets do not fail it")
     parser.add_argument("--only", action="append", choices=list(scenarios(QUICK)), help="run only these scenarios")
     parser.add_argument("--output", type=Path, default=RESULTS, help="where to write the JSON results")
+    parser.add_argument("--sandbox", choices=("none", "bwrap"), default="none",
+                        help="kernel sandbox of every mode (bwrap: spawned vs fork-server kernels in bubblewrap)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     sizes = QUICK if args.quick else FULL
     started = time.perf_counter()
-    results = asyncio.run(run(sizes, set(args.only) if args.only else None))
+    results = asyncio.run(run(sizes, set(args.only) if args.only else None, args.sandbox))
     checks = check(results)
     document = {
         "quick": args.quick,
+        "sandbox": args.sandbox,
         "sizes": sizes.__dict__,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "duration_s": time.perf_counter() - started,

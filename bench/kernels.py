@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bot.config import KernelSettings
 from kernels import KernelPool
@@ -25,11 +25,16 @@ FIRST_CELL = "1 + 1"
 MiB = 1024 * 1024
 
 
-def settings_for(mode: str, root: Path, *, warm: int = 0, max_kernels: int = 120) -> KernelSettings:
-    """Kernel settings of one mode (``pool`` refills from the fork server)."""
+Sandbox = Literal["none", "bwrap"]
+
+
+def settings_for(
+    mode: str, root: Path, *, sandbox: Sandbox = "none", warm: int = 0, max_kernels: int = 120
+) -> KernelSettings:
+    """Kernel settings of one mode (``pool`` refills from the fork server) under ``sandbox``."""
     return KernelSettings(
         workspace_root=root / "workspaces",
-        sandbox="none",
+        sandbox=sandbox,
         preload=PRELOAD,
         max_kernels=max_kernels,
         warm_pool=warm if mode == "pool" else 0,
@@ -39,9 +44,9 @@ def settings_for(mode: str, root: Path, *, warm: int = 0, max_kernels: int = 120
 
 
 @asynccontextmanager
-async def open_pool(mode: str, root: Path, *, warm: int = 0) -> AsyncIterator[KernelPool]:
+async def open_pool(mode: str, root: Path, *, sandbox: Sandbox, warm: int = 0) -> AsyncIterator[KernelPool]:
     """A started pool of ``mode`` (warm kernels ready), shut down on exit."""
-    pool = KernelPool(settings_for(mode, root, warm=warm))
+    pool = KernelPool(settings_for(mode, root, sandbox=sandbox, warm=warm))
     await pool.start()
     try:
         if mode == "fork":
@@ -62,24 +67,34 @@ async def _first_execution(pool: KernelPool, key: str) -> float:
     return time.perf_counter() - started
 
 
-async def first_execution(mode: str, root: Path, samples: int) -> dict[str, Any]:
+async def first_execution(mode: str, root: Path, samples: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
     """New thread → first cell done, one thread at a time (warm kernel ready before each)."""
     times: list[float] = []
-    async with open_pool(mode, root, warm=1) as pool:
+    async with open_pool(mode, root, sandbox=sandbox, warm=1) as pool:
         for i in range(samples):
             if pool.warm is not None:
                 await pool.warm.wait_ready(timeout=120)
             times.append(await _first_execution(pool, f"bench:first:{i}"))
             await pool.shutdown(f"bench:first:{i}")
+        _check_forked(mode, pool, samples)
     return summary(times)
 
 
-async def burst(mode: str, root: Path, threads: int) -> dict[str, Any]:
+def _check_forked(mode: str, pool: KernelPool, starts: int) -> None:
+    """In ``fork`` mode every start must have been a fork (a spawn fallback would skew the numbers)."""
+    if mode == "fork":
+        assert isinstance(pool.launcher, ForkingLauncher)
+        if pool.launcher.forked != starts:
+            raise RuntimeError(f"{pool.launcher.spawned} of {starts} kernels were spawned, not forked")
+
+
+async def burst(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
     """``threads`` new threads at once: each one's first cell; wall time; idle PSS per kernel."""
-    async with open_pool(mode, root, warm=threads) as pool:
+    async with open_pool(mode, root, sandbox=sandbox, warm=threads) as pool:
         started = time.perf_counter()
         times = await asyncio.gather(*(_first_execution(pool, f"bench:burst:{i}") for i in range(threads)))
         wall = time.perf_counter() - started
+        _check_forked(mode, pool, threads)
         sessions = pool.sessions()
         await asyncio.gather(*(s.execute("import pandas, numpy, matplotlib.pyplot") for s in sessions))
         await asyncio.sleep(0.5)  # let the kernels settle (idle)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.slack import SlackAdapter
-from bench.kernels import summary
+from bench.kernels import Sandbox, summary
 from bot.app import Core
 from bot.config import parse_settings
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
@@ -32,7 +32,9 @@ def _model(request: dict[str, Any]) -> Any:
 
 
 @asynccontextmanager
-async def running_bot(mode: str, root: Path, *, warm: int) -> AsyncIterator[tuple[FakeSlack, str]]:
+async def running_bot(
+    mode: str, root: Path, *, warm: int, sandbox: Sandbox = "none"
+) -> AsyncIterator[tuple[FakeSlack, str]]:
     """Fake Slack, model, Core and Slack adapter with kernels of ``mode``; yields (slack, events url)."""
     async with FakeSlack() as slack, ScriptedOpenAI() as llm:
         llm.script(*[_model] * 10_000)
@@ -40,7 +42,7 @@ async def running_bot(mode: str, root: Path, *, warm: int) -> AsyncIterator[tupl
             "llm": {"base_url": llm.base_url, "api_key": "k", "model": "fake-model", "request_timeout_s": 60},
             "slack": {"bot_token": slack.bot_token, "signing_secret": slack.signing_secret,
                       "api_url": slack.api_url, "http_host": "127.0.0.1", "http_port": 0},
-            "kernels": {"workspace_root": str(root / "workspaces"), "sandbox": "none", "max_kernels": 120,
+            "kernels": {"workspace_root": str(root / "workspaces"), "sandbox": sandbox, "max_kernels": 120,
                         "preload": ["pandas", "numpy", "matplotlib"], "warm_pool": warm if mode == "pool" else 0,
                         "fork_server": mode in ("pool", "fork"), "exec_timeout_s": 120},
             "storage": {"path": str(root / "threadbook.db")},
@@ -68,9 +70,9 @@ async def _turn(slack: FakeSlack, url: str, event: dict[str, Any], timeout: floa
     return elapsed, ok
 
 
-async def turn_overhead(mode: str, root: Path, turns: int) -> dict[str, Any]:
+async def turn_overhead(mode: str, root: Path, turns: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
     """Follow-up turns in one thread (its kernel running): event → final reply posted."""
-    async with running_bot(mode, root, warm=1) as (slack, url):
+    async with running_bot(mode, root, warm=1, sandbox=sandbox) as (slack, url):
         first = slack.mention("C1", "start")
         await _turn(slack, url, first, 120)
         times = []
@@ -83,9 +85,9 @@ async def turn_overhead(mode: str, root: Path, turns: int) -> dict[str, Any]:
     return summary(times)
 
 
-async def concurrent_threads(mode: str, root: Path, threads: int) -> dict[str, Any]:
+async def concurrent_threads(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
     """``threads`` new threads mentioned at once; every one must be answered without error."""
-    async with running_bot(mode, root, warm=threads) as (slack, url):
+    async with running_bot(mode, root, warm=threads, sandbox=sandbox) as (slack, url):
         events = [slack.mention(f"C{i % 7}", f"go {i}") for i in range(threads)]
         started = time.perf_counter()
         outcomes = await asyncio.gather(

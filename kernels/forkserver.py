@@ -9,13 +9,19 @@ for forked and spawned kernels. The forked process is represented by :class:`For
 a ``Popen`` look-alike built on a pidfd: ``jupyter_client``'s ``LocalProvisioner`` then
 signals its process group (interrupt, kill) and polls it exactly as for a spawned kernel.
 
-Availability: the fork server serves the default kernel profile only (sandbox ``none``;
-options equal to the defaults). Other starts, starts while the fork server is down, and
-failed forks go to the wrapped launcher (spawn). A fork server that dies is restarted in the
-background with a growing delay; kernels it forked keep running.
+Profiles (one fork server per launcher, see :meth:`ForkingLauncher.supports`):
 
-Not done yet: the sandboxed profile (a zygote inside bubblewrap that puts each child in its
-own namespaces and uid) - under ``sandbox: bwrap`` every start is a spawn.
+* unsandboxed (``sandbox: none``): kernels with the default options;
+* bubblewrap, bot running as root: the zygote runs inside one bwrap sandbox
+  (:func:`kernels.sandbox.zygote_prefix`) and each child jails itself in its own
+  namespaces and per-workspace uid before any user code (``kernels/forkjail.py``); every
+  kernel without network is forked (``network: true`` kernels need slirp4netns: spawned).
+  As a normal user (kernels in a user namespace) there is no fork server: every start is
+  a spawn.
+
+Other starts, starts while the fork server is down, and failed forks go to the wrapped
+launcher (spawn). A fork server that dies is restarted in the background with a growing
+delay; kernels it forked keep running.
 """
 
 from __future__ import annotations
@@ -33,11 +39,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
 from kernels.launcher import KernelHandle, KernelLauncher, ThreadbookProvisioner, kernel_environment, resource_limits
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
+from kernels.sandbox import (
+    SHM_SIZE_MB,
+    TMP_SIZE_MB,
+    WORKSPACE,
+    BwrapLauncher,
+    Identity,
+    hand_over,
+    identity_for,
+    python_roots,
+    write_identity_files,
+    zygote_prefix,
+)
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +129,7 @@ class ForkedProcess:
 class ForkServer:
     """Owns one zygote process; forks kernels through it; restarts it when it dies."""
 
-    def __init__(self, launcher: KernelLauncher) -> None:
+    def __init__(self, launcher: ForkingLauncher) -> None:
         self.launcher = launcher
         self.preload = list(launcher.settings.preload)
         self.exit_codes: dict[int, int] = {}
@@ -146,14 +165,21 @@ class ForkServer:
     async def start(self) -> None:
         """Start the zygote and wait until its imports are done."""
         run_dir = Path(await asyncio.to_thread(self.launcher._make_run_dir))
-        env = kernel_environment(
-            workspace=run_dir, run_dir=run_dir, cache_dir=self.launcher.cache_dir, options=KernelOptions()
-        )
+        sandbox = self.launcher.sandbox
+        if sandbox is None:
+            prefix, mode = [], []
+            env = kernel_environment(
+                workspace=run_dir, run_dir=run_dir, cache_dir=self.launcher.cache_dir, options=KernelOptions()
+            )
+        else:
+            await asyncio.to_thread(write_identity_files, run_dir, Identity(uid=65534, gid=65534, host_owner=None))
+            prefix, mode = zygote_prefix(sandbox.support, run_dir=run_dir, code_dir=code_dir()), ["jail"]
+            env = sandbox.environment(workspace=WORKSPACE, run_dir=run_dir, options=KernelOptions())
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         with open(run_dir / "zygote.log", "ab") as log_file:
             self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-P", str(ZYGOTE), json.dumps(self.preload), str(self._lifeline_r),
+                *prefix, sys.executable, "-P", str(ZYGOTE), json.dumps(self.preload), str(self._lifeline_r), *mode,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log_file,
                 env=env, cwd=run_dir, pass_fds=(self._lifeline_r,), start_new_session=True,
                 limit=1 << 20,
@@ -169,8 +195,18 @@ class ForkServer:
             raise
         log.info("fork server ready (pid %s, preloaded %s)", ready, ", ".join(self.preload) or "nothing")
 
-    async def fork(self, *, argv: list[str], cwd: str, env: dict[str, str], log_path: str, limits: list[tuple[int, int]]) -> ForkedProcess:
-        """Fork one kernel process; raises :class:`KernelStartError` when the server cannot."""
+    async def fork(
+        self,
+        *,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        log_path: str,
+        limits: list[tuple[int, int]],
+        jail: dict[str, Any] | None = None,
+    ) -> ForkedProcess:
+        """Fork one kernel process (``jail``: its namespaces and uid, sandboxed profile);
+        raises :class:`KernelStartError` when the server cannot."""
         proc = self._proc
         if proc is None or not self.running or proc.stdin is None:
             raise KernelStartError("the fork server is not running")
@@ -178,6 +214,8 @@ class ForkServer:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         request = {"id": request_id, "argv": argv, "cwd": cwd, "env": env, "log": log_path, "limits": limits}
+        if jail is not None:
+            request["jail"] = jail
         try:
             proc.stdin.write((json.dumps(request) + "\n").encode())
             await proc.stdin.drain()
@@ -259,6 +297,16 @@ class ForkProvisioner(ThreadbookProvisioner):
     """A provisioner whose process comes from the fork server (same env, limits and kill)."""
 
     server: ForkServer | None = None
+    #: Sandboxed profile: the kernel's jail (see ``kernels/forkjail.py``) and who gets its files.
+    jail: dict[str, Any] | None = None
+    owner: tuple[Path, Path, Identity] | None = None
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """Write the connection file (base class), then hand the files to the kernel's uid."""
+        kwargs = await super().pre_launch(**kwargs)
+        if self.owner is not None:
+            await asyncio.to_thread(hand_over, *self.owner)
+        return kwargs
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
         """Fork the kernel with ``cmd``'s ipykernel arguments, cwd and (allow-listed) env."""
@@ -269,15 +317,22 @@ class ForkProvisioner(ThreadbookProvisioner):
         log_path = getattr(stdout, "name", os.devnull)
         process = await self.server.fork(
             argv=fork_argv(cmd, self.server.preload),
-            cwd=str(kwargs.get("cwd") or os.getcwd()),
+            cwd=str(WORKSPACE) if self.jail is not None else str(kwargs.get("cwd") or os.getcwd()),
             env=env,
             log_path=str(log_path),
             limits=[(int(limit), int(value)) for limit, value in self.limits],
+            jail=self.jail,
         )
         self.process = process
         self.pid = self.pgid = process.pid  # the child called setsid: it leads its group
         self.cwd = kwargs.get("cwd")
         return self.connection_info
+
+
+def code_dir() -> Path | None:
+    """The folder of ``zygote.py`` when the sandboxed zygote needs it bound (no Python folder holds it)."""
+    folder = ZYGOTE.parent.resolve()
+    return None if any(root in folder.parents for root in python_roots()) else folder
 
 
 def fork_argv(cmd: list[str], preload: list[str]) -> list[str]:
@@ -295,11 +350,23 @@ class ForkingLauncher(KernelLauncher):
 
     def __init__(self, spawn: KernelLauncher) -> None:
         super().__init__(spawn.settings, run_root=spawn.run_root.parent)
+        if not self.supports(spawn):
+            raise ValueError(f"no fork-server profile for {type(spawn).__name__}")
         self.spawn = spawn
+        #: The sandbox whose kernels are forked (None: the unsandboxed profile).
+        self.sandbox = spawn if isinstance(spawn, BwrapLauncher) else None
+        self.transport = spawn.transport
+        self.interrupt_mode = spawn.interrupt_mode
         self.server = ForkServer(self)
         #: Starts served by forking / by spawning (for benchmarks and tests).
         self.forked = 0
         self.spawned = 0
+
+    @staticmethod
+    def supports(spawn: KernelLauncher) -> bool:
+        """Whether kernels of ``spawn`` can be forked: unsandboxed, or bubblewrap with the bot
+        as root (kernels drop to their per-workspace uid; in a user namespace they cannot)."""
+        return type(spawn) is KernelLauncher or (type(spawn) is BwrapLauncher and spawn.support.as_root)
 
     @property
     def available(self) -> bool:
@@ -307,8 +374,48 @@ class ForkingLauncher(KernelLauncher):
         return self.server.running
 
     def fits(self, options: KernelOptions) -> bool:
-        """Whether a kernel for ``options`` may be forked (the default profile only)."""
-        return type(self.spawn) is KernelLauncher and options == KernelOptions(network=self.settings.network)
+        """Whether a kernel for ``options`` may be forked: sandboxed, any kernel without
+        network (those need slirp4netns: spawned); unsandboxed, the default profile only."""
+        if self.sandbox is not None:
+            return not options.network
+        return options == KernelOptions(network=self.settings.network)
+
+    def kernel_spec(self) -> KernelSpec:
+        """The spawn launcher's kernel spec (interrupt mode included)."""
+        return self.spawn.kernel_spec()
+
+    def kernel_view(self, options: KernelOptions) -> KernelOptions:
+        """``options`` as the spawn launcher's kernels see them."""
+        return self.spawn.kernel_view(options)
+
+    def environment(self, *, workspace: Path, run_dir: Path, options: KernelOptions) -> dict[str, str]:
+        """The spawn launcher's environment (in-sandbox paths under bubblewrap)."""
+        return self.spawn.environment(workspace=workspace, run_dir=run_dir, options=options)
+
+    def configure_provisioner(
+        self, provisioner: ThreadbookProvisioner, *, workspace: Path, run_dir: Path, options: KernelOptions
+    ) -> None:
+        """Sandboxed profile: the kernel's uid, its ``/etc/passwd`` and its jail."""
+        if self.sandbox is None:
+            return
+        assert isinstance(provisioner, ForkProvisioner)
+        identity = identity_for(workspace, self.sandbox.support)
+        write_identity_files(run_dir, identity)  # tiny files in a fresh run dir
+        data_dir = options.data_dir
+        provisioner.owner = (workspace, run_dir, identity)
+        provisioner.jail = {
+            "uid": identity.uid,
+            "gid": identity.gid,
+            "run_dir": str(run_dir),
+            "sources": {
+                "workspace": os.path.realpath(workspace),
+                "run_dir": os.path.realpath(run_dir),
+                "data_dir": None if data_dir is None else os.path.realpath(data_dir),
+            },
+            "hide": [] if (folder := code_dir()) is None else [str(folder)],
+            "tmp_mb": TMP_SIZE_MB,
+            "shm_mb": SHM_SIZE_MB,
+        }
 
     def make_provisioner(self, manager: AsyncKernelManager, *, env: dict[str, str]) -> ThreadbookProvisioner:
         """A :class:`ForkProvisioner` wired to this launcher's fork server."""

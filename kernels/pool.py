@@ -39,7 +39,7 @@ class KernelPool:
         #: Keys whose kernel ran code and was stopped by the pool (culled, evicted).
         self._lost: set[str] = set()
         self._lock = asyncio.Lock()
-        if settings.fork_server and type(self.launcher) is KernelLauncher:
+        if settings.fork_server and ForkingLauncher.supports(self.launcher):
             self.launcher = ForkingLauncher(self.launcher)
         #: Kernels started ahead for new threads (``warm_pool``); they count toward ``max_kernels``.
         self.warm: WarmPool | None = None

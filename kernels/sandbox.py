@@ -52,6 +52,7 @@ from typing import Any
 import psutil
 
 from bot.config import KernelSettings
+from kernels.forkjail import HOST_VIEW
 from kernels.launcher import (
     KernelLauncher,
     Limits,
@@ -226,6 +227,24 @@ def sandbox_prefix(
     # jupyter_client adds the bot's pid; ipykernel would see its ppid (1 in the pid namespace)
     # differ from it and exit. --die-with-parent covers what that check is for.
     args.add("--die-with-parent", "--new-session", "--hostname", "threadbook", "--unsetenv", "JPY_PARENT_PID")
+    _system_view(args, run_dir=run_dir, network=network, python_dirs=python_dirs)
+    if data_dir is not None:
+        args.bind(data_dir, DATA)
+    args.bind(run_dir, run_dir, writable=True)
+    args.bind(workspace, WORKSPACE, writable=True)
+    args.add("--chdir", str(WORKSPACE), "--")
+    args.add(support.prlimit, *_prlimit_options(limits), "--")
+    if support.setpriv is not None:
+        args.add(
+            support.setpriv, f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+        )
+    return args.argv
+
+
+def _system_view(args: _Args, *, run_dir: Path, network: bool, python_dirs: Iterable[Path] | None) -> None:
+    """What every kernel sees of the host: read-only system and Python folders, its own
+    ``/proc``, ``/dev``, capped ``/tmp`` and ``/dev/shm``, ``/etc/passwd`` from ``run_dir``."""
     args.bind("/usr", "/usr")
     for name in _TOP_LEVEL:
         host = Path("/") / name
@@ -248,17 +267,31 @@ def sandbox_prefix(
             args.bind(_CA_CERTS, _CA_CERTS)
     for root in python_roots() if python_dirs is None else python_dirs:
         args.bind(root, root)
-    if data_dir is not None:
-        args.bind(data_dir, DATA)
+
+
+def zygote_prefix(support: BwrapSupport, *, run_dir: Path, code_dir: Path | None) -> list[str]:
+    """The command prefix of the sandboxed fork server's zygote (bot running as root only).
+
+    The kernels' system view (:func:`sandbox_prefix`), no network, its own ipc, uts and cgroup
+    namespaces (the host's pid namespace, so kernels outlive a zygote that dies), root with
+    its capabilities (each forked child builds its own namespaces and drops them, see
+    :mod:`kernels.forkjail`), ``/workspace`` and ``/data`` as mount points, and the host's
+    ``/`` read-only at :data:`kernels.forkjail.HOST_VIEW` for the children to bind their own
+    folders from (each detaches it before any user code). ``code_dir``: where ``zygote.py``
+    lives when no Python folder already holds it (bound read-only; children detach it too).
+    """
+    args = _Args(support)
+    args.add("--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup")
+    args.add("--die-with-parent", "--new-session", "--hostname", "threadbook")
+    _system_view(args, run_dir=run_dir, network=False, python_dirs=None)
     args.bind(run_dir, run_dir, writable=True)
-    args.bind(workspace, WORKSPACE, writable=True)
-    args.add("--chdir", str(WORKSPACE), "--")
-    args.add(support.prlimit, *_prlimit_options(limits), "--")
-    if support.setpriv is not None:
-        args.add(
-            support.setpriv, f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
-        )
+    if code_dir is not None:
+        args.bind(code_dir, code_dir)
+    for mount_point in (WORKSPACE, DATA):
+        args.parents(mount_point)
+        args.add("--perms", "0755", "--dir", str(mount_point))
+    args.bind("/", HOST_VIEW)
+    args.add("--chdir", str(run_dir), "--")
     return args.argv
 
 

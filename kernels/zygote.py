@@ -1,8 +1,15 @@
 """The fork server's own program ("zygote"): import once, fork a fresh ipykernel per request.
 
-Run as ``python -P kernels/zygote.py PRELOAD_JSON LIFELINE_FD`` by
-:class:`kernels.forkserver.ForkServer`; it imports nothing from this project, so a kernel's
-``sys.modules`` holds only what a spawned kernel would have plus the preloaded modules.
+Run as ``python -P kernels/zygote.py PRELOAD_JSON LIFELINE_FD [jail]`` by
+:class:`kernels.forkserver.ForkServer`; it imports nothing from this project but its sibling
+``forkjail.py`` (standard library only), so a kernel's ``sys.modules`` holds only what a
+spawned kernel would have plus the preloaded modules.
+
+With ``jail`` (the sandboxed profile; the zygote then runs inside bubblewrap, see
+:func:`kernels.sandbox.zygote_prefix`) every request carries a ``"jail"`` object (uid, gid,
+host paths of the workspace, run dir and data dir, tmpfs sizes) and the child enters its own
+namespaces and uid before any user code (:mod:`kernels.forkjail`); the fork is answered only
+once the kernel process has dropped its privileges, or with the error that stopped it.
 
 Protocol: JSON lines. The zygote writes ``{"ready": pid, "threads": n}`` once its imports
 are done, then reads fork requests ``{"id", "argv", "cwd", "env", "log", "limits"}`` from
@@ -18,14 +25,16 @@ kernel log (a traceback of a failed start lands there, since ``os._exit`` would 
 and runs ``%matplotlib inline`` through the ``exec_lines`` it is given.
 
 A forked kernel is tied to the bot, not to the zygote: the lifeline pipe's write end lives
-only in the bot, so when the bot dies every kernel sees EOF and kills its process group,
-while a zygote that dies (and is restarted) leaves running kernels alone.
+only in the bot, so when the bot dies every kernel sees EOF and kills its process group (a
+jailed kernel's supervisor exits, which ends its pid namespace), while a zygote that dies
+(and is restarted) leaves running kernels alone.
 """
 
 from __future__ import annotations
 
 import errno
 import importlib
+import importlib.util
 import json
 import os
 import resource
@@ -33,7 +42,10 @@ import select
 import signal
 import sys
 import threading
+import time
 import traceback
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -58,6 +70,10 @@ def _preload(modules: list[str]) -> None:
         importlib.import_module("matplotlib_inline.backend_inline")
 
 
+#: How long the zygote waits for a jailed child to report that its kernel dropped privileges.
+JAIL_TIMEOUT_S = 10.0
+
+
 def _exit_code(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
@@ -75,54 +91,11 @@ def _watch_lifeline(fd: int) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def _run_child(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> int:
-    signal.set_wakeup_fd(-1)
-    for fd in wake_fds:
-        os.close(fd)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.setsid()
-    log_fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    null_fd = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null_fd, 0)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(null_fd)
-    os.close(log_fd)
-    for limit, value in request.get("limits", []):
-        resource.setrlimit(limit, (value, value))
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    sys.argv = ["ipykernel_launcher", *request["argv"]]
-    import random
-
-    random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
-    threading.Thread(target=_watch_lifeline, args=(lifeline,), name="lifeline", daemon=True).start()
-    from ipykernel.kernelapp import IPKernelApp
-
-    app = IPKernelApp.instance()
-    app.initialize(request["argv"])
-    app.start()
-    return 0
-
-
-def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> int:
-    threads = _thread_count()
-    if threads != 1:
-        raise RuntimeError(f"the fork server has {threads} threads; refusing to fork")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid:
-        return pid
+def _child(body: Callable[[], int]) -> None:
+    """(Child) run ``body`` and exit with its code; never return into the zygote's loop."""
     code = 1
     try:
-        code = _run_child(request, lifeline, wake_fds)
+        code = body()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -136,10 +109,157 @@ def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> 
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _detach(close: tuple[int, ...]) -> None:
+    """(Child) leave the zygote: default signals, own session."""
+    signal.set_wakeup_fd(-1)
+    for fd in close:
+        os.close(fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.setsid()
+
+
+def _log_output(request: dict[str, Any]) -> None:
+    """(Child) stdin from /dev/null, stdout and stderr to the kernel log."""
+    log_fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null_fd, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(null_fd)
+    os.close(log_fd)
+
+
+def _run_kernel(request: dict[str, Any], lifeline: int | None) -> int:
+    """(Child) become the requested ipykernel; ``lifeline``: watch it here (unsandboxed profile)."""
+    for limit, value in request.get("limits", []):
+        resource.setrlimit(limit, (value, value))
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.argv = ["ipykernel_launcher", *request["argv"]]
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    if lifeline is not None:
+        threading.Thread(target=_watch_lifeline, args=(lifeline,), name="lifeline", daemon=True).start()
+    from ipykernel.kernelapp import IPKernelApp
+
+    app = IPKernelApp.instance()
+    app.initialize(request["argv"])
+    app.start()
+    return 0
+
+
+def _single_threaded() -> None:
+    threads = _thread_count()
+    if threads != 1:
+        raise RuntimeError(f"the fork server has {threads} threads; refusing to fork")
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> int:
+    _single_threaded()
+    pid = os.fork()
+    if pid:
+        return pid
+
+    def body() -> int:
+        _detach(wake_fds)
+        _log_output(request)
+        return _run_kernel(request, lifeline)
+
+    _child(body)
     return 0  # not reached
 
 
-def _reap(children: set[int]) -> None:
+class Jailer:
+    """Forks kernels into their own namespaces and uid (the sandboxed profile, :mod:`forkjail`)."""
+
+    def __init__(self) -> None:
+        spec = importlib.util.spec_from_file_location("_threadbook_forkjail", Path(__file__).with_name("forkjail.py"))
+        assert spec is not None and spec.loader is not None
+        self.jail = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.jail)
+        self.pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+    def fork(self, request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> int:
+        """Fork a supervisor (pid 1 of a new pid namespace) that builds the jail and forks the
+        kernel; return once the kernel has dropped its privileges, or raise with the reason."""
+        _single_threaded()
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid: int = self.jail.fork_jailed(self.pid_namespace)
+        except BaseException:
+            os.close(status_r)
+            os.close(status_w)
+            raise
+        if pid == 0:
+            _child(lambda: self._supervisor(request, lifeline, (*wake_fds, status_r, self.pid_namespace), status_w))
+        os.close(status_w)
+        try:
+            answer = _read_all(status_r, JAIL_TIMEOUT_S)
+        finally:
+            os.close(status_r)
+        if answer != b"ok":
+            os.kill(pid, signal.SIGKILL)  # reaped (and reported) like any other child
+            raise RuntimeError(answer.decode(errors="replace") or "the jailed kernel exited during set-up")
+        return pid
+
+    def _supervisor(self, request: dict[str, Any], lifeline: int, close: tuple[int, ...], status: int) -> int:
+        jail, spec = self.jail, request["jail"]
+        try:
+            _detach(close)
+            jail.build(spec)
+            _log_output(request)
+            jail.drop_privileges(spec["uid"], spec["gid"], dumpable=False)
+            jail.close_fds({lifeline, status})
+            _single_threaded()
+            kernel = os.fork()
+        except BaseException as exc:
+            os.write(status, f"{type(exc).__name__}: {exc}".encode())
+            raise
+        if kernel == 0:
+            _child(lambda: self._kernel(request, lifeline, status))
+        os.close(status)
+        return int(jail.supervise(kernel, lifeline))
+
+    def _kernel(self, request: dict[str, Any], lifeline: int, status: int) -> int:
+        os.close(lifeline)  # the supervisor watches it; user code never holds it
+        os.setsid()
+        self.jail.prctl(self.jail.PR_SET_DUMPABLE, 1)
+        os.write(status, b"ok")
+        os.close(status)
+        return _run_kernel(request, None)
+
+    def exit_code(self, code: int) -> int:
+        """A supervisor's exit code as ``Popen`` would give the kernel's (``-N`` for signal N)."""
+        return -(code - self.jail.SIGNAL_BASE) if code > self.jail.SIGNAL_BASE else code
+
+
+def _read_all(fd: int, timeout: float) -> bytes:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    data = b""
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        if not poller.poll(remaining * 1000):
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _reap(children: set[int], jailer: Jailer | None) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -147,14 +267,17 @@ def _reap(children: set[int]) -> None:
             return
         if pid == 0:
             return
-        children.discard(pid)
-        _send({"exit": pid, "code": _exit_code(status)})
+        if pid in children:  # not a jailed child whose set-up failed (that fork was answered with an error)
+            children.discard(pid)
+            code = _exit_code(status)
+            _send({"exit": pid, "code": code if jailer is None else jailer.exit_code(code)})
 
 
 def main() -> None:
     """Import, report ready, then serve fork requests until stdin closes."""
     modules = json.loads(sys.argv[1])
     lifeline = int(sys.argv[2])
+    jailer = Jailer() if sys.argv[3:] == ["jail"] else None
     _preload(modules)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -174,7 +297,7 @@ def main() -> None:
                     pass
             except BlockingIOError:
                 pass
-            _reap(children)
+            _reap(children, jailer)
         if 0 not in readable:
             continue
         chunk = os.read(0, 65536)
@@ -185,7 +308,10 @@ def main() -> None:
             line, buffer = buffer.split(b"\n", 1)
             request = json.loads(line)
             try:
-                pid = _fork(request, lifeline, (wake_r, wake_w))
+                if jailer is not None:
+                    pid = jailer.fork(request, lifeline, (wake_r, wake_w))
+                else:
+                    pid = _fork(request, lifeline, (wake_r, wake_w))
             except Exception as exc:
                 _send({"id": request["id"], "error": f"{type(exc).__name__}: {exc}"})
                 continue

@@ -1,8 +1,11 @@
 """Real sandboxed kernels for the attack suite, a neighbour thread's kernel, host canaries.
 
 The suite skips only when this machine cannot start the bubblewrap sandbox at all (the
-probe says why). Every attack test records its observed outcome; when the whole attack
-module ran and passed, the table in ``docs/security.md`` is regenerated from them.
+probe says why). Every attack runs twice: against spawned kernels (``bwrap`` per kernel)
+and against kernels forked by the sandboxed fork server (``kernels/forkjail.py``; every
+kernel of that run must really be forked). Every attack test records its observed
+outcome; when the whole attack module ran and passed, the table in ``docs/security.md``
+is regenerated from them.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ import pytest_asyncio
 
 from bot.config import KernelSettings
 from kernels import KernelOptions, KernelPool, KernelSession, KernelStartError
+from kernels.forkserver import ForkingLauncher, ForkProvisioner
 from kernels.sandbox import BwrapLauncher, BwrapProvisioner, detect_support, probe
 from tests.security.report import write_table
 
 CANARY = f"tb-canary-{uuid.uuid4().hex}"
 SECRET_VARS = ("SLACK_BOT_TOKEN", "DISCORD_TOKEN", "OPENAI_API_KEY")
 ATTACK_MODULE = "test_attacks.py"
+#: Where the kernels come from: bwrap per kernel, or the sandboxed fork server.
+SOURCES = ("spawn", "fork")
 
 
 def _sandbox_skip_reason() -> str | None:
@@ -47,13 +53,19 @@ NO_SLIRP = None if shutil.which("slirp4netns") else (
 
 @dataclass
 class Outcomes:
-    """Attack → observed outcome, in the order the tests ran."""
+    """Attack → kernel source → observed outcome, in the order the tests ran."""
 
-    rows: dict[str, str] = field(default_factory=dict)
+    rows: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: The kernel source of the test running now (set by the attacker fixtures).
+    source: str = SOURCES[0]
 
     def record(self, attack: str, outcome: str) -> None:
         """Record one contained attack (call after the test's assertions passed)."""
-        self.rows[attack] = outcome
+        self.rows.setdefault(attack, {})[self.source] = outcome
+
+    def count(self) -> int:
+        """How many (attack, source) outcomes were recorded."""
+        return sum(len(by_source) for by_source in self.rows.values())
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +74,7 @@ def outcomes(request: pytest.FixtureRequest) -> Iterator[Outcomes]:
     yield collected
     attack_items = [item for item in request.session.items if item.path.name == ATTACK_MODULE]
     failed = request.session.testsfailed
-    if attack_items and not failed and len(collected.rows) == len(attack_items):
+    if attack_items and not failed and collected.count() == len(attack_items):
         mode = "root, kernels dropped to a per-workspace uid by setpriv" if os.geteuid() == 0 else (
             "non-root, kernels in an unprivileged user namespace"
         )
@@ -110,13 +122,16 @@ def secret_env() -> Iterator[None]:
             os.environ[name] = value
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=SOURCES)
 async def sandbox_pool(
-    tmp_path_factory: pytest.TempPathFactory, secret_env: None
+    tmp_path_factory: pytest.TempPathFactory, secret_env: None, request: pytest.FixtureRequest
 ) -> AsyncIterator[KernelPool]:
     if SKIP_REASON:
         pytest.skip(SKIP_REASON)
-    root = tmp_path_factory.mktemp("sandboxed")
+    fork = request.param == "fork"
+    if fork and os.geteuid() != 0:
+        pytest.skip("the sandboxed fork server needs the bot to run as root (kernels are spawned otherwise)")
+    root = tmp_path_factory.mktemp(f"sandboxed-{request.param}")
     settings = KernelSettings(
         workspace_root=root / "workspaces",
         sandbox="bwrap",
@@ -128,17 +143,31 @@ async def sandbox_pool(
         max_processes=64,
         max_file_mb=10,
         max_output_bytes=10_000,
+        fork_server=fork,
     )
     kernel_pool = KernelPool(settings)
-    assert isinstance(kernel_pool.launcher, BwrapLauncher)
+    await kernel_pool.start()
+    if fork:
+        launcher = kernel_pool.launcher
+        assert isinstance(launcher, ForkingLauncher) and isinstance(launcher.spawn, BwrapLauncher)
+        assert launcher.available, "the sandboxed fork server did not start"
+    else:
+        assert isinstance(kernel_pool.launcher, BwrapLauncher)
     yield kernel_pool
     await kernel_pool.shutdown_all()
+
+
+def kernel_source(pool: KernelPool, session: KernelSession) -> str:
+    """``fork`` or ``spawn``: where ``session``'s kernel came from."""
+    assert session._handle is not None
+    return "fork" if isinstance(session._handle.manager.provisioner, ForkProvisioner) else "spawn"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def neighbour(sandbox_pool: KernelPool) -> KernelSession:
     """Another thread's kernel, shared by the module; it keeps a secret file in its workspace."""
     session = await sandbox_pool.get_or_start("slack:C1:neighbour")
+    assert kernel_source(sandbox_pool, session) == _expected_source(sandbox_pool)
     result = await session.execute(f"open('secret.txt', 'w').write({CANARY!r})")
     assert result.ok
     return session
@@ -146,11 +175,13 @@ async def neighbour(sandbox_pool: KernelPool) -> KernelSession:
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def attacker(
-    sandbox_pool: KernelPool, host_files: HostFiles, request: pytest.FixtureRequest
+    sandbox_pool: KernelPool, host_files: HostFiles, outcomes: Outcomes, request: pytest.FixtureRequest
 ) -> AsyncIterator[KernelSession]:
     """A fresh sandboxed kernel for one attack; afterwards nothing of it is left on the host."""
     key = f"slack:C2:attacker-{request.node.name}"
     session = await sandbox_pool.get_or_start(key, KernelOptions(data_dir=host_files.data_dir))
+    outcomes.source = kernel_source(sandbox_pool, session)
+    assert outcomes.source == _expected_source(sandbox_pool), "the fork server did not fork this kernel"
     tree = _sandbox_tree(session)
     uids = {proc.uids().real for proc in tree} - {0, os.getuid()}
     yield session
@@ -159,6 +190,10 @@ async def attacker(
     assert not survivors, f"sandbox processes outlived the kernel's shutdown: {survivors}"
     left = await asyncio.to_thread(_processes_of, uids)
     assert not left, f"processes of the attacker's uid outlived its kernel: {left}"
+
+
+def _expected_source(pool: KernelPool) -> str:
+    return "fork" if isinstance(pool.launcher, ForkingLauncher) else "spawn"
 
 
 def _sandbox_tree(session: KernelSession) -> list[psutil.Process]:
@@ -180,13 +215,17 @@ def _processes_of(uids: set[int]) -> list[str]:
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def net_attacker(sandbox_pool: KernelPool, request: pytest.FixtureRequest) -> AsyncIterator[KernelSession]:
-    """A fresh sandboxed kernel with ``network: true``; afterwards neither it nor its
-    slirp4netns is left on the host."""
+async def net_attacker(
+    sandbox_pool: KernelPool, outcomes: Outcomes, request: pytest.FixtureRequest
+) -> AsyncIterator[KernelSession]:
+    """A fresh sandboxed kernel with ``network: true`` (always spawned, even with the fork
+    server on); afterwards neither it nor its slirp4netns is left on the host."""
     if NO_SLIRP:
         pytest.skip(NO_SLIRP)
     key = f"slack:C3:net-{request.node.name}"
     session = await sandbox_pool.get_or_start(key, KernelOptions(network=True))
+    assert kernel_source(sandbox_pool, session) == "spawn"
+    outcomes.source = "fork" if isinstance(sandbox_pool.launcher, ForkingLauncher) else "spawn"
     assert session._handle is not None
     provisioner = session._handle.manager.provisioner
     assert isinstance(provisioner, BwrapProvisioner) and provisioner.slirp is not None, (

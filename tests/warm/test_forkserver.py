@@ -1,4 +1,5 @@
-"""Fork-server kernels with real processes: same session behaviour as spawned ones, restart, no leftovers."""
+"""Fork-server kernels with real processes: same session behaviour as spawned ones, restart, no
+leftovers; the sandboxed profile (kernels jailed in their own namespaces and uid)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psutil
+import pytest
 import pytest_asyncio
 
-from kernels import KernelPool, Outcome
+from kernels import KernelOptions, KernelPool, Outcome
 from kernels.forkserver import ForkingLauncher
 from tests.kernels.conftest import kernel_settings
+from tests.security.conftest import SKIP_REASON as SANDBOX_SKIP
 
 
 @pytest_asyncio.fixture
@@ -88,3 +91,65 @@ async def test_dead_fork_server_falls_back_to_spawn_and_comes_back(forking_pool:
     await forking_pool.shutdown_all()
     assert not any(pid is not None and psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids)
     assert server_pid is not None and not psutil.pid_exists(server_pid)
+
+
+@pytest_asyncio.fixture
+async def jailed_pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
+    if os.geteuid() != 0 or SANDBOX_SKIP:
+        pytest.skip(SANDBOX_SKIP or "the sandboxed fork server needs the bot to run as root")
+    pool = KernelPool(kernel_settings(tmp_path, sandbox="bwrap", fork_server=True, preload=("numpy",), exec_timeout_s=5))
+    await pool.start()
+    assert isinstance(pool.launcher, ForkingLauncher) and pool.launcher.sandbox is not None
+    assert pool.launcher.available
+    yield pool
+    await pool.shutdown_all()
+
+
+async def test_sandboxed_fork_server_forks_jailed_kernels(jailed_pool: KernelPool, tmp_path: Path) -> None:
+    launcher = jailed_pool.launcher
+    assert isinstance(launcher, ForkingLauncher)
+    a, b = await asyncio.gather(jailed_pool.get_or_start("j:a"), jailed_pool.get_or_start("j:b"))
+    assert launcher.forked == 2 and launcher.spawned == 0
+    code = (
+        "import os, numpy as np; v = 1; status = open('/proc/self/status').read()\n"
+        "print(os.getuid(), os.getcwd(), len([p for p in os.listdir('/proc') if p.isdigit()]), "
+        "'CapEff:\\t0000000000000000' in status, 'NoNewPrivs:\\t1' in status, np.random.randint(1 << 30))"
+    )
+    ra, rb = await asyncio.gather(a.execute(code), b.execute(code))
+    assert ra.ok and rb.ok, (ra, rb)
+    (uid_a, cwd, procs, no_caps, nnp, rand_a), (uid_b, _, _, _, _, rand_b) = (r.stdout.split() for r in (ra, rb))
+    assert uid_a != uid_b and int(uid_a) >= 1_900_000_000 and cwd == "/workspace" and int(procs) <= 3
+    assert no_caps == nnp == "True" and rand_a != rand_b
+    assert (a.workspace.path / "..").resolve() == tmp_path / "workspaces"  # the host side of /workspace
+    await a.execute("open('mine.txt', 'w').write('a')")
+    assert (a.workspace.path / "mine.txt").stat().st_uid == int(uid_a)
+
+    stuck = await a.execute("while True: pass", timeout=0.5)  # message-mode interrupt
+    assert stuck.outcome is Outcome.TIMEOUT_INTERRUPTED and (await a.execute("v")).result == "1"
+
+    died = await b.execute("import os; os.kill(os.getpid(), 9)")
+    assert died.outcome is Outcome.DIED and "SIGKILL" in died.notice
+    again = await b.execute("'v' in dir()")
+    assert again.result == "False" and again.kernel_restarted and launcher.forked == 3
+
+    await a.execute("import subprocess; p = subprocess.Popen(['sleep', '60'], start_new_session=True)")
+    tree = [psutil.Process(a.pid), *psutil.Process(a.pid).children(recursive=True)]
+    assert len(tree) == 3  # supervisor (pid 1 inside), kernel, sleep
+    await jailed_pool.shutdown("j:a")
+    await asyncio.sleep(0.05)
+    assert _alive(tree) == []
+
+
+async def test_sandboxed_fork_failure_falls_back_to_spawn(jailed_pool: KernelPool, tmp_path: Path) -> None:
+    launcher = jailed_pool.launcher
+    assert isinstance(launcher, ForkingLauncher)
+    data = tmp_path / "data.csv"  # a file, not a folder: the jail cannot mount it at /data
+    data.write_text("x\n")
+    data.chmod(0o644)
+    session = await jailed_pool.get_or_start("j:file-data", KernelOptions(data_dir=data))
+    assert launcher.spawned == 1 and launcher.forked == 0
+    assert (await session.execute("open('/data').read()")).result == "'x\\n'"
+    zygote = launcher.server.pid
+    forked = await jailed_pool.get_or_start("j:next")
+    assert launcher.forked == 1 and launcher.server.pid == zygote  # the zygote survived the failed fork
+    assert (await forked.execute("1 + 1")).result == "2"

@@ -1,0 +1,246 @@
+"""The sandboxed fork server's per-kernel jail, entered by a forked child before any user code.
+
+Loaded by ``kernels/zygote.py`` (by path: like the zygote it imports only the standard
+library). The zygote itself runs inside one bubblewrap sandbox as root with its
+capabilities (it is trusted code and never runs user code): the kernels' read-only system
+view, no network, and the host's ``/`` read-only at :data:`HOST_VIEW`, from which a child
+binds what is its own. Python 3.11 has no ``os.unshare``/``mount``, so this module calls
+libc through ``ctypes``.
+
+Per kernel (:func:`fork_jailed`): the zygote unshares a pid namespace just for its next
+child and returns to its own right after the fork, so the child is pid 1 of a fresh pid
+namespace (the role bwrap's init plays for a spawned kernel). That child, the
+*supervisor*, still root:
+
+1. unshares mount, net, ipc, uts and cgroup namespaces; makes every mount private;
+2. mounts size-capped tmpfs at ``/tmp`` and ``/dev/shm``, a fresh ``/proc`` (the host's is
+   detached) and ``/dev/pts``; brings up its own ``lo``;
+3. binds the thread's workspace at ``/workspace`` (rw), its run dir at its own path (rw, on
+   a tmpfs that hides every other run dir), the run dir's ``passwd``/``group`` at ``/etc``
+   and the channel's ``data_dir`` at ``/data`` (ro), all ``nosuid,nodev``;
+4. detaches :data:`HOST_VIEW` and checks it is empty;
+5. forks the kernel (pid 2), then drops to the kernel's uid itself (no capabilities, not
+   dumpable) and reaps until the kernel exits; it exits with the kernel's status
+   (``128 + signal`` when killed) and when the bot's lifeline pipe reports EOF, which ends
+   every process of the namespace.
+
+The kernel process drops to the per-workspace uid/gid: bounding and ambient capability
+sets emptied, groups cleared, ``no_new_privs``; :func:`drop_privileges` verifies all of it
+in ``/proc/self/status`` and refuses to go on otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import select
+import signal
+import socket
+import struct
+from typing import Any
+
+HOST_VIEW = "/.threadbook-host"
+WORKSPACE = "/workspace"
+DATA = "/data"
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 24, 38, 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+#: Exit code of a supervisor whose kernel was killed by signal N: ``SIGNAL_BASE + N``.
+SIGNAL_BASE = 128
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def _bytes(value: str | None) -> bytes | None:
+    return None if value is None else os.fsencode(value)
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    """mount(2)."""
+    _check(_libc.mount(_bytes(source), _bytes(target), _bytes(fstype), flags, _bytes(data)), f"mount {target}")
+
+
+def unshare(flags: int) -> None:
+    """unshare(2)."""
+    _check(_libc.unshare(flags), "unshare")
+
+
+def prctl(option: int, arg: int = 0) -> None:
+    """prctl(2) with one argument."""
+    _check(_libc.prctl(option, arg, 0, 0, 0), f"prctl {option}")
+
+
+def fork_jailed(own_pid_namespace: int) -> int:
+    """``os.fork()`` whose child is pid 1 of a new pid namespace; the caller stays in its own
+    (``own_pid_namespace``: an fd of ``/proc/self/ns/pid``, opened before the first call)."""
+    unshare(CLONE_NEWPID)
+    try:
+        pid = os.fork()
+    except BaseException:
+        _check(_libc.setns(own_pid_namespace, CLONE_NEWPID), "setns")
+        raise
+    if pid:
+        _check(_libc.setns(own_pid_namespace, CLONE_NEWPID), "setns")
+    return pid
+
+
+def _bind(source: str, target: str, *, writable: bool = False) -> None:
+    mount(source, target, None, MS_BIND)
+    mount(None, target, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY))
+
+
+def _tmpfs(target: str, size_mb: int, mode: int) -> None:
+    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_mb}m,mode={mode:o}")
+
+
+def _host(path: str) -> str:
+    return HOST_VIEW + path
+
+
+def _makedirs(path: str) -> None:
+    """Create ``path`` and missing parents as 0755 (only ever inside this child's own tmpfs)."""
+    if os.path.isdir(path):
+        return
+    _makedirs(os.path.dirname(path))
+    os.mkdir(path)
+    os.chmod(path, 0o755)
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH", fcntl.ioctl(sock, _SIOCGIFFLAGS, request)[:18])[1]
+        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP))
+
+
+def build(jail: dict[str, Any]) -> None:
+    """(Supervisor, root, pid 1 of its pid namespace) set up the kernel's namespaces and file system.
+
+    ``jail``: ``run_dir`` (the path the kernel uses), ``sources`` (host paths, resolved, of
+    ``workspace``, ``run_dir`` and ``data_dir``, the last one may be None), ``hide`` (bound
+    folders of the zygote to detach), ``tmp_mb``, ``shm_mb``.
+    """
+    sources = jail["sources"]
+    unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _tmpfs("/tmp", jail["tmp_mb"], 0o1777)
+    _tmpfs("/dev/shm", jail["shm_mb"], 0o1777)
+    run_dir = jail["run_dir"]
+    run_root = os.path.dirname(run_dir)
+    _makedirs(run_root)  # in the fresh /tmp, or the empty folder the zygote's sandbox made
+    _tmpfs(run_root, 1, 0o755)  # hides every other kernel's run dir
+    os.mkdir(run_dir)
+    _bind(_host(sources["run_dir"]), run_dir, writable=True)
+    _bind(_host(sources["workspace"]), WORKSPACE, writable=True)
+    _bind(os.path.join(run_dir, "passwd"), "/etc/passwd")
+    _bind(os.path.join(run_dir, "group"), "/etc/group")
+    if sources.get("data_dir"):
+        _bind(_host(sources["data_dir"]), DATA)
+    for folder in jail["hide"]:
+        _check(_libc.umount2(_bytes(folder), MNT_DETACH), f"umount {folder}")
+    _check(_libc.umount2(b"/proc", MNT_DETACH), "umount /proc")
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+    _check(_libc.umount2(_bytes(HOST_VIEW), MNT_DETACH), f"umount {HOST_VIEW}")
+    if os.listdir(HOST_VIEW):
+        raise RuntimeError(f"{HOST_VIEW} is still visible after detaching it")
+    _loopback_up()
+    os.chdir(WORKSPACE)
+
+
+def drop_privileges(uid: int, gid: int, *, dumpable: bool) -> None:
+    """Become ``uid``/``gid`` with no capabilities at all, no groups and ``no_new_privs``.
+
+    ``dumpable``: keep ``/proc/self`` owned by the uid (the kernel: ``subprocess`` lists
+    ``/proc/self/fd``), else not (the supervisor: the kernel cannot ptrace it).
+    """
+    last_cap = int(open("/proc/sys/kernel/cap_last_cap").read())
+    for cap in range(last_cap + 1):
+        prctl(PR_CAPBSET_DROP, cap)
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # leaving uid 0 clears the permitted and effective sets
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    prctl(PR_SET_DUMPABLE, 1 if dumpable else 0)
+    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+    caps = {name: int(status[name], 16) for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+    ids = {status["Uid"].split() == [str(uid)] * 4, status["Gid"].split() == [str(gid)] * 4}
+    if any(caps.values()) or ids != {True} or status["Groups"].strip() or status["NoNewPrivs"].strip() != "1":
+        raise RuntimeError(f"privileges not dropped: {caps}, Uid {status['Uid']}, Groups {status['Groups']}")
+
+
+def close_fds(keep: set[int]) -> None:
+    """Close every inherited file descriptor above 2 except ``keep``."""
+    for fd in sorted(int(name) for name in os.listdir("/proc/self/fd")):
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def supervise(kernel: int, lifeline: int) -> int:
+    """(Supervisor, pid 1) reap every process of the namespace until ``kernel`` exits.
+
+    Returns its exit code (``SIGNAL_BASE + N`` when signal N killed it), or 1 as soon as
+    the bot's lifeline reports EOF (the supervisor's exit then ends the whole namespace).
+    """
+    for signum in (signal.SIGINT, signal.SIGTERM):  # no handler: the kernel cannot signal pid 1
+        signal.signal(signum, signal.SIG_DFL)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    poller = select.poll()
+    poller.register(wake_r, select.POLLIN)
+    poller.register(lifeline, select.POLLIN)
+    while True:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return 1
+            if pid == 0:
+                break
+            if pid == kernel:
+                return SIGNAL_BASE + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        try:
+            events = dict(poller.poll())
+        except InterruptedError:
+            continue
+        if lifeline in events:
+            try:
+                if not os.read(lifeline, 1):
+                    return 1
+            except OSError as exc:
+                if exc.errno != errno.EAGAIN:
+                    return 1
+        if wake_r in events:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
