@@ -79,7 +79,7 @@ class KernelSettings(_Model):
     interrupt_grace_s: float = Field(3.0, gt=0)
     max_kernels: int = Field(20, ge=1)
     warm_pool: int = Field(0, ge=0)
-    fork_server: bool = False  # fork new kernels from a pre-imported parent (sandbox "none" only for now)
+    fork_server: bool = False  # fork new kernels from a pre-imported parent (sandboxed when the bot is root)
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     memory_mb: int = Field(2048, ge=64)
     cpu_seconds: int = Field(3600, ge=1)
