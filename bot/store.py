@@ -181,7 +181,8 @@ class Store:
         """The thread's OpenAI-format messages, oldest first."""
         async with self._lock:
             async with self._db.execute("SELECT content FROM messages WHERE thread = ? ORDER BY seq", (key,)) as cursor:
-                return [json.loads(row[0]) async for row in cursor]
+                rows = await cursor.fetchall()  # one hop to the database thread, not one per batch
+        return [json.loads(row[0]) for row in rows]
 
     async def add_cell(self, key: str, code: str, result: ExecutionResult) -> None:
         """Record an executed cell with its outputs converted to nbformat v4."""

@@ -47,6 +47,7 @@ class _RecordingRunner:
     turn: _ActiveTurn
     progress: Progress
     results: list[ExecutionResult] = field(default_factory=list)
+    _writes: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def execute(self, code: str, timeout: float | None = None) -> ExecutionResult:
         if self.turn.stopped:
@@ -55,8 +56,13 @@ class _RecordingRunner:
         if self.turn.stopped and result.outcome is not Outcome.INTERRUPTED:
             result.outcome = Outcome.INTERRUPTED
         self.results.append(result)
-        await self.store.add_cell(self.key, code, result)
+        # Stored while the model reads the result (the store keeps the order of its writes).
+        self._writes.append(asyncio.create_task(self.store.add_cell(self.key, code, result)))
         return result
+
+    async def stored(self) -> None:
+        """Wait until every cell of the turn is in the store."""
+        await asyncio.gather(*self._writes)
 
 
 class TurnRunner:
@@ -153,6 +159,7 @@ class TurnRunner:
             max_rounds=policy.max_rounds,
             on_step=on_step,
         )
+        await runner.stored()
         await self._store.add_messages(str(key), result.new_messages, user_id=message.user_id)
         await self._store.add_usage(
             str(key), policy.model or self._settings.llm.model, result.usage.prompt_tokens, result.usage.completion_tokens

@@ -52,7 +52,9 @@ class SlackAdapter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._team_id = ""
         self._bot_user_id = ""
-        self._downloads: aiohttp.ClientSession | None = None
+        #: One connection pool for Web API calls and file downloads (slack_sdk opens a new
+        #: connection per call when it has no session).
+        self._http: aiohttp.ClientSession | None = None
         self._downloader: FileDownloader | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._runner: web.AppRunner | None = None
@@ -73,15 +75,15 @@ class SlackAdapter:
 
         Raises :class:`SlackStartError` (one line naming the setting) when Slack refuses a token.
         """
-        auth = await call("auth.test", self._client.auth_test())
-        if isinstance(auth, Failure):
-            raise SlackStartError(f"Slack auth.test failed ({auth.error}): check slack.bot_token (SLACK_BOT_TOKEN)")
-        self._team_id, self._bot_user_id = str(auth["team_id"]), str(auth["user_id"])
-        socket_url = await self._open_socket_url() if self.socket_mode else None
-        self._downloads = aiohttp.ClientSession()
-        self._downloader = FileDownloader(self._downloads, self._token)
-        app = self._build_app()
+        self._http = self._client.session = aiohttp.ClientSession()
+        self._downloader = FileDownloader(self._http, self._token)
         try:
+            auth = await call("auth.test", self._client.auth_test())
+            if isinstance(auth, Failure):
+                raise SlackStartError(f"Slack auth.test failed ({auth.error}): check slack.bot_token (SLACK_BOT_TOKEN)")
+            self._team_id, self._bot_user_id = str(auth["team_id"]), str(auth["user_id"])
+            app = self._build_app()
+            socket_url = await self._open_socket_url() if self.socket_mode else None
             if socket_url is not None:
                 await self._connect_socket(app, socket_url)
                 log.info("Slack: connected over Socket Mode as %s in %s", self._bot_user_id, self._team_id)
@@ -104,9 +106,10 @@ class SlackAdapter:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._downloads is not None:
-            await self._downloads.close()
-            self._downloads = self._downloader = None
+        if self._http is not None:
+            await self._http.close()
+            self._http = self._client.session = None
+            self._downloader = None
 
     async def wait_idle(self) -> None:
         """Wait until every turn started so far has finished (for tests and graceful shutdown)."""

@@ -164,15 +164,25 @@ class SlackProgress:
         self._pending: str | None = None
         self._last = 0.0
         self._flusher: asyncio.Task[None] | None = None
+        self._posting: asyncio.Task[None] | None = None
 
     async def start(self, status: str) -> None:
-        """Post the status message with its Stop button."""
+        """Post :eyes: and the status message with its Stop button, without holding up the turn."""
+        self._posting = asyncio.create_task(self._post(status))
+
+    async def _post(self, status: str) -> None:
         await self._outbox.received()
         self._ts = await self._outbox.say(to_mrkdwn(status), blocks=status_blocks(status, self._outbox.key))
         self._shown, self._last = status, time.monotonic()
 
+    async def _posted(self) -> None:
+        """Wait for the status message (posted in the background by :meth:`start`)."""
+        if self._posting is not None:
+            await asyncio.shield(self._posting)
+
     async def update(self, status: str) -> None:
         """Show ``status``: now if the last edit is a second old, else once the second is up."""
+        await self._posted()
         if self._ts is None:
             return
         self._pending = status
@@ -186,6 +196,7 @@ class SlackProgress:
 
     async def finish(self, ok: bool) -> None:
         """Delete the status message and mark the user's message as done or failed."""
+        await self._posted()
         if self._flusher is not None:
             self._flusher.cancel()
             self._flusher = None
