@@ -24,7 +24,8 @@ Who the kernel is depends on who runs the bot:
   dir are chowned to that uid before the start.
 * **non-root** (the Docker image, uid 10001): bwrap creates an unprivileged user namespace
   (``--unshare-user --uid 1000``, every capability dropped, ``no_new_privs`` set by bwrap)
-  and, where supported, ``--disable-userns`` forbids nested user namespaces.
+  and, where supported, ``--disable-userns`` forbids nested user namespaces. That uid owns
+  the tmpfs under ``/`` and ``/dev``, so both are remounted read-only.
 
 ``sandbox: auto`` probes once (a real sandboxed Python start) and falls back to the plain
 launcher with one warning; ``sandbox: bwrap`` raises :class:`KernelStartError` instead.
@@ -232,6 +233,10 @@ def sandbox_prefix(
         args.bind(data_dir, DATA)
     args.bind(run_dir, run_dir, writable=True)
     args.bind(workspace, WORKSPACE, writable=True)
+    if not support.as_root:
+        # In its own user namespace the kernel's uid owns the tmpfs bwrap builds "/" and
+        # "/dev" on: without this it could write there (uncapped, outside the workspace).
+        args.add("--remount-ro", "/", "--remount-ro", "/dev")
     args.add("--chdir", str(WORKSPACE), "--")
     args.add(support.prlimit, *_prlimit_options(limits), "--")
     if support.setpriv is not None:
