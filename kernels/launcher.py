@@ -256,7 +256,8 @@ class KernelLauncher:
 
     def __init__(self, settings: KernelSettings, *, run_root: Path | None = None) -> None:
         self.settings = settings
-        self.run_root = Path(run_root or tempfile.gettempdir()) / "threadbook"
+        # Per user: a second bot user on the same host must not trip over the first one's 0700 folder.
+        self.run_root = Path(run_root or tempfile.gettempdir()) / f"threadbook-{os.getuid()}"
         self.cache_dir = self.run_root / "cache"
 
     def kernel_spec(self) -> KernelSpec:
