@@ -141,13 +141,21 @@ def build(jail: dict[str, Any]) -> None:
 
     ``jail``: ``run_dir`` (the path the kernel uses), ``sources`` (host paths, resolved, of
     ``workspace``, ``run_dir`` and ``data_dir``, the last one may be None), ``hide`` (bound
-    folders of the zygote to detach), ``tmp_mb``, ``shm_mb``.
+    folders of the zygote to detach), ``python_dirs`` (the read-only Python folders, bound
+    again when they live under the fresh ``/tmp``), ``tmp_mb``, ``shm_mb``.
     """
     sources = jail["sources"]
     unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
+    # Before the fresh /tmp: a hidden folder may live under /tmp (a checkout in /tmp).
+    for folder in jail["hide"]:
+        _check(_libc.umount2(_bytes(folder), MNT_DETACH), f"umount {folder}")
     _tmpfs("/tmp", jail["tmp_mb"], 0o1777)
     _tmpfs("/dev/shm", jail["shm_mb"], 0o1777)
+    for folder in jail["python_dirs"]:  # the interpreter or venv may live under /tmp too
+        if folder.startswith(("/tmp/", "/dev/shm/")):
+            _makedirs(folder)
+            _bind(_host(folder), folder)
     run_dir = jail["run_dir"]
     run_root = os.path.dirname(run_dir)
     _makedirs(run_root)  # in the fresh /tmp, or the empty folder the zygote's sandbox made
@@ -159,8 +167,6 @@ def build(jail: dict[str, Any]) -> None:
     _bind(os.path.join(run_dir, "group"), "/etc/group")
     if sources.get("data_dir"):
         _bind(_host(sources["data_dir"]), DATA)
-    for folder in jail["hide"]:
-        _check(_libc.umount2(_bytes(folder), MNT_DETACH), f"umount {folder}")
     _check(_libc.umount2(b"/proc", MNT_DETACH), "umount /proc")
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")

@@ -413,6 +413,7 @@ class ForkingLauncher(KernelLauncher):
                 "data_dir": None if data_dir is None else os.path.realpath(data_dir),
             },
             "hide": [] if (folder := code_dir()) is None else [str(folder)],
+            "python_dirs": [str(path) for path in python_roots()],
             "tmp_mb": TMP_SIZE_MB,
             "shm_mb": SHM_SIZE_MB,
         }
