@@ -36,6 +36,7 @@ it such kernels stay offline and the launcher warns once, saying what to install
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -45,7 +46,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -482,16 +483,25 @@ class BwrapLauncher(KernelLauncher):
         provisioner.workspace, provisioner.run_dir, provisioner.identity = workspace, run_dir, identity
 
 
-def probe(support: BwrapSupport) -> None:
-    """(Blocking) start a tiny sandboxed Python as the kernel would be started; raise
-    :class:`KernelStartError` saying what is missing when it fails."""
+@contextlib.contextmanager
+def _probe_folders(support: BwrapSupport, *, network: bool) -> Iterator[tuple[Path, Path, Identity]]:
+    """(Blocking) a throw-away workspace and run dir, handed over as for a real kernel."""
     with tempfile.TemporaryDirectory(prefix="threadbook-probe-") as tmp:
         workspace, run_dir = Path(tmp) / "workspace", Path(tmp) / "run"
         workspace.mkdir()
         run_dir.mkdir()
         identity = identity_for(workspace, support)
         write_identity_files(run_dir, identity)
+        if network:
+            write_network_files(run_dir)
         hand_over(workspace, run_dir, identity)
+        yield workspace, run_dir, identity
+
+
+def probe(support: BwrapSupport) -> None:
+    """(Blocking) start a tiny sandboxed Python as the kernel would be started; raise
+    :class:`KernelStartError` saying what is missing when it fails."""
+    with _probe_folders(support, network=False) as (workspace, run_dir, identity):
         check = (
             "import os, importlib.util as u; assert os.getuid() != 0, 'still root'; "
             "assert u.find_spec('ipykernel'), 'ipykernel not importable'; open('ok', 'w').write('ok')"
@@ -510,14 +520,7 @@ def probe(support: BwrapSupport) -> None:
 def probe_network(support: BwrapSupport, network: SlirpSupport) -> None:
     """(Blocking) start a tiny sandboxed Python with slirp4netns attached and check it sees
     ``tap0``; raise :class:`KernelStartError` saying what failed."""
-    with tempfile.TemporaryDirectory(prefix="threadbook-netprobe-") as tmp:
-        workspace, run_dir = Path(tmp) / "workspace", Path(tmp) / "run"
-        workspace.mkdir()
-        run_dir.mkdir()
-        identity = identity_for(workspace, support)
-        write_identity_files(run_dir, identity)
-        write_network_files(run_dir)
-        hand_over(workspace, run_dir, identity)
+    with _probe_folders(support, network=True) as (workspace, run_dir, identity):
         prefix = sandbox_prefix(support, workspace=workspace, run_dir=run_dir, identity=identity, limits=[], network=True)
         try:
             sandbox = subprocess.Popen(

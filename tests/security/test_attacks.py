@@ -8,6 +8,7 @@ the records become the table in docs/security.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -70,19 +71,28 @@ def report(result: ExecutionResult) -> dict[str, Any]:
     return data
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def listener() -> AsyncIterator[tuple[int, list[str]]]:
-    """A TCP port of the bot's process on 127.0.0.1 (like its HTTP port); records connections."""
+@contextlib.asynccontextmanager
+async def recording_port(host: str) -> AsyncIterator[tuple[int, list[str]]]:
+    """A TCP port of the bot's process on ``host``; yields (port, peers that connected)."""
     seen: list[str] = []
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         seen.append(str(writer.get_extra_info("peername")))
         writer.close()
 
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-    yield server.sockets[0].getsockname()[1], seen
-    server.close()
-    await server.wait_closed()
+    server = await asyncio.start_server(on_connect, host, 0)
+    try:
+        yield server.sockets[0].getsockname()[1], seen
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def listener() -> AsyncIterator[tuple[int, list[str]]]:
+    """A TCP port of the bot's process on 127.0.0.1 (like its HTTP port); records connections."""
+    async with recording_port("127.0.0.1") as port:
+        yield port
 
 
 async def test_secrets_in_environment(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
@@ -392,16 +402,8 @@ print(json.dumps(out))
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def open_listener() -> AsyncIterator[tuple[int, list[str]]]:
     """A bot port bound to every host address (``http_host: 0.0.0.0``, the default); records connections."""
-    seen: list[str] = []
-
-    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        seen.append(str(writer.get_extra_info("peername")))
-        writer.close()
-
-    server = await asyncio.start_server(on_connect, "0.0.0.0", 0)
-    yield server.sockets[0].getsockname()[1], seen
-    server.close()
-    await server.wait_closed()
+    async with recording_port("0.0.0.0") as port:
+        yield port
 
 
 #: Inside a kernel: its interfaces, tap0's address, the default gateway, the resolver.
