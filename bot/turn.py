@@ -7,7 +7,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from bot.agent.loop import Agent, TurnResult
 from bot.agent.prompt import PromptFile, build_system_prompt
@@ -16,7 +16,7 @@ from bot.config import Settings
 from bot.events import FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, ThreadKey
 from bot.store import Store
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace
-from kernels.result import PoolFullError
+from kernels.result import PoolFullError, UnsafePathError
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +45,11 @@ class _RecordingRunner:
     store: Store
     key: str
     turn: _ActiveTurn
-    progress: Progress
     results: list[ExecutionResult] = field(default_factory=list)
     _writes: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def execute(self, code: str, timeout: float | None = None) -> ExecutionResult:
+        """Run ``code`` unless Stop was pressed; record the result and store the cell."""
         if self.turn.stopped:
             return ExecutionResult(outcome=Outcome.INTERRUPTED, notice="Stopped by the user before running.")
         result = await self.session.execute(code, timeout)
@@ -104,7 +104,7 @@ class TurnRunner:
         await progress.start("Thinking…")
         ok = False
         try:
-            reply = await self._turn(message, user_content, workspace, turn, progress, outbox)
+            reply = await self._turn(message, user_content, workspace, turn, progress)
             ok = reply.ok
             await outbox.post(reply)
         finally:
@@ -118,7 +118,6 @@ class TurnRunner:
         workspace: Workspace,
         turn: _ActiveTurn,
         progress: Progress,
-        outbox: Outbox,
     ) -> Reply:
         key = message.key
         policy = self._settings.policy_for(key.channel_key)
@@ -144,22 +143,26 @@ class TurnRunner:
             kernel_fresh=kernel_is_fresh,
             network=seen.network,
         )
-        runner = _RecordingRunner(session=session, store=self._store, key=str(key), turn=turn, progress=progress)
+        runner = _RecordingRunner(session=session, store=self._store, key=str(key), turn=turn)
 
         async def on_step(round_no: int, code_line: str) -> None:
             await progress.update(f"Running step {round_no}: `{code_line[:80]}`")
 
         started = time.time()
-        result = await self._agent.run_turn(
-            history=await self._store.history(str(key)),
-            user_content=user_content,
-            runner=runner,
-            system_prompt=system_prompt,
-            model=policy.model,
-            max_rounds=policy.max_rounds,
-            on_step=on_step,
-        )
-        await runner.stored()
+        try:
+            result = await self._agent.run_turn(
+                history=await self._store.history(str(key)),
+                user_content=user_content,
+                runner=runner,
+                system_prompt=system_prompt,
+                model=policy.model,
+                max_rounds=policy.max_rounds,
+                on_step=on_step,
+            )
+        finally:
+            # Also when the turn fails: the cells that ran belong in the store, and a failed
+            # write must surface instead of vanishing with an unawaited task.
+            await runner.stored()
         await self._store.add_messages(str(key), result.new_messages, user_id=message.user_id)
         await self._store.add_usage(
             str(key), policy.model or self._settings.llm.model, result.usage.prompt_tokens, result.usage.completion_tokens
@@ -209,15 +212,27 @@ async def collect_outputs(results: list[ExecutionResult], workspace: Workspace) 
     for index, data in enumerate(shown, start=1):
         add_image(data, f"figure-{index}.png", "image/png")
     for name in changed:
-        try:
-            path = workspace.resolve(name)
-        except Exception:
+        found = await asyncio.to_thread(_changed_file, workspace, name)
+        if found is None:
             continue
-        if not path.is_file():
-            continue  # deleted again during the turn
-        mime = IMAGE_SUFFIXES.get(path.suffix.lower())
-        if mime and path.stat().st_size <= MAX_INLINE_IMAGE_BYTES:
-            add_image(await asyncio.to_thread(path.read_bytes), PurePosixPath(name).name, mime)
+        path, inline = found
+        if inline is not None:
+            add_image(inline, PurePosixPath(name).name, IMAGE_SUFFIXES[path.suffix.lower()])
         else:
             files.append(FileOut(path=path, name=PurePosixPath(name).name))
     return images, files
+
+
+def _changed_file(workspace: Workspace, name: str) -> tuple[Path, bytes | None] | None:
+    """(Blocking) the changed file's path, with its bytes when it is an image small enough to show
+    inline; None when it is gone again or not safely inside the workspace."""
+    try:
+        path = workspace.resolve(name)
+        if not path.is_file():
+            return None  # deleted again during the turn
+        if path.suffix.lower() in IMAGE_SUFFIXES and path.stat().st_size <= MAX_INLINE_IMAGE_BYTES:
+            return path, path.read_bytes()
+        return path, None
+    except (UnsafePathError, OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        log.warning("not sending changed file %r: %s", name, exc)
+        return None
