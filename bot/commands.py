@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from bot.attachments import human_size
 from bot.events import FileOut, InboundMessage, Outbox, Reply
 from bot.notebook import export_notebook
 from bot.store import Store
@@ -21,14 +22,6 @@ Commands (send just the word):
 • `files` — list the files in this thread's workspace
 • `export` — this thread as a Jupyter notebook (.ipynb)
 • `status` — kernel state, memory, steps run and tokens used"""
-
-
-def _human_size(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 class Commands:
@@ -68,7 +61,7 @@ class Commands:
         files = await self._pool.workspaces.for_key(str(message.key)).list_files()
         if not files:
             return Reply(text="This thread's workspace is empty.")
-        lines = [f"• `{f.name}` — {_human_size(f.size)}" for f in files[:50]]
+        lines = [f"• `{f.name}` — {human_size(f.size)}" for f in files[:50]]
         if len(files) > 50:
             lines.append(f"… and {len(files) - 50} more")
         return Reply(text=f"Files in this thread ({len(files)}):\n" + "\n".join(lines))
@@ -78,7 +71,9 @@ class Commands:
         timeline = await self._store.timeline(key)
         if not timeline:
             return Reply(text="Nothing to export yet.")
-        data = export_notebook(timeline, title=f"Threadbook thread {message.key.channel}/{message.key.thread}")
+        title = f"Threadbook thread {message.key.channel}/{message.key.thread}"
+        # Validating and serialising a long thread with charts takes a while: off the event loop.
+        data = await asyncio.to_thread(export_notebook, timeline, title=title)
         name = f"threadbook-{message.key.thread.replace('.', '-')}.ipynb"
         path = self._export_dir / f"{self._pool.workspaces.for_key(key).path.name}.ipynb"
         await asyncio.to_thread(_write_file, path, data)
@@ -95,7 +90,7 @@ class Commands:
             memory = await session.memory_bytes()
             kernel = f"{session.state}, {session.executions} executions since start"
             if memory is not None:
-                kernel += f", {_human_size(memory)} memory"
+                kernel += f", {human_size(memory)} memory"
         return Reply(
             text=(
                 f"**Kernel:** {kernel}\n"
