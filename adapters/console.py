@@ -12,6 +12,7 @@ import asyncio
 import functools
 import mimetypes
 import shlex
+import shutil
 import sys
 import time
 import uuid
@@ -88,7 +89,7 @@ class ConsoleAdapter:
             if not line:
                 continue
             if line.startswith("/attach"):
-                pending.extend(self._attachments(line))
+                pending.extend(await asyncio.to_thread(self._attachments, line))
                 continue
             message = InboundMessage(
                 key=self.key,
@@ -103,8 +104,14 @@ class ConsoleAdapter:
             await self._dispatcher.handle(message, self)
 
     def _attachments(self, line: str) -> list[Attachment]:
+        """(Blocking: checks the files) the attachments named on an ``/attach`` line."""
+        try:
+            names = shlex.split(line)[1:]
+        except ValueError as exc:  # unbalanced quotes
+            self._say(f"not attached: {exc} (quote names with spaces, e.g. /attach \"my file.csv\")")
+            return []
         found: list[Attachment] = []
-        for raw in shlex.split(line)[1:]:
+        for raw in names:
             path = Path(raw).expanduser()
             if not path.is_file():
                 self._say(f"not attached: {raw} is not a file")
@@ -124,15 +131,10 @@ class ConsoleAdapter:
         self._say(reply.text)
         if not (reply.images or reply.files):
             return
-        await asyncio.to_thread(self._out_dir.mkdir, parents=True, exist_ok=True)
         for image in reply.images:
-            target = self._unique(image.filename)
-            await asyncio.to_thread(target.write_bytes, image.data)
-            self._say(f"saved: {target}")
+            self._say(f"saved: {await asyncio.to_thread(self._save, image.filename, image.data)}")
         for file in reply.files:
-            target = self._unique(file.name)
-            await asyncio.to_thread(target.write_bytes, await asyncio.to_thread(file.path.read_bytes))
-            self._say(f"saved: {target}")
+            self._say(f"saved: {await asyncio.to_thread(self._save, file.name, file.path)}")
 
     def progress(self) -> _ConsoleProgress:
         """Status lines on stderr (terminal only)."""
@@ -146,11 +148,17 @@ class ConsoleAdapter:
     def _say(self, text: str) -> None:
         print(text, file=self._stdout, flush=True)
 
-    def _unique(self, name: str) -> Path:
+    def _save(self, name: str, content: bytes | Path) -> Path:
+        """(Blocking) write ``content`` (bytes, or a file to copy) under a free name in the output folder."""
+        self._out_dir.mkdir(parents=True, exist_ok=True)
         safe = Path(name).name or "output"
         target = self._out_dir / safe
         counter = 1
         while target.exists():
             target = self._out_dir / f"{Path(safe).stem}-{counter}{Path(safe).suffix}"
             counter += 1
+        if isinstance(content, Path):
+            shutil.copyfile(content, target)
+        else:
+            target.write_bytes(content)
         return target

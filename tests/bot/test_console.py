@@ -77,3 +77,14 @@ async def test_cli_reports_config_errors_and_missing_platforms_in_one_line(tmp_p
                                  env={"SLACK_BOT_TOKEN": "", "DISCORD_BOT_TOKEN": ""})
     assert code == 2
     assert "No chat platform is configured" in err and "make console" in err
+
+
+async def test_console_survives_a_bad_attach_line(tmp_path: Path) -> None:
+    config = write_config(tmp_path, "http://127.0.0.1:1/v1")
+    code, out, err = await run_cli(
+        "console", "--config", str(config), "--out", str(tmp_path / "out"),
+        stdin='/attach "unclosed\n/attach missing.csv\n', cwd=tmp_path,
+    )
+    assert code == 0, err
+    assert "not attached: No closing quotation" in out
+    assert "not attached: missing.csv is not a file" in out
