@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 import discord
+import yarl
 
+from adapters.base import AdapterStartError
 from adapters.discord import endpoints
 from adapters.discord.inbound import is_bot_author, is_mentioned, session_key, strip_mention, thread_name, to_inbound
 from adapters.discord.outbox import DiscordOutbox
@@ -43,7 +45,7 @@ NO_THREAD_PERMISSION = (
 )
 
 
-class DiscordStartError(Exception):
+class DiscordStartError(AdapterStartError):
     """The bot could not log in or connect; the message says what to fix."""
 
 
@@ -202,6 +204,7 @@ class DiscordAdapter:
         assert self._cdn is not None
         async with self._cdn.get(url) as response:
             if response.status != 200:
-                raise DiscordFileError(f"downloading {url.rsplit('/', 1)[-1]!r} failed: HTTP {response.status}")
+                # The file name only: the query string of a CDN link is its signature.
+                raise DiscordFileError(f"downloading {yarl.URL(url).name!r} failed: HTTP {response.status}")
             async for chunk in response.content.iter_chunked(_CHUNK):
                 yield chunk

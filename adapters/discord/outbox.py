@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+import aiohttp
 import discord
 
 from adapters.discord.uploads import plan_uploads
@@ -115,7 +116,7 @@ class DiscordProgress:
 
     async def _keep_typing(self) -> None:
         while True:
-            await _quietly(self._channel.typing(), "trigger typing")  # type: ignore[arg-type]
+            await _quietly(self._channel.typing(), "trigger typing")
             await asyncio.sleep(TYPING_EVERY_S)
 
 
@@ -168,3 +169,5 @@ async def _quietly(action: Awaitable[object], what: str) -> None:
         await action
     except discord.HTTPException as exc:
         log.warning("could not %s: %s %s", what, exc.status, exc.text)
+    except (aiohttp.ClientError, OSError) as exc:  # discord.py re-raises these once its own retries give up
+        log.warning("could not %s: %r", what, exc)
