@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
-from adapters.base import Adapter
+from adapters.base import Adapter, AdapterStartError
 from bot.agent.loop import Agent
 from bot.commands import Commands
 from bot.config import Settings
@@ -79,21 +79,30 @@ async def run_bot(settings: Settings) -> int:
         return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
         loop.add_signal_handler(sig, stop.set)
-    async with Core.open(settings) as core:
-        adapters = platform_adapters(settings, core.dispatcher)
-        started: list[Adapter] = []
-        try:
-            for adapter in adapters:
-                await adapter.start()
-                started.append(adapter)
-            log.info("Threadbook is running (%s); Ctrl-C stops it.", ", ".join(type(a).__name__ for a in started))
-            await stop.wait()
-        finally:
-            for adapter in reversed(started):
-                try:
-                    await adapter.stop()
-                except Exception:
-                    log.exception("stopping %s failed", type(adapter).__name__)
+    try:
+        async with Core.open(settings) as core:
+            adapters = platform_adapters(settings, core.dispatcher)
+            started: list[Adapter] = []
+            try:
+                for adapter in adapters:
+                    try:
+                        await adapter.start()
+                    except AdapterStartError as exc:
+                        log.error("%s could not start: %s", type(adapter).__name__, exc)
+                        return 2
+                    started.append(adapter)
+                log.info("Threadbook is running (%s); Ctrl-C stops it.", ", ".join(type(a).__name__ for a in started))
+                await stop.wait()
+            finally:
+                for adapter in reversed(started):
+                    try:
+                        await adapter.stop()
+                    except Exception:
+                        log.exception("stopping %s failed", type(adapter).__name__)
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
     return 0

@@ -22,6 +22,7 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.context.async_context import AsyncBoltContext
 
+from adapters.base import AdapterStartError
 from adapters.slack.api import Failure, call, make_client
 from adapters.slack.files import FileDownloader
 from adapters.slack.inbound import to_inbound
@@ -37,7 +38,7 @@ log = logging.getLogger("threadbook.slack")
 EVENTS_PATH = "/slack/events"
 
 
-class SlackStartError(Exception):
+class SlackStartError(AdapterStartError):
     """Slack refused the configured credentials at start-up."""
 
 

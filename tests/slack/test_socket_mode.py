@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from adapters.slack import SlackAdapter, SlackStartError
+from bot.app import run_bot
 from bot.config import SlackSettings
+from tests.conftest import make_settings
 from tests.fakes.openai_server import answer, tool_call
+from tests.fakes.slack_server import FakeSlack
 from tests.slack.conftest import Bot, running_bot
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -75,3 +80,18 @@ async def test_wrong_tokens_stop_start_up_with_one_clear_line(bot: Bot, bad: dic
     with pytest.raises(SlackStartError, match=named) as caught:
         await adapter.start()
     assert "invalid_auth" in str(caught.value) and "\n" not in str(caught.value)
+
+
+async def test_run_bot_exits_with_the_one_line_when_slack_refuses_the_token(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with FakeSlack() as slack:
+        settings = make_settings(tmp_path, slack={"bot_token": "xoxb-wrong", "app_token": slack.app_token,
+                                                  "api_url": slack.api_url})
+        with caplog.at_level(logging.ERROR, logger="bot.app"):
+            assert await asyncio.wait_for(run_bot(settings), 30) == 2
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == [
+        "SlackAdapter could not start: Slack auth.test failed (invalid_auth): check slack.bot_token (SLACK_BOT_TOKEN)"
+    ]
+    assert errors[0].exc_info is None  # one line, no traceback
