@@ -344,7 +344,7 @@ def _columns(frame: pd.DataFrame) -> str:
 def _table(frame: pd.DataFrame) -> str:
     # pandas turns surplus leading fields into the index; show it then, it is data.
     plain_index = isinstance(frame.index, pd.RangeIndex)
-    return frame.to_string(max_cols=12, max_colwidth=40, index=not plain_index)
+    return str(frame.to_string(max_cols=12, max_colwidth=40, index=not plain_index))
 
 
 def _head_lines(data: bytes) -> str:

@@ -1,7 +1,7 @@
 """The cross-cutting rules for every inbound message, in one place.
 
-Order: ignore bots → allow-list → drop duplicates → ignore unmentioned messages in threads
-the bot has no session for → one turn at a time per thread (others queue, and are told) →
+Order: ignore bots → allow-list → ignore unmentioned messages in threads the bot has no
+session for → drop duplicates → one turn at a time per thread (others queue, and are told) →
 in-thread command or agent turn. Adapters call :meth:`Dispatcher.handle` and nothing else
 (plus :meth:`Dispatcher.stop` for a Stop button).
 """
@@ -45,7 +45,7 @@ class Dispatcher:
         self._slots: dict[ThreadKey, _ThreadSlot] = {}
 
     async def handle(self, message: InboundMessage, outbox: Outbox) -> None:
-        """Handle one inbound message end to end. Never raises."""
+        """Handle one inbound message end to end. Never raises, except to pass on cancellation."""
         try:
             if not await self._accepts(message):
                 return

@@ -175,5 +175,5 @@ def _code_of(call: dict[str, Any]) -> str:
     except (TypeError, ValueError):
         return str(arguments)
     if isinstance(parsed, dict) and isinstance(parsed.get("code"), str):
-        return parsed["code"]
+        return str(parsed["code"])
     return str(arguments)
