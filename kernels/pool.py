@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from bot.config import KernelSettings
 from kernels.forkserver import ForkingLauncher
@@ -72,14 +73,19 @@ class KernelPool:
         return list(self._sessions.values())
 
     async def get_or_start(self, key: str, options: KernelOptions = KernelOptions()) -> KernelSession:
-        """The session of ``key``, starting a kernel when there is none.
+        """The session of ``key``, starting a kernel when there is none; either way it counts
+        as activity (idle culling and LRU eviction measure from here).
 
         When ``max_kernels`` are running, the least recently used idle one is shut down;
         if all are busy, :class:`PoolFullError` is raised.
         """
         async with self._lock:
             session = self._sessions.get(key)
-            if session is None:
+            if session is not None:
+                # Asking counts as use: the turn that asked runs code once the model answers;
+                # the idle clock restarts so the reaper or an LRU eviction does not take it meanwhile.
+                session.last_activity = time.monotonic()
+            else:
                 warm = await self.warm.take() if self.warm is not None and self.warm.fits(options) else None
                 if warm is None and self._kernel_count() >= self.settings.max_kernels:
                     if self.warm is None or not await self.warm.shrink():

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import pytest_asyncio
 
@@ -82,13 +83,22 @@ async def test_reaper_spares_busy_kernels(small_pool: KernelPool) -> None:
 async def test_shutdown_all_leaves_no_kernel_processes(tmp_path: Path) -> None:
     pool = KernelPool(kernel_settings(tmp_path, max_kernels=3))
     sessions = await asyncio.gather(*(pool.get_or_start(f"p:{i}") for i in range(3)))
-    await sessions[0].execute("import subprocess; subprocess.Popen(['sleep', '60'])")
+    started = await sessions[0].execute("import subprocess; subprocess.Popen(['sleep', '60']).pid")
+    child = psutil.Process(int(started.result))
     pids = [s.pid for s in sessions]
     assert {p.pid for p in kernel_processes()} >= set(pids)
     await pool.shutdown_all()
     left = kernel_processes()
     assert left == [], [(p.pid, p.cmdline(), p.ppid(), pids) for p in left]
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE  # what a kernel started goes too
     assert pool.sessions() == []
+
+
+async def test_asking_for_a_session_restarts_its_idle_clock(small_pool: KernelPool) -> None:
+    session = await small_pool.get_or_start("p:asked")
+    await asyncio.sleep(0.4)  # longer than idle_timeout_s
+    assert await small_pool.get_or_start("p:asked") is session  # a turn asks, then waits for the model
+    assert await small_pool.cull_idle(0.3) == [] and await session.is_alive()
 
 
 @pytest.fixture(autouse=True)
