@@ -181,6 +181,8 @@ class WarmPool:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._inflight: asyncio.Task[bool] | None = None
+        #: Discards of warm kernels that died while waiting (kept so they finish; awaited by stop()).
+        self._discards: set[asyncio.Task[None]] = set()
         self._closed = False
 
     @property
@@ -215,7 +217,9 @@ class WarmPool:
             if await warm.handle.is_alive():
                 return warm
             log.warning("a warm kernel died while waiting; discarding it")
-            asyncio.create_task(warm.discard())
+            task = asyncio.create_task(self._discard_dead(warm), name="warm-kernel-discard")
+            self._discards.add(task)
+            task.add_done_callback(self._discards.discard)
         return None
 
     async def shrink(self) -> bool:
@@ -237,6 +241,12 @@ class WarmPool:
                 raise TimeoutError(f"{len(self._ready)} of {want} warm kernels ready after {timeout:g} s")
             await asyncio.sleep(0.02)
 
+    async def _discard_dead(self, warm: WarmKernel) -> None:
+        try:
+            await warm.discard()
+        except Exception:
+            log.exception("cleaning up a dead warm kernel failed")
+
     async def stop(self) -> None:
         """Stop refilling and shut down every warm kernel; no process outlives this call."""
         self._closed = True
@@ -247,7 +257,10 @@ class WarmPool:
         if self._inflight is not None:
             await asyncio.gather(self._inflight, return_exceptions=True)
         ready, self._ready = self._ready, []
-        await asyncio.gather(*(w.discard() for w in ready), return_exceptions=True)
+        outcomes = await asyncio.gather(*(w.discard() for w in ready), *self._discards, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                log.error("stopping a warm kernel failed: %r", outcome)
         await asyncio.to_thread(shutil.rmtree, self.folder_root, True)
 
     def touch(self) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -80,3 +82,20 @@ async def test_shutdown_leaves_no_process_and_no_warm_folder(tmp_path: Path) -> 
     assert kernel_processes() == []
     assert not (pool.workspaces.root / WARM_DIR).exists()
     assert (pool.workspaces.root / pool.workspaces.folder_name("w:x")).is_dir()  # thread files stay
+
+
+async def test_a_warm_kernel_that_died_is_never_handed_out_and_is_cleaned_up(tmp_path: Path) -> None:
+    pool = KernelPool(kernel_settings(tmp_path, warm_pool=1, max_kernels=2))
+    await pool.start()
+    assert pool.warm is not None
+    await pool.warm.wait_ready(1, timeout=30)
+    (dead,) = pool.warm._ready
+    dead_pid = dead.handle.pid
+    assert dead_pid is not None
+    os.kill(dead_pid, signal.SIGKILL)
+    while await dead.handle.is_alive():
+        await asyncio.sleep(0.01)
+    session = await pool.get_or_start("w:after-death")
+    assert session.pid != dead_pid and (await session.execute("1+1")).result == "2"
+    await pool.shutdown_all()
+    assert kernel_processes() == [] and not dead.folder.exists()
