@@ -165,6 +165,7 @@ class ForkServer:
     async def start(self) -> None:
         """Start the zygote and wait until its imports are done."""
         run_dir = Path(await asyncio.to_thread(self.launcher._make_run_dir))
+        self._run_dirs.append(run_dir)  # removed by stop(), also when this start fails
         sandbox = self.launcher.sandbox
         if sandbox is None:
             prefix, mode = [], []
@@ -185,7 +186,6 @@ class ForkServer:
                 limit=1 << 20,
             )  # fmt: skip
         self.starts += 1
-        self._run_dirs.append(run_dir)
         self.running = True
         self._reader = asyncio.create_task(self._read(self._proc), name="fork-server-reader")
         try:
@@ -229,17 +229,11 @@ class ForkServer:
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
         while line := await proc.stdout.readline():
-            message = json.loads(line)
-            if "ready" in message:
-                if self._ready is not None and not self._ready.done():
-                    self._ready.set_result(message["ready"])
-            elif "exit" in message:
-                self.exit_codes[message["exit"]] = message["code"]
-            elif (future := self._pending.get(message["id"])) is not None and not future.done():
-                if "pid" in message:
-                    future.set_result(message["pid"])
-                else:
-                    future.set_exception(KernelStartError(f"fork failed: {message['error']}"))
+            try:
+                self._handle_message(json.loads(line))
+            except (ValueError, KeyError, TypeError):
+                # Not the protocol: log it and keep reading, so a zygote that dies is still noticed.
+                log.error("the fork server wrote an unreadable line: %r", line[:200])
         await proc.wait()
         self.running = False
         for future in self._pending.values():
@@ -250,6 +244,18 @@ class ForkServer:
         if not self._closed:
             log.error("the fork server exited (code %s); spawning kernels until it is back", proc.returncode)
             self._restarter = asyncio.create_task(self._restart(), name="fork-server-restart")
+
+    def _handle_message(self, message: dict[str, Any]) -> None:
+        if "ready" in message:
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(message["ready"])
+        elif "exit" in message:
+            self.exit_codes[message["exit"]] = message["code"]
+        elif (future := self._pending.get(message["id"])) is not None and not future.done():
+            if "pid" in message:
+                future.set_result(message["pid"])
+            else:
+                future.set_exception(KernelStartError(f"fork failed: {message['error']}"))
 
     async def _restart(self) -> None:
         for attempt in itertools.count():
