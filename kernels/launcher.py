@@ -24,8 +24,8 @@ out a pre-started kernel. Remote provisioners (``gateway_provisioners``) fit the
 Limits without a sandbox: memory is ``RLIMIT_DATA`` (heap and private writable mappings,
 not the ~1 GiB of address space an idle kernel maps), CPU seconds are a lifetime backstop,
 ``RLIMIT_NPROC`` counts per uid and is ignored for root - so as root a fork bomb is bounded
-only by the execution timeout (interrupt, then kill of the whole process group) until the
-sandbox gives each kernel its own pid namespace and uid.
+only by the execution timeout (interrupt, then kill of the whole process group); the sandbox
+(:mod:`kernels.sandbox`) gives each kernel its own pid namespace and uid.
 """
 
 from __future__ import annotations
@@ -65,12 +65,9 @@ KERNEL_LOG = "kernel.log"
 Limits = list[tuple[int, int]]
 
 
-def kernel_environment(
-    *, workspace: Path, run_dir: Path, cache_dir: Path, options: KernelOptions, source: dict[str, str] | None = None
-) -> dict[str, str]:
-    """The kernel's complete environment, built from an allow-list."""
-    source = dict(os.environ) if source is None else source
-    env = {name: source[name] for name in _INHERITED if name in source}
+def kernel_environment(*, workspace: Path, run_dir: Path, cache_dir: Path, options: KernelOptions) -> dict[str, str]:
+    """The kernel's complete environment: the bot's own variables only where allow-listed."""
+    env = {name: os.environ[name] for name in _INHERITED if name in os.environ}
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", os.defpath)])
     env.setdefault("LANG", "C.UTF-8")

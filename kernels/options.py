@@ -10,9 +10,12 @@ from pathlib import Path
 class KernelOptions:
     """What one thread's kernel may reach.
 
-    ``data_dir`` is offered read-only to the kernel (for now announced through the
-    ``THREADBOOK_DATA_DIR`` variable; the bubblewrap sandbox will bind-mount it read-only).
-    ``network`` is recorded for the sandbox, which will unshare the network when False.
+    ``data_dir``: a host folder offered read-only; its path (``/data`` under the bubblewrap
+    sandbox, which bind-mounts it read-only) is in the kernel's ``THREADBOOK_DATA_DIR``.
+    ``network``: whether the kernel may use the network. Only the sandbox enforces it: without
+    it a sandboxed kernel has just its own ``lo``; with it slirp4netns adds ``tap0`` (when
+    installed; else the kernel stays offline). Unsandboxed kernels use the host's network
+    either way.
     """
 
     data_dir: Path | None = None

@@ -46,7 +46,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -212,7 +212,6 @@ def sandbox_prefix(
     identity: Identity,
     limits: Limits,
     data_dir: Path | None = None,
-    python_dirs: Iterable[Path] | None = None,
     network: bool = False,
 ) -> list[str]:
     """The command prefix that runs a program in a kernel sandbox (append the program's argv).
@@ -229,7 +228,7 @@ def sandbox_prefix(
     # jupyter_client adds the bot's pid; ipykernel would see its ppid (1 in the pid namespace)
     # differ from it and exit. --die-with-parent covers what that check is for.
     args.add("--die-with-parent", "--new-session", "--hostname", "threadbook", "--unsetenv", "JPY_PARENT_PID")
-    _system_view(args, run_dir=run_dir, network=network, python_dirs=python_dirs)
+    _system_view(args, run_dir=run_dir, network=network)
     if data_dir is not None:
         args.bind(data_dir, DATA)
     args.bind(run_dir, run_dir, writable=True)
@@ -248,7 +247,7 @@ def sandbox_prefix(
     return args.argv
 
 
-def _system_view(args: _Args, *, run_dir: Path, network: bool, python_dirs: Iterable[Path] | None) -> None:
+def _system_view(args: _Args, *, run_dir: Path, network: bool) -> None:
     """What every kernel sees of the host: read-only system and Python folders, its own
     ``/proc``, ``/dev``, capped ``/tmp`` and ``/dev/shm``, ``/etc/passwd`` from ``run_dir``."""
     args.bind("/usr", "/usr")
@@ -271,7 +270,7 @@ def _system_view(args: _Args, *, run_dir: Path, network: bool, python_dirs: Iter
         args.bind(run_dir / "hosts", "/etc/hosts")
         if _CA_CERTS.is_dir():
             args.bind(_CA_CERTS, _CA_CERTS)
-    for root in python_roots() if python_dirs is None else python_dirs:
+    for root in python_roots():
         args.bind(root, root)
 
 
@@ -289,7 +288,7 @@ def zygote_prefix(support: BwrapSupport, *, run_dir: Path, code_dir: Path | None
     args = _Args(support)
     args.add("--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup")
     args.add("--die-with-parent", "--new-session", "--hostname", "threadbook")
-    _system_view(args, run_dir=run_dir, network=False, python_dirs=None)
+    _system_view(args, run_dir=run_dir, network=False)
     args.bind(run_dir, run_dir, writable=True)
     if code_dir is not None:
         args.bind(code_dir, code_dir)
