@@ -338,8 +338,7 @@ out = {{'ppid': os.getppid(), 'kill ppid': attempt(lambda: os.kill(os.getppid(),
        'kill -1': attempt(lambda: os.kill(-1, signal.SIGKILL))}}
 print(json.dumps(out))
 """)
-    assert os.getpid() == bot_pid  # the test process (the bot) is alive
-    after = await attacker.execute("1+1")
+    after = await attacker.execute("1+1")  # reaching this line means the bot (this process) survived
     assert after.result == "2"
     if result.outcome is Outcome.OK:
         data = report(result)
