@@ -40,8 +40,11 @@ class Commands:
         }
 
     async def try_run(self, message: InboundMessage, outbox: Outbox) -> bool:
-        """Run the command the message consists of, if it is one; True when it was."""
-        command = self._table.get(message.text.strip().lower().strip("!/"))
+        """Run the command the message consists of, if it is one; True when it was.
+
+        A bare mention (no text; the dispatcher only asks when there are no attachments) gets help.
+        """
+        command = self._table.get(message.text.strip().lower().strip("!/") or "help")
         if command is None:
             return False
         await outbox.post(await command(message))

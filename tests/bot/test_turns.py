@@ -159,6 +159,7 @@ async def test_two_threads_answer_concurrently(chat: MemoryChat, llm: ScriptedOp
 
 async def test_commands_help_files_status_reset(chat: MemoryChat, llm: ScriptedOpenAI) -> None:
     assert "reset" in (await chat.say("help")).reply.text
+    assert "reset" in (await chat.say("   ")).reply.text  # a bare mention gets help, not silence
     llm.script(tool_call("kept = 42"), answer("stored"))
     await chat.say("remember 42", attachments=[bytes_attachment("notes.txt", b"hello")])
 
