@@ -295,11 +295,11 @@ class KernelLauncher:
             manager.ip = str(run_dir / "ipc")
         manager._threadbook_spec = self.kernel_spec()
         manager.kernel_id = uuid.uuid4().hex
-        env = self.environment(workspace=workspace, run_dir=run_dir, options=options)
-        manager.provisioner = self.make_provisioner(manager, env=env)
-        self.configure_provisioner(manager.provisioner, workspace=workspace, run_dir=run_dir, options=options)
         client: AsyncKernelClient | None = None
-        try:
+        try:  # from here on a failure removes the run dir and becomes a KernelStartError
+            env = self.environment(workspace=workspace, run_dir=run_dir, options=options)
+            manager.provisioner = self.make_provisioner(manager, env=env)
+            self.configure_provisioner(manager.provisioner, workspace=workspace, run_dir=run_dir, options=options)
             with open(run_dir / KERNEL_LOG, "ab") as log:  # the kernel keeps its own copy of the fd
                 await manager.start_kernel(cwd=str(workspace), stdout=log, stderr=log)
             client = manager.client()
