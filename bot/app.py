@@ -16,7 +16,7 @@ from bot.config import Settings
 from bot.dispatcher import Dispatcher
 from bot.store import Store
 from bot.turn import TurnRunner
-from kernels import KernelPool, Reaper
+from kernels import KernelPool, Reaper, make_launcher
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,9 @@ class Core:
         async with AsyncExitStack() as stack:
             store = await Store.open(settings.storage.path)
             stack.push_async_callback(store.close)
-            pool = KernelPool(settings.kernels)
+            # Choosing the launcher probes bubblewrap (and slirp4netns) with real processes: off the loop.
+            launcher = await asyncio.to_thread(make_launcher, settings.kernels)
+            pool = KernelPool(settings.kernels, launcher=launcher)
             stack.push_async_callback(pool.shutdown_all)
             await pool.start()
             reaper = Reaper(pool, settings.kernels)

@@ -21,6 +21,7 @@ from kernels.result import (
     StreamChunk,
     UnsafePathError,
 )
+from kernels.sandbox import make_launcher
 from kernels.session import KernelSession
 from kernels.workspace import FileInfo, SavedFile, Workspace, WorkspaceManager, sanitize_name
 
@@ -46,5 +47,6 @@ __all__ = [
     "UnsafePathError",
     "Workspace",
     "WorkspaceManager",
+    "make_launcher",
     "sanitize_name",
 ]
