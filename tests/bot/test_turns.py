@@ -240,3 +240,30 @@ async def test_a_turn_cut_off_by_shutdown_says_so(chat: MemoryChat, llm: Scripte
         await turn
     assert any("restarted" in notice for notice in outbox.notices)
     assert outbox.progress_log[-1] == ("finish", "failed")
+
+
+async def test_channel_policy_sets_prompt_model_rounds_and_data(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+    data = tmp_path / "sales-data"
+    data.mkdir()
+    (data / "prices.csv").write_text("sku,eur\nA,3\n")
+    policy = {"system_prompt": "Amounts are in EUR.", "model": "special-model", "max_rounds": 1, "data_dir": str(data)}
+    settings = make_settings(tmp_path, llm_url=llm.base_url, channels={"test:C1": policy})
+    async with Core.open(settings) as core:
+        chat = MemoryChat(core.dispatcher)
+        llm.script(
+            tool_call("import os\nprint(sorted(os.listdir(os.environ['THREADBOOK_DATA_DIR'])))"),
+            tool_call("print('a second run is over the limit')"),
+            answer("Summary: prices.csv is there."),
+        )
+        reply = (await chat.say("what data do we have?")).reply
+        assert "['prices.csv']" in last_tool_output(llm.requests[1])
+        assert "limit" in reply.text.lower()  # max_rounds 1 stopped the second run
+        assert {r["model"] for r in llm.requests} == {"special-model"}
+        system = llm.requests[0]["messages"][0]["content"]
+        assert "Amounts are in EUR." in system and str(data) in system
+
+        other = MemoryChat(core.dispatcher, channel="C2")
+        llm.script(answer("default channel"))
+        await other.say("hi")
+        assert llm.requests[-1]["model"] == "fake-model"
+        assert "EUR" not in llm.requests[-1]["messages"][0]["content"]
