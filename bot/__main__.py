@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # One line per HTTP request or scheduler job at INFO drowns what the bot itself says.
+    for chatty in ("httpx", "httpx2", "apscheduler"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
     if args.command == "console":
         # The console's stdout is the conversation; keep library chatter off it and quiet.
         logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -122,7 +122,7 @@ class SlackAdapter:
             client=self._client,
             signing_secret=self._settings.signing_secret.get_secret_value(),
             name="threadbook",
-            logger=logging.getLogger("threadbook.slack.bolt"),
+            logger=_bolt_logger(),
         )
         app.event("app_mention")(self._on_message)
         app.event("message")(self._on_message)
@@ -206,3 +206,12 @@ class SlackAdapter:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("Slack: %s failed", task.get_name(), exc_info=task.exception())
+
+
+def _bolt_logger() -> logging.Logger:
+    """bolt's logger, minus its start-up warning that SLACK_BOT_TOKEN in the environment is
+    unused next to our client (the client carries that very token)."""
+    logger = logging.getLogger("threadbook.slack.bolt")
+    if not logger.filters:
+        logger.addFilter(lambda record: not record.getMessage().startswith("As you gave `client` as well"))
+    return logger
