@@ -27,7 +27,7 @@ import yarl
 from adapters.base import AdapterStartError
 from adapters.discord import endpoints
 from adapters.discord.inbound import is_bot_author, is_mentioned, session_key, strip_mention, thread_name, to_inbound
-from adapters.discord.outbox import DiscordOutbox
+from adapters.discord.outbox import Conversation, DiscordOutbox
 from bot.config import DiscordSettings
 
 if TYPE_CHECKING:
@@ -160,9 +160,8 @@ class DiscordAdapter:
             me = self.client.user
             assert me is not None
             inbound = to_inbound(message, key=key, bot_id=me.id, download=self._download)
-            outbox = DiscordOutbox(channel=channel, source=message, me=me, key=key,
-                                   stop_turn=self._dispatcher.stop, upload_limit=self._upload_limit,
-                                   status_interval_s=self._status_interval_s)
+            conversation = Conversation(channel=channel, source=message, me=me, key=key, stop_turn=self._dispatcher.stop)
+            outbox = DiscordOutbox(conversation, upload_limit=self._upload_limit, status_interval_s=self._status_interval_s)
             await self._dispatcher.handle(inbound, outbox)
         except Exception:
             log.exception("handling Discord message %s failed", message.id)

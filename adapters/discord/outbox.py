@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import aiohttp
 import discord
@@ -23,6 +24,17 @@ WORKING, DONE, FAILED, STOPPED = "👀", "✅", "❌", "⏹️"
 
 #: Interrupts the running turn of a thread; True if one was running.
 StopTurn = Callable[[ThreadKey], Awaitable[bool]]
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """Where one message's answers go: the session's channel, the question, the bot, the key."""
+
+    channel: discord.abc.Messageable
+    source: discord.Message
+    me: discord.abc.Snowflake
+    key: ThreadKey
+    stop_turn: StopTurn
 
 
 class StopView(discord.ui.View):
@@ -44,13 +56,8 @@ class StopView(discord.ui.View):
 class DiscordProgress:
     """👀 on the question, "typing…", and one status message edited in place (throttled)."""
 
-    def __init__(self, *, channel: discord.abc.Messageable, source: discord.Message, me: discord.abc.Snowflake,
-                 key: ThreadKey, stop_turn: StopTurn, interval_s: float) -> None:
-        self._channel = channel
-        self._me = me
-        self._source = source
-        self._key = key
-        self._stop_turn = stop_turn
+    def __init__(self, conversation: Conversation, *, interval_s: float) -> None:
+        self._to = conversation
         self._interval_s = interval_s
         self._message: discord.Message | None = None
         self._view: StopView | None = None
@@ -62,14 +69,14 @@ class DiscordProgress:
 
     async def start(self, status: str) -> None:
         """React 👀, start typing, post the status with its Stop button."""
-        await _quietly(self._source.add_reaction(WORKING), "add 👀")
+        await _quietly(self._to.source.add_reaction(WORKING), "add 👀")
         self._typing = asyncio.create_task(self._keep_typing())
-        self._view = StopView(self._on_stop, custom_id=f"threadbook:stop:{self._source.id}")
+        self._view = StopView(self._on_stop, custom_id=f"threadbook:stop:{self._to.source.id}")
         self._latest = status
         try:
-            self._message = await self._channel.send(f"⏳ {status}", view=self._view)
+            self._message = await self._to.channel.send(f"⏳ {status}", view=self._view)
         except discord.HTTPException as exc:
-            log.warning("could not post the status message in %s: %s", self._key, exc)
+            log.warning("could not post the status message in %s: %s", self._to.key, exc)
         self._last_edit = time.monotonic()
 
     async def update(self, status: str) -> None:
@@ -93,15 +100,15 @@ class DiscordProgress:
         text = {STOPPED: "Stopped.", DONE: "Done.", FAILED: "Failed."}[outcome]
         if self._message is not None:
             await _quietly(self._message.edit(content=f"{outcome} {text}", view=None), "close the status")
-        await _quietly(self._source.remove_reaction(WORKING, self._me), "remove 👀")
-        await _quietly(self._source.add_reaction(outcome), f"add {outcome}")
+        await _quietly(self._to.source.remove_reaction(WORKING, self._to.me), "remove 👀")
+        await _quietly(self._to.source.add_reaction(outcome), f"add {outcome}")
 
     async def _on_stop(self, interaction: discord.Interaction) -> None:
         await _quietly(interaction.response.defer(), "acknowledge Stop")
         if self._stopped:
             return
-        self._stopped = await self._stop_turn(self._key)
-        log.info("Stop pressed by %s in %s (turn running: %s)", interaction.user.id, self._key, self._stopped)
+        self._stopped = await self._to.stop_turn(self._to.key)
+        log.info("Stop pressed by %s in %s (turn running: %s)", interaction.user.id, self._to.key, self._stopped)
         if self._stopped and self._message is not None:
             if self._pending is not None:
                 self._pending.cancel()
@@ -116,20 +123,15 @@ class DiscordProgress:
 
     async def _keep_typing(self) -> None:
         while True:
-            await _quietly(self._channel.typing(), "trigger typing")
+            await _quietly(self._to.channel.typing(), "trigger typing")
             await asyncio.sleep(TYPING_EVERY_S)
 
 
 class DiscordOutbox:
     """Where the core's answers to one Discord message go: the session's thread (or DM)."""
 
-    def __init__(self, *, channel: discord.abc.Messageable, source: discord.Message, me: discord.abc.Snowflake,
-                 key: ThreadKey, stop_turn: StopTurn, upload_limit: int, status_interval_s: float = 1.5) -> None:
-        self._channel = channel
-        self._me = me
-        self._source = source
-        self._key = key
-        self._stop_turn = stop_turn
+    def __init__(self, conversation: Conversation, *, upload_limit: int, status_interval_s: float = 1.5) -> None:
+        self._to = conversation
         self._upload_limit = upload_limit
         self._status_interval_s = status_interval_s
 
@@ -145,22 +147,21 @@ class DiscordOutbox:
         for batch in plan.batches:
             files = await asyncio.to_thread(lambda: [upload.to_file() for upload in batch])
             try:
-                await self._channel.send(files=files)
+                await self._to.channel.send(files=files)
             except discord.HTTPException as exc:
                 names = ", ".join(f"`{upload.name}`" for upload in batch)
-                log.warning("uploading %s to %s failed: %s", names, self._key, exc)
+                log.warning("uploading %s to %s failed: %s", names, self._to.key, exc)
                 notes.append(f"⚠️ Could not upload {names}: {exc.text or exc.status}.")
         if notes:
             await self._send_text("\n".join(notes))
 
     def progress(self) -> DiscordProgress:
         """A progress handle for this turn."""
-        return DiscordProgress(channel=self._channel, source=self._source, me=self._me, key=self._key,
-                               stop_turn=self._stop_turn, interval_s=self._status_interval_s)
+        return DiscordProgress(self._to, interval_s=self._status_interval_s)
 
     async def _send_text(self, text: str) -> None:
         for chunk in split_markdown(text, MESSAGE_LIMIT):
-            await self._channel.send(chunk)
+            await self._to.channel.send(chunk)
 
 
 async def _quietly(action: Awaitable[object], what: str) -> None:
