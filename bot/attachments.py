@@ -4,6 +4,10 @@
 per-file and per-workspace quotas, no partial files); :func:`preview` summarises a saved
 file in a few lines (CSV columns, dtypes, rows; Excel sheets; JSON shape; ...) reading at
 most a few MB; :func:`describe_for_model` is the block added to the user's message.
+
+A preview reads the upload through the descriptor it was written with
+(:class:`kernels.safefs.PinnedFile`), never by name: a kernel that renames a link over the
+fresh upload cannot make the bot read anything else.
 """
 
 from __future__ import annotations
@@ -14,20 +18,23 @@ import io
 import json
 import logging
 import mimetypes
+import os
 import xml.etree.ElementTree as ElementTree
 import zipfile
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from itertools import islice
-from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Any
 
 import pandas as pd
 from PIL import Image, UnidentifiedImageError
 
 from bot.events import Attachment
+from bot.safetext import shown
 from kernels.result import KernelError, QuotaError
+from kernels.safefs import PinnedFile
 from kernels.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -110,7 +117,10 @@ async def ingest(attachments: Sequence[Attachment], workspace: Workspace, *, max
             log.warning("could not download upload %r", name, exc_info=True)
             outcome.refused.append((name, "it could not be downloaded from the chat platform; please try again."))
             continue
-        text = await preview(saved.path)
+        try:
+            text = await preview(saved.file, saved.name)
+        finally:
+            saved.file.close()
         outcome.saved.append(SavedUpload(saved.name, name, saved.size, text))
     return outcome
 
@@ -130,16 +140,19 @@ async def _capped(chunks: AsyncIterator[bytes], max_bytes: int) -> AsyncGenerato
             await close()
 
 
-async def preview(path: Path) -> str:
-    """A short, model-readable summary of a file; never raises.
+async def preview(file: PinnedFile, name: str) -> str:
+    """A short, model-readable summary of the open file ``file`` called ``name``; never raises.
 
-    Runs in a worker thread, reads at most about :data:`PREVIEW_READ_BYTES` and gives up
-    after :data:`PREVIEW_TIMEOUT_S` with a one-line description instead.
+    Runs in a worker thread on its own duplicate of the descriptor (a preview that times out
+    may still be reading when the caller closes ``file``), reads at most about
+    :data:`PREVIEW_READ_BYTES` and gives up after :data:`PREVIEW_TIMEOUT_S` with a one-line
+    description instead.
     """
+    own = PinnedFile(os.dup(file.fd), name, file.size)
     try:
-        text = await asyncio.wait_for(asyncio.to_thread(_preview, path), PREVIEW_TIMEOUT_S)
+        text = await asyncio.wait_for(asyncio.to_thread(_preview_and_close, own), PREVIEW_TIMEOUT_S)
     except TimeoutError:
-        text = f"{_kind(path)}, {_size_of(path)}; no preview (it took too long)."
+        text = f"{_kind(name)}, {human_size(file.size)}; no preview (it took too long)."
     if len(text) > _MAX_PREVIEW_CHARS:
         text = text[:_MAX_PREVIEW_CHARS].rstrip() + "\n… (preview cut)"
     return text
@@ -152,14 +165,16 @@ def describe_for_model(saved: Sequence[SavedUpload], refused: Sequence[tuple[str
         lines.append("Files attached to this message, saved in the workspace (the kernel's working directory):")
         for upload in saved:
             renamed = (
-                f'; uploaded as "{upload.original_name}"' if upload.original_name != upload.name_in_workspace else ""
+                f'; uploaded as "{shown(upload.original_name)}"'
+                if upload.original_name != upload.name_in_workspace
+                else ""
             )
             lines.append(f"- `{upload.name_in_workspace}` ({human_size(upload.size)}{renamed})")
             lines.append("```text")
             lines.append(upload.preview)
             lines.append("```")
     for name, reason in refused:
-        lines.append(f'- Not saved: "{name}": {reason}')
+        lines.append(f'- Not saved: "{shown(name)}": {reason}')
     return "\n".join(lines)
 
 
@@ -176,37 +191,42 @@ def human_size(size: int) -> str:
 # --- previews (blocking; run in a worker thread) -------------------------------------------
 
 
-def _preview(path: Path) -> str:
-    size = path.stat().st_size
+def _preview_and_close(file: PinnedFile) -> str:
+    with file:
+        return _preview(file)
+
+
+def _preview(file: PinnedFile) -> str:
+    size, name = file.size, file.name
     if size == 0:
         return "empty file (0 bytes)."
-    suffix = path.suffix.lower()
+    suffix = PurePosixPath(name).suffix.lower()
     try:
         if suffix in _CSV_SEPARATORS:
-            return _csv(path, _CSV_SEPARATORS[suffix], size)
+            return _csv(file, _CSV_SEPARATORS[suffix], size)
         if suffix in _EXCEL_SUFFIXES:
-            return _excel(path, size)
+            return _excel(file, size)
         if suffix == ".json":
-            return _json(path, size)
+            return _json(file, size)
         if suffix in _JSON_LINES_SUFFIXES:
-            return _json_lines(path, size)
+            return _json_lines(file, size)
         if suffix == ".parquet" and importlib.util.find_spec("pyarrow") is not None:
-            return _parquet(path)
+            return _parquet(file)
         if suffix in _IMAGE_SUFFIXES:
-            return _image(path, size)
-        head = _read_head(path, _SNIFF_BYTES)
+            return _image(file, size)
+        head = file.read(_SNIFF_BYTES)
         if _looks_like_text(head):
-            return _text(path, size)
+            return _text(file, size)
     except Exception as exc:  # noqa: BLE001 - a preview must never break the turn
-        log.info("preview of %s failed", path, exc_info=True)
-        return f"{_kind(path)}, {human_size(size)}; could not be read for a preview ({_first_line(exc)})."
-    return f"binary {_kind(path)}, {human_size(size)}."
+        log.info("preview of %s failed", shown(name), exc_info=True)
+        return f"{_kind(name)}, {human_size(size)}; could not be read for a preview ({_first_line(exc)})."
+    return f"binary {_kind(name)}, {human_size(size)}."
 
 
-def _csv(path: Path, sep: str, size: int) -> str:
+def _csv(file: PinnedFile, sep: str, size: int) -> str:
     kind = "TSV" if sep == "\t" else "CSV"
     exact = size <= PREVIEW_READ_BYTES
-    data = _read_head(path, PREVIEW_READ_BYTES)
+    data = file.read(PREVIEW_READ_BYTES)
     if not exact:
         data = data[: data.rfind(b"\n") + 1] or data  # whole lines only
     try:
@@ -230,14 +250,14 @@ def _csv(path: Path, sep: str, size: int) -> str:
     )
 
 
-def _excel(path: Path, size: int) -> str:
-    sheets = _sheet_names(path)
+def _excel(file: PinnedFile, size: int) -> str:
+    sheets = _sheet_names(file)
     lines = [f"Excel workbook, {human_size(size)}, {len(sheets)} sheet(s): {', '.join(sheets)}"]
     if size > _EXCEL_ROWS_MAX or not sheets:
         return "\n".join(lines)
     import openpyxl  # imported here: only Excel previews need it
 
-    workbook = openpyxl.load_workbook(path, read_only=True, data_only=True)
+    workbook = openpyxl.load_workbook(file.reader(), read_only=True, data_only=True)
     try:
         sheet = workbook.worksheets[0]
         rows = list(islice(sheet.iter_rows(values_only=True), _HEAD_ROWS + 1))
@@ -255,26 +275,26 @@ def _excel(path: Path, size: int) -> str:
     return "\n".join(lines)
 
 
-def _sheet_names(path: Path) -> list[str]:
+def _sheet_names(file: PinnedFile) -> list[str]:
     """Sheet names from ``xl/workbook.xml`` (small; no need to load the workbook)."""
-    with zipfile.ZipFile(path) as archive:
+    with zipfile.ZipFile(file.reader()) as archive:
         root = ElementTree.fromstring(archive.read("xl/workbook.xml"))
     return [element.attrib["name"] for element in root.iter() if element.tag.endswith("}sheet")]
 
 
-def _json(path: Path, size: int) -> str:
+def _json(file: PinnedFile, size: int) -> str:
     if size > PREVIEW_READ_BYTES:
-        head = _read_head(path, 2048).decode("utf-8", errors="replace")
+        head = file.read(2048).decode("utf-8", errors="replace")
         return f"JSON, {human_size(size)} (too large to parse for a preview); it starts with:\n{head[:500]}"
     try:
-        value = json.loads(path.read_bytes())
+        value = json.loads(file.read(PREVIEW_READ_BYTES))
     except ValueError as exc:
         return f"JSON file, {human_size(size)}, that could not be parsed ({_first_line(exc)})."
     return f"JSON, {human_size(size)}: {_shape(value)}"
 
 
-def _json_lines(path: Path, size: int) -> str:
-    data = _read_head(path, PREVIEW_READ_BYTES)
+def _json_lines(file: PinnedFile, size: int) -> str:
+    data = file.read(PREVIEW_READ_BYTES)
     lines = [line for line in data.splitlines() if line.strip()]
     count = f"{len(lines):,}" if size <= PREVIEW_READ_BYTES else f"about {round(len(lines) * size / len(data)):,}"
     try:
@@ -311,25 +331,25 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else "string"
 
 
-def _parquet(path: Path) -> str:
+def _parquet(file: PinnedFile) -> str:
     import pyarrow.parquet as pq  # optional dependency, checked by the caller
 
-    parquet = pq.ParquetFile(path)
+    parquet = pq.ParquetFile(file.reader())
     schema = parquet.schema_arrow
     columns = ", ".join(f"{f.name} ({f.type})" for f in list(schema)[:_MAX_COLUMNS])
     return f"Parquet, {parquet.metadata.num_rows:,} rows × {len(schema)} columns\ncolumns: {columns}"
 
 
-def _image(path: Path, size: int) -> str:
+def _image(file: PinnedFile, size: int) -> str:
     try:
-        with Image.open(path) as image:
+        with Image.open(file.reader()) as image:
             return f"{image.format} image, {image.width}×{image.height} pixels, {human_size(size)}."
     except UnidentifiedImageError:
-        return f"{_kind(path)}, {human_size(size)}; not a readable image."
+        return f"{_kind(file.name)}, {human_size(size)}; not a readable image."
 
 
-def _text(path: Path, size: int) -> str:
-    data = _read_head(path, PREVIEW_READ_BYTES)
+def _text(file: PinnedFile, size: int) -> str:
+    data = file.read(PREVIEW_READ_BYTES)
     count = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
     lines = f"{count:,} lines" if size <= PREVIEW_READ_BYTES else f"about {round(count * size / len(data)):,} lines"
     return f"text, {lines}, {human_size(size)}; first lines:\n{_head_lines(data)}"
@@ -352,11 +372,6 @@ def _head_lines(data: bytes) -> str:
     return "\n".join(line if len(line) <= _MAX_LINE_CHARS else line[:_MAX_LINE_CHARS] + "…" for line in lines)
 
 
-def _read_head(path: Path, limit: int) -> bytes:
-    with path.open("rb") as handle:
-        return handle.read(limit)
-
-
 def _looks_like_text(head: bytes) -> bool:
     if b"\x00" in head:
         return False
@@ -367,16 +382,9 @@ def _looks_like_text(head: bytes) -> bool:
     return True
 
 
-def _kind(path: Path) -> str:
-    mime, _ = mimetypes.guess_type(path.name)
+def _kind(name: str) -> str:
+    mime, _ = mimetypes.guess_type(PurePosixPath(name).name)
     return f"file ({mime})" if mime else "file of unknown type"
-
-
-def _size_of(path: Path) -> str:
-    try:
-        return human_size(path.stat().st_size)
-    except OSError:
-        return "unknown size"
 
 
 def _first_line(exc: BaseException) -> str:

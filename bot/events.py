@@ -10,8 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 #: Streams an attachment's bytes; the adapter knows how to authenticate.
 FetchBytes = Callable[[], AsyncIterator[bytes]]
@@ -84,12 +83,22 @@ class ImageOut:
         return self.title if self.title.endswith(suffix) else f"{self.title}{suffix}"
 
 
+#: Opens a fresh binary reader positioned at the start of a file to send.
+OpenReader = Callable[[], BinaryIO]
+
+
 @dataclass(frozen=True, slots=True)
 class FileOut:
-    """A workspace file to upload into the thread."""
+    """A file to upload into the thread: a name safe to show, its size, and a way to read it.
 
-    path: Path
+    Adapters never get a path: the core opened the file without following links, and
+    ``open_reader`` gives a new reader over that open file (at most ``size`` bytes) each
+    time it is called. The reader is the adapter's to close; the file is the core's.
+    """
+
     name: str
+    size: int
+    open_reader: OpenReader
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from bot.agent.loop import Agent, TurnResult
 from bot.agent.prompt import PromptFile, build_system_prompt
 from bot.attachments import describe_for_model, ingest
 from bot.config import Settings
 from bot.events import FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, ThreadKey
+from bot.safetext import shown
 from bot.store import Store
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace
 from kernels.result import PoolFullError, UnsafePathError
+from kernels.safefs import PinnedFile
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +28,9 @@ MAX_FILES = 10
 MAX_PROMPT_FILES = 50
 IMAGE_SUFFIXES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
 MAX_INLINE_IMAGE_BYTES = 8 * 1024 * 1024
+#: A longer answer is cut here (a few chat messages); the whole text comes along as a file.
+MAX_REPLY_CHARS = 6000
+FULL_ANSWER_NAME = "answer.md"
 POOL_FULL_NOTICE = "🚦 All kernels are busy right now. Please try again in a minute."
 KERNEL_START_NOTICE = "⚠️ I could not start a Python kernel for this thread. Please try again."
 
@@ -91,7 +97,7 @@ class TurnRunner:
         workspace = self._pool.workspaces.for_key(str(key))
         intake = await ingest(message.attachments, workspace, max_bytes=int(self._settings.kernels.max_upload_mb * 2**20))
         for name, reason in intake.refused:
-            await outbox.notify(f"📎 `{name}` was not added: {reason}")
+            await outbox.notify(f"📎 `{shown(name)}` was not added: {reason}")
         user_content = message.text.strip()
         if intake.saved:
             user_content = f"{user_content}\n\n{describe_for_model(intake.saved, intake.refused)}".strip()
@@ -103,11 +109,13 @@ class TurnRunner:
         progress = outbox.progress()
         await progress.start("Thinking…")
         ok = False
+        outputs = Outputs()
         try:
-            reply = await self._turn(message, user_content, workspace, turn, progress)
+            reply = await self._turn(message, user_content, workspace, turn, progress, outputs)
             ok = reply.ok
             await outbox.post(reply)
         finally:
+            outputs.close()
             self._active.pop(key, None)
             await progress.finish(ok)
 
@@ -118,12 +126,14 @@ class TurnRunner:
         workspace: Workspace,
         turn: _ActiveTurn,
         progress: Progress,
+        outputs: Outputs,
     ) -> Reply:
         key = message.key
         policy = self._settings.policy_for(key.channel_key)
         options = KernelOptions(
             data_dir=policy.data_dir,
             network=self._settings.kernels.network if policy.network is None else policy.network,
+            background_processes=policy.background_processes,
         )
         try:
             session = await self._pool.get_or_start(str(key), options)
@@ -167,9 +177,9 @@ class TurnRunner:
         await self._store.add_usage(
             str(key), policy.model or self._settings.llm.model, result.usage.prompt_tokens, result.usage.completion_tokens
         )
-        images, files = await collect_outputs(runner.results, workspace)
+        await collect_outputs(runner.results, workspace, outputs)
         log.info("turn in %s: %s after %d cells, %.1fs", key, result.stop_reason, len(runner.results), time.time() - started)
-        return _reply(result, images, files)
+        return _reply(result, outputs.images, outputs.files)
 
 
 def _reply(result: TurnResult, images: list[ImageOut], files: list[FileOut]) -> Reply:
@@ -178,61 +188,97 @@ def _reply(result: TurnResult, images: list[ImageOut], files: list[FileOut]) -> 
         notes.append(f"_{len(images) - MAX_IMAGES} more images were made; showing the first {MAX_IMAGES}._")
     if len(files) > MAX_FILES:
         notes.append(f"_{len(files) - MAX_FILES} more files were made; say `files` to list them all._")
-    text = "\n\n".join([result.text, *notes]).strip() or "(no answer)"
-    return Reply(text=text, images=tuple(images[:MAX_IMAGES]), files=tuple(files[:MAX_FILES]), ok=result.ok)
+    text, full = cap_answer(result.text)
+    attached = [*files[:MAX_FILES], *([full] if full is not None else [])]
+    text = "\n\n".join([text, *notes]).strip() or "(no answer)"
+    return Reply(text=text, images=tuple(images[:MAX_IMAGES]), files=tuple(attached), ok=result.ok)
 
 
-async def collect_outputs(results: list[ExecutionResult], workspace: Workspace) -> tuple[list[ImageOut], list[FileOut]]:
-    """Images shown and files created or changed during a turn, each sent once.
+def cap_answer(text: str, limit: int = MAX_REPLY_CHARS) -> tuple[str, FileOut | None]:
+    """An answer of at most ``limit`` characters (a few chat messages) and, when it had to be
+    cut, the whole answer as a Markdown file to attach."""
+    if len(text) <= limit:
+        return text, None
+    data = text.encode()
+    head = text[:limit]
+    if (cut := head.rfind("\n")) > limit * 4 // 5:
+        head = head[:cut]  # end on a whole line when one ends near the limit
+    note = f"\n\n_… the answer is {len(text):,} characters long; the whole of it is attached as `{FULL_ANSWER_NAME}`._"
+    full = FileOut(name=FULL_ANSWER_NAME, size=len(data), open_reader=lambda: io.BytesIO(data))
+    return head + note, full
+
+
+@dataclass
+class Outputs:
+    """What a turn sends back besides its text; holds the changed files open until they are posted."""
+
+    images: list[ImageOut] = field(default_factory=list)
+    files: list[FileOut] = field(default_factory=list)
+    _open: list[PinnedFile] = field(default_factory=list)
+
+    def add_file(self, pinned: PinnedFile, name: str) -> None:
+        """Send ``pinned`` (kept open until :meth:`close`) as ``name``."""
+        self._open.append(pinned)
+        self.files.append(FileOut(name=shown(name), size=pinned.size, open_reader=pinned.reader))
+
+    def close(self) -> None:
+        """Release every file held for sending."""
+        for pinned in self._open:
+            pinned.close()
+        self._open.clear()
+
+
+async def collect_outputs(results: list[ExecutionResult], workspace: Workspace, outputs: Outputs) -> None:
+    """Images shown and files created or changed during a turn, each sent once, into ``outputs``.
 
     A saved image file is sent inline as an image; a cell that both showed figures and saved
     image files counts as one chart per saved file (``plt.savefig`` then ``plt.show``), so the
-    shown copies are dropped. Identical bytes are sent once.
+    shown copies are dropped. Identical bytes are sent once. Files are opened without
+    following links (:mod:`kernels.safefs`) and sent from those descriptors.
     """
     changed: list[str] = []
-    shown: list[bytes] = []
+    displayed_images: list[bytes] = []
     for result in results:
         saved_images = [n for n in result.changed_files if PurePosixPath(n).suffix.lower() in IMAGE_SUFFIXES]
         displayed = result.images
         if saved_images and len(displayed) <= len(saved_images):
             displayed = []
-        shown.extend(displayed)
+        displayed_images.extend(displayed)
         changed.extend(n for n in result.changed_files if n not in changed)
 
-    images: list[ImageOut] = []
-    files: list[FileOut] = []
     seen: set[str] = set()
 
     def add_image(data: bytes, title: str, mime: str) -> None:
         digest = hashlib.sha256(data).hexdigest()
         if digest not in seen:
             seen.add(digest)
-            images.append(ImageOut(data=data, title=title, mime=mime))
+            outputs.images.append(ImageOut(data=data, title=shown(title), mime=mime))
 
-    for index, data in enumerate(shown, start=1):
+    for index, data in enumerate(displayed_images, start=1):
         add_image(data, f"figure-{index}.png", "image/png")
     for name in changed:
         found = await asyncio.to_thread(_changed_file, workspace, name)
         if found is None:
             continue
-        path, inline = found
-        if inline is not None:
-            add_image(inline, PurePosixPath(name).name, IMAGE_SUFFIXES[path.suffix.lower()])
+        base = PurePosixPath(name).name
+        if isinstance(found, bytes):
+            add_image(found, base, IMAGE_SUFFIXES[PurePosixPath(name).suffix.lower()])
         else:
-            files.append(FileOut(path=path, name=PurePosixPath(name).name))
-    return images, files
+            outputs.add_file(found, base)
 
 
-def _changed_file(workspace: Workspace, name: str) -> tuple[Path, bytes | None] | None:
-    """(Blocking) the changed file's path, with its bytes when it is an image small enough to show
-    inline; None when it is gone again or not safely inside the workspace."""
+def _changed_file(workspace: Workspace, name: str) -> PinnedFile | bytes | None:
+    """(Blocking) a changed file, opened without following links: its bytes when it is an image
+    small enough to show inline, else the open file; None when it is gone again or unsafe
+    (a link, a FIFO, a folder)."""
     try:
-        path = workspace.resolve(name)
-        if not path.is_file():
-            return None  # deleted again during the turn
-        if path.suffix.lower() in IMAGE_SUFFIXES and path.stat().st_size <= MAX_INLINE_IMAGE_BYTES:
-            return path, path.read_bytes()
-        return path, None
-    except (UnsafePathError, OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        pinned = workspace.open_file(name)
+    except FileNotFoundError:
+        return None  # deleted again during the turn
+    except (UnsafePathError, OSError) as exc:
         log.warning("not sending changed file %r: %s", name, exc)
         return None
+    if PurePosixPath(name).suffix.lower() in IMAGE_SUFFIXES and pinned.size <= MAX_INLINE_IMAGE_BYTES:
+        with pinned:
+            return pinned.read()
+    return pinned

@@ -1,32 +1,30 @@
 """Per-thread workspace folders: safe uploads with quotas, listing, reading, diffing.
 
 A workspace is the kernel's working directory. Its folder name is a hash of the thread
-key, never user text. Everything that touches a path a user (or user code) may control
-goes through :meth:`Workspace.resolve` or an ``O_NOFOLLOW`` open relative to the
-workspace's directory descriptor, so a symlink planted by user code cannot redirect a
-write or a read outside the folder.
+key, never user text. The kernel may change anything beneath it at any moment, so every
+read, write, listing and diff goes through :mod:`kernels.safefs`: directory descriptors,
+no link followed anywhere in a name, regular files only, bounded reads.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import hashlib
 import os
 import re
 import shutil
-import stat
 import time
 import unicodedata
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels import safefs
 from kernels.result import QuotaError, UnsafePathError
+from kernels.safefs import MAX_WALK_ENTRIES, PinnedFile
 
-#: Upper bound on entries looked at by one walk (listing, usage, snapshot).
-MAX_WALK_ENTRIES = 20_000
+__all__ = ["MAX_WALK_ENTRIES", "FileInfo", "SavedFile", "Snapshot", "Workspace", "WorkspaceManager", "sanitize_name"]
 _MAX_NAME_BYTES = 180
 _MAX_SUFFIX_CHARS = 16
 _UNSAFE_CHARS = re.compile(r'[<>:"/\\|?*]')
@@ -79,11 +77,13 @@ def _with_counter(name: str, counter: int) -> str:
 
 @dataclass(frozen=True)
 class SavedFile:
-    """An upload as stored: its final (sanitised, unique) name, path and size."""
+    """An upload as stored: its final (sanitised, unique) name and size, and the file itself,
+    still open (read it through ``file``, never by name: the kernel may swap the name for a
+    link at any time). The caller closes ``file``."""
 
     name: str
-    path: Path
     size: int
+    file: PinnedFile
 
 
 @dataclass(frozen=True)
@@ -130,17 +130,18 @@ class Workspace:
         except BaseException:
             await asyncio.to_thread(_close_and_unlink, fd, dir_fd, final)
             raise
-        await asyncio.to_thread(_close_fds, fd, dir_fd)
-        return SavedFile(name=final, path=self.path / final, size=written)
+        os.close(dir_fd)
+        # The descriptor we wrote is the file we read back: whatever the kernel renames over
+        # the name meanwhile, a preview never reads anything else.
+        return SavedFile(name=final, size=written, file=PinnedFile(fd, final, written))
 
     def _create_unique(self, name: str) -> tuple[int, int, str]:
-        dir_fd = self._open_dir()
+        dir_fd = safefs.open_dir(self.path)
         try:
             for counter in range(1, 10_000):
                 candidate = name if counter == 1 else _with_counter(name, counter)
                 try:
-                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                    fd = os.open(candidate, flags, 0o644, dir_fd=dir_fd)
+                    fd = safefs.create_file_at(dir_fd, candidate)
                 except FileExistsError:
                     continue  # taken, or a symlink planted there: never follow it
                 return dir_fd, fd, candidate
@@ -150,49 +151,38 @@ class Workspace:
         os.close(dir_fd)
         raise UnsafePathError(f"no free name for {name!r}")
 
-    def _open_dir(self) -> int:
-        try:
-            return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise UnsafePathError(f"workspace {self.path} is not a plain directory") from None
-            raise
-
     async def list_files(self) -> list[FileInfo]:
         """Regular files in the workspace (symlinks skipped), sorted by name."""
         return await asyncio.to_thread(self._list_files)
 
     def _list_files(self) -> list[FileInfo]:
         return sorted(
-            (FileInfo(rel, st.st_size, st.st_mtime) for rel, st in _walk(self.path)), key=lambda f: f.name
+            (FileInfo(rel, st.st_size, st.st_mtime) for rel, st in safefs.walk(self.path)), key=lambda f: f.name
         )
 
-    def resolve(self, relative: str) -> Path:
-        """The absolute path of ``relative`` inside the workspace.
+    def open_file(self, relative: str) -> PinnedFile:
+        """(Blocking) open a regular file of the workspace for reading (see :func:`kernels.safefs.open_file`).
 
-        Raises :class:`UnsafePathError` for absolute paths, NUL bytes, or anything that
-        resolves (through ``..`` or symlinks) outside the folder.
+        Raises :class:`UnsafePathError` for a link anywhere in ``relative``, ``..``, an
+        absolute path, or anything but a regular file; ``FileNotFoundError`` when it is gone.
         """
-        if not relative or "\x00" in relative or os.path.isabs(relative):
-            raise UnsafePathError(f"not a workspace-relative path: {relative!r}")
-        root = self.path.resolve()
-        target = (root / relative).resolve()
-        if target != root and not target.is_relative_to(root):
-            raise UnsafePathError(f"{relative!r} points outside the workspace")
-        return target
+        return safefs.open_file(self.path, relative)
 
-    async def read_bytes(self, relative: str) -> bytes:
-        """Read a file of the workspace (refusing anything that escapes it)."""
-        path = self.resolve(relative)
-        return await asyncio.to_thread(_read_nofollow, path)
+    async def read_bytes(self, relative: str, max_bytes: int) -> bytes:
+        """At most the first ``max_bytes`` of a regular file of the workspace (same refusals)."""
+        return await asyncio.to_thread(safefs.read_file, self.path, relative, max_bytes)
 
     async def usage_bytes(self) -> int:
         """Total size of the regular files in the workspace."""
-        return await asyncio.to_thread(lambda: sum(st.st_size for _, st in _walk(self.path)))
+        return await asyncio.to_thread(self.usage_bytes_now)
+
+    def usage_bytes_now(self) -> int:
+        """(Blocking) total size of the regular files in the workspace."""
+        return sum(st.st_size for _, st in safefs.walk(self.path))
 
     def snapshot(self) -> Snapshot:
         """(Blocking) mtime and size of every file, to diff before/after an execution."""
-        return {rel: (st.st_mtime_ns, st.st_size) for rel, st in _walk(self.path)}
+        return {rel: (st.st_mtime_ns, st.st_size) for rel, st in safefs.walk(self.path)}
 
     def touch(self) -> None:
         """(Blocking) mark the workspace as used now (retention counts from here)."""
@@ -207,38 +197,12 @@ class Workspace:
             newest = self.path.stat().st_mtime
         except FileNotFoundError:
             return 0.0
-        return max([newest, *(st.st_mtime for _, st in _walk(self.path))])
+        return max([newest, *(st.st_mtime for _, st in safefs.walk(self.path))])
 
 
 def changed_files(before: Snapshot, after: Snapshot) -> list[str]:
     """Files created or modified between two snapshots, sorted."""
     return sorted(rel for rel, sig in after.items() if before.get(rel) != sig)
-
-
-def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """Regular files under ``root`` (no symlinks followed), at most MAX_WALK_ENTRIES looked at."""
-    seen = 0
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        try:
-            with os.scandir(root / rel_dir if rel_dir else root) as it:
-                entries = list(it)
-        except OSError:
-            continue
-        for entry in entries:
-            seen += 1
-            if seen > MAX_WALK_ENTRIES:
-                return
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                stack.append(rel)
-            elif stat.S_ISREG(st.st_mode):
-                yield rel, st
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -258,12 +222,6 @@ def _close_and_unlink(fd: int, dir_fd: int, name: str) -> None:
     except FileNotFoundError:
         pass
     _close_fds(fd, dir_fd)
-
-
-def _read_nofollow(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read()
 
 
 class WorkspaceManager:

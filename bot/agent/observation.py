@@ -7,6 +7,7 @@ death, restart) are spelled out so the model knows which variables it still has.
 
 from __future__ import annotations
 
+from bot.safetext import shown
 from kernels.result import ExecutionResult, Outcome
 
 STDOUT_CHARS = 2500
@@ -64,7 +65,7 @@ def format_observation(result: ExecutionResult) -> str:
     if images := len(result.images):
         parts.append(f"{images} image{'s' if images > 1 else ''} displayed; shown to the user automatically.")
     if result.changed_files:
-        parts.append("Files created or changed (sent to the user): " + ", ".join(result.changed_files))
+        parts.append("Files created or changed (sent to the user): " + ", ".join(shown(n) for n in result.changed_files))
     if result.truncated:
         parts.append("(The kernel truncated the output because it was too long.)")
     if not parts:

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bot.safetext import shown
+
 _BASE = """\
 You are Threadbook, a data analysis assistant in a chat thread. You have a persistent \
 Jupyter (IPython) kernel for this thread: call the `python` tool with code to run it. \
@@ -70,7 +72,7 @@ def build_system_prompt(
 
 def _describe(file: PromptFile) -> str:
     size = f" ({_human_size(file.size)})" if file.size is not None else ""
-    line = f"- `{file.name}`{size}"
+    line = f"- `{shown(file.name)}`{size}"
     if file.preview.strip():
         preview = "\n".join("  " + row for row in file.preview.strip().splitlines())
         line += ":\n" + preview

@@ -65,8 +65,9 @@ def test_sanitize_long_and_unicode() -> None:
 @pytest.mark.parametrize(("raw", "_"), HOSTILE + [("a" * 500, ""), ("\u202egnp.exe", "")])
 async def test_hostile_uploads_land_inside(ws: Workspace, raw: str, _: str) -> None:
     saved = await ws.save_upload(raw, _chunks(b"x"))
-    assert saved.path.parent == ws.path
-    assert saved.path.read_bytes() == b"x"
+    with saved.file:
+        assert saved.file.read() == b"x"
+    assert (ws.path / saved.name).read_bytes() == b"x"
     assert not saved.name.startswith(".") and "/" not in saved.name
 
 
@@ -85,17 +86,18 @@ async def test_planted_symlink_is_never_followed(ws: Workspace, tmp_path: Path) 
     saved = await ws.save_upload("data.csv", _chunks(b"new"))
     assert saved.name == "data-2.csv"
     assert outside.read_text() == "keep"
+    saved.file.close()
     with pytest.raises(UnsafePathError):
-        ws.resolve("data.csv")
+        ws.open_file("data.csv")
     with pytest.raises(UnsafePathError):
-        await ws.read_bytes("data.csv")
+        await ws.read_bytes("data.csv", 100)
     assert [f.name for f in await ws.list_files()] == ["data-2.csv"]
 
 
 @pytest.mark.parametrize("bad", ["../x", "/etc/passwd", "a/../../x", "a\x00b", ""])
-def test_resolve_refuses_escapes(ws: Workspace, bad: str) -> None:
+def test_open_refuses_escapes(ws: Workspace, bad: str) -> None:
     with pytest.raises(UnsafePathError):
-        ws.resolve(bad)
+        ws.open_file(bad)
 
 
 async def test_declared_size_refused_before_writing(ws: Workspace) -> None:
@@ -135,7 +137,8 @@ async def test_listing_and_reading(ws: Workspace) -> None:
     (ws.path / "sub").mkdir()
     (ws.path / "sub" / "r.txt").write_text("hello")
     assert [f.name for f in await ws.list_files()] == ["sub/r.txt"]
-    assert await ws.read_bytes("sub/r.txt") == b"hello"
+    assert await ws.read_bytes("sub/r.txt", 100) == b"hello"
+    assert await ws.read_bytes("sub/r.txt", 2) == b"he"
 
 
 def test_folder_is_a_hash_of_the_key(manager: WorkspaceManager) -> None:

@@ -11,9 +11,17 @@ import openpyxl
 import pytest
 from PIL import Image
 
-from bot.attachments import PREVIEW_READ_BYTES, describe_for_model, human_size, ingest, preview
+from bot.attachments import PREVIEW_READ_BYTES, describe_for_model, human_size, ingest
+from bot.attachments import preview as preview_file
 from bot.events import Attachment
+from kernels import safefs
 from kernels.workspace import Workspace, WorkspaceManager
+
+
+async def preview(path: Path) -> str:
+    """The preview of a file, opened the way the bot opens uploads (no links followed)."""
+    with safefs.open_file(path.parent, path.name) as pinned:
+        return await preview_file(pinned, path.name)
 
 SALES_CSV = "region,units,price,day\nnorth,3,2.5,2024-01-01\nsouth,7,1.25,2024-01-02\n" + "".join(
     f"east,{i},{i / 2},2024-02-{i % 28 + 1:02d}\n" for i in range(10)
