@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from bot.events import Outbox, ThreadKey
+
 
 class AdapterStartError(Exception):
     """A platform refused to start (bad token, missing permission); ``str()`` is one line naming the setting."""
 
 
-class Adapter(Protocol):
+class ThreadReach(Protocol):
+    """Reaches a thread with no inbound message to answer (start-up notices)."""
+
+    def outbox_for(self, key: ThreadKey) -> Outbox | None:
+        """An outbox that posts into thread ``key``; None when ``key`` is not one this adapter serves.
+
+        Its ``notify`` and ``post`` work; there is no user message to mark with reactions.
+        """
+
+
+class Adapter(ThreadReach, Protocol):
     """A platform edge: translates events for the dispatcher and posts its replies."""
 
     async def start(self) -> None:

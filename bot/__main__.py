@@ -26,10 +26,13 @@ def _parser() -> argparse.ArgumentParser:
 
 async def _console(settings: Settings, out: Path, thread: str | None) -> int:
     from adapters.console import ConsoleAdapter
-    from bot.app import Core
+    from bot.app import Core, tell_interrupted
 
     async with Core.open(settings) as core:
         console = ConsoleAdapter(core.dispatcher, out_dir=out, thread=thread)
+        # A resumed --thread whose last turn was cut off by an unclean stop hears it first;
+        # other threads' leftovers stay for their own resumption or platform.
+        await tell_interrupted(core.store, [console])
         await console.run()
     return 0
 

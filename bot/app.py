@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
 
-from adapters.base import Adapter, AdapterStartError
+from adapters.base import Adapter, AdapterStartError, ThreadReach
 from bot.agent.loop import Agent
 from bot.commands import Commands
 from bot.config import Settings
-from bot.dispatcher import Dispatcher
+from bot.dispatcher import INTERRUPTED_NOTICE, Dispatcher
+from bot.events import Outbox, ThreadKey
 from bot.store import Store
 from bot.turn import TurnRunner
 from kernels import KernelPool, Reaper, make_launcher
@@ -74,6 +75,57 @@ def platform_adapters(settings: Settings, dispatcher: Dispatcher) -> list[Adapte
     return adapters
 
 
+async def tell_interrupted(store: Store, adapters: Sequence[ThreadReach]) -> int:
+    """Post :data:`INTERRUPTED_NOTICE` once into each thread whose turn an unclean stop cut off.
+
+    Call once the adapters run. Turns of threads no adapter here can reach (their platform is
+    not enabled now) stay in the store for a later start. A thread that cannot be told is
+    logged and skipped; nothing here raises. Returns the number of threads told.
+    """
+    outboxes: dict[str, Outbox | None] = {}  # None: taken only to be dropped
+    left: set[str] = set()
+
+    def reachable(thread: str) -> bool:
+        if thread in outboxes:
+            return True
+        try:
+            key = ThreadKey.parse(thread)
+        except ValueError:
+            log.warning("dropped an interrupted turn with a bad thread key %r", thread)
+            outboxes[thread] = None
+            return True
+        try:
+            outbox = next((o for a in adapters if (o := a.outbox_for(key)) is not None), None)
+        except Exception:
+            log.exception("could not find a way to reach %s; it stays for a later start", thread)
+            outbox = None
+        if outbox is None:
+            left.add(thread)
+            return False
+        outboxes[thread] = outbox
+        return True
+
+    try:
+        turns = await store.take_interrupted_turns(reachable)
+    except Exception:
+        log.exception("could not read the turns interrupted by the last stop")
+        return 0
+    told = 0
+    for thread in dict.fromkeys(turn.thread for turn in turns):  # one notice per thread, oldest first
+        outbox = outboxes[thread]
+        if outbox is None:
+            continue
+        try:
+            await outbox.notify(INTERRUPTED_NOTICE)
+        except Exception:
+            log.exception("could not tell %s that its message was interrupted", thread)
+            continue
+        told += 1
+    if turns or left:
+        log.info("interrupted turns: notified %d thread(s); %d kept for later (no adapter here reaches them)", told, len(left))
+    return told
+
+
 async def run_bot(settings: Settings) -> int:
     """Run every configured platform until SIGINT/SIGTERM. Returns the exit code."""
     if not (settings.slack.enabled or settings.discord.enabled):
@@ -97,7 +149,14 @@ async def run_bot(settings: Settings) -> int:
                         return 2
                     started.append(adapter)
                 log.info("Threadbook is running (%s); Ctrl-C stops it.", ", ".join(type(a).__name__ for a in started))
-                await stop.wait()
+                # In the background: a slow platform must not hold up start-up or a stop signal.
+                notices = asyncio.create_task(tell_interrupted(core.store, started), name="interrupted-notices")
+                try:
+                    await stop.wait()
+                finally:
+                    notices.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await notices
             finally:
                 for adapter in reversed(started):
                     try:

@@ -2,8 +2,9 @@
 
 Order: ignore bots → allow-list → ignore unmentioned messages in threads the bot has no
 session for → drop duplicates → one turn at a time per thread (others queue, and are told) →
-in-thread command or agent turn. Adapters call :meth:`Dispatcher.handle` and nothing else
-(plus :meth:`Dispatcher.stop` for a Stop button).
+in-thread command or agent turn, marked in flight in the store while it runs (so a start
+after an unclean stop tells the thread: ``bot.app.tell_interrupted``). Adapters call
+:meth:`Dispatcher.handle` and nothing else (plus :meth:`Dispatcher.stop` for a Stop button).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 
 QUEUED_NOTICE = "⏳ I'm still working on the previous message in this thread; yours is queued and comes next."
 RESTART_NOTICE = "🔁 I was restarted while working on this message; please send it again."
+#: Posted at start-up into a thread whose turn an unclean stop (kill -9, crash) cut off.
+INTERRUPTED_NOTICE = "🔁 I was restarted while working on your message; please send it again."
 FAILURE_NOTICE = "⚠️ Something went wrong on my side while handling that message. Please try again."
 
 
@@ -54,6 +57,9 @@ class Dispatcher:
             # The bot is shutting down mid-turn: say so, so nobody waits for an answer that never comes.
             with contextlib.suppress(Exception):
                 await asyncio.shield(outbox.notify(RESTART_NOTICE))
+                # Told now, so the next start must not tell again; if the notice failed, the
+                # in-flight mark stays and the next start tells the thread instead.
+                await asyncio.shield(self._store.end_turn(str(message.key), message.message_id))
             raise
         except Exception:
             log.exception("turn failed for %s message %s", message.key, message.message_id)
@@ -98,11 +104,24 @@ class Dispatcher:
             if slot.lock.locked():
                 await outbox.notify(QUEUED_NOTICE)
             async with slot.lock:
-                await self._run(message, outbox)
+                await self._in_flight(message, outbox)
         finally:
             slot.users -= 1
             if slot.users == 0:
                 self._slots.pop(message.key, None)
+
+    async def _in_flight(self, message: InboundMessage, outbox: Outbox) -> None:
+        """Run the turn with its in-flight mark in the store, so a start after kill -9 can tell the thread."""
+        key = str(message.key)
+        await self._store.begin_turn(key, message.message_id)
+        try:
+            await self._run(message, outbox)
+        except asyncio.CancelledError:
+            raise  # shutdown: handle() clears the mark once the restart notice is out
+        except BaseException:
+            await self._store.end_turn(key, message.message_id)
+            raise
+        await self._store.end_turn(key, message.message_id)
 
     async def _run(self, message: InboundMessage, outbox: Outbox) -> None:
         if not message.attachments and await self._commands.try_run(message, outbox):

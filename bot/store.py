@@ -3,7 +3,8 @@
 It keeps what a thread needs to survive a bot restart (its OpenAI-format message
 history), what ``export`` needs to rebuild it as a notebook (executed cells with their
 nbformat outputs, interleaved with the messages by one per-thread ``seq`` counter), the
-platform message ids already handled (dedupe of retries) and token usage.
+platform message ids already handled (dedupe of retries), token usage, and the turns
+in flight (so that a start after ``kill -9`` can tell those threads their message was lost).
 
 One connection serves every caller. An :class:`asyncio.Lock` around each operation keeps
 the statements of one operation together in one transaction even when several threads
@@ -16,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,7 +31,7 @@ from bot.events import ThreadKey
 from bot.notebook import CellEntry, MessageEntry, TimelineEntry, result_to_outputs
 from kernels.result import ExecutionResult
 
-__all__ = ["SCHEMA_VERSION", "CellEntry", "MessageEntry", "Store", "StoreError", "TimelineEntry"]
+__all__ = ["SCHEMA_VERSION", "CellEntry", "InterruptedTurn", "MessageEntry", "Store", "StoreError", "TimelineEntry"]
 
 #: Each migration is a list of statements; migration ``i`` brings the schema to version ``i + 1``.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -77,6 +80,17 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX usage_thread ON usage (thread)",
     ),
+    (
+        # Turns running now, so that a start after an unclean stop can tell their threads.
+        # ``run`` names the Store instance (one bot process) that began the turn.
+        """CREATE TABLE turns_in_flight (
+            thread TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            run TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            PRIMARY KEY (thread, message_id)
+        )""",
+    ),
 )
 
 #: The schema version this code writes.
@@ -86,10 +100,22 @@ SCHEMA_VERSION = len(_MIGRATIONS)
 _DEDUPE_KEEP_S = 7 * 24 * 3600.0
 #: Prune the processed ids once every this many claims (and at open).
 _PRUNE_EVERY = 1000
+#: An interrupted turn nobody could be told about within this long is dropped: a notice
+#: that late would only confuse (its platform was off, or a console thread never resumed).
+_INTERRUPTED_KEEP_S = 7 * 24 * 3600.0
 
 
 class StoreError(Exception):
     """The database cannot be used by this version of the bot."""
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptedTurn:
+    """A turn an earlier bot process began and never ended (it was killed or crashed)."""
+
+    thread: str
+    message_id: str
+    started_at: float
 
 
 class Store:
@@ -99,6 +125,8 @@ class Store:
         self._db = db
         self._lock = asyncio.Lock()
         self._claims = 0
+        #: Marks the turns this instance begins: they are live, never "interrupted" for it.
+        self._run = uuid.uuid4().hex
 
     @classmethod
     async def open(cls, path: Path | str) -> Store:
@@ -240,6 +268,51 @@ class Store:
             else:
                 entries.append(CellEntry(seq, text, json.loads(outputs), count, outcome, duration, created))
         return entries
+
+    async def begin_turn(self, key: str, message_id: str) -> None:
+        """Mark the turn for ``message_id`` in thread ``key`` as running (until :meth:`end_turn`)."""
+        async with self._transaction():
+            await self._db.execute(
+                "INSERT OR REPLACE INTO turns_in_flight (thread, message_id, run, started_at) VALUES (?, ?, ?, ?)",
+                (key, message_id, self._run, time.time()),
+            )
+
+    async def end_turn(self, key: str, message_id: str) -> None:
+        """Clear the mark of :meth:`begin_turn` (the turn ended, or its thread was told it did not)."""
+        async with self._transaction():
+            await self._db.execute(
+                "DELETE FROM turns_in_flight WHERE thread = ? AND message_id = ?", (key, message_id)
+            )
+
+    async def take_interrupted_turns(self, reachable: Callable[[str], bool] | None = None) -> list[InterruptedTurn]:
+        """Remove and return the turns earlier bot processes began and never ended, oldest first.
+
+        Only turns whose thread key ``reachable`` accepts are taken (all when it is None); the
+        rest stay for a later start, e.g. when their platform is not enabled now. Turns begun
+        through this instance are running and never taken. Leftovers older than seven days are
+        dropped unreported. Selecting and deleting happen in one transaction, so each turn is
+        returned once, even to two starts racing on one database.
+        """
+        now = time.time()
+        async with self._transaction():
+            await self._db.execute(
+                "DELETE FROM turns_in_flight WHERE run != ? AND started_at < ?", (self._run, now - _INTERRUPTED_KEEP_S)
+            )
+            async with self._db.execute(
+                "SELECT thread, message_id, started_at FROM turns_in_flight WHERE run != ? ORDER BY started_at",
+                (self._run,),
+            ) as cursor:
+                rows = await cursor.fetchall()
+            taken = [
+                InterruptedTurn(str(thread), str(message_id), float(started))
+                for thread, message_id, started in rows
+                if reachable is None or reachable(str(thread))
+            ]
+            await self._db.executemany(
+                "DELETE FROM turns_in_flight WHERE thread = ? AND message_id = ?",
+                [(turn.thread, turn.message_id) for turn in taken],
+            )
+        return taken
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[None]:

@@ -26,9 +26,18 @@ import yarl
 
 from adapters.base import AdapterStartError
 from adapters.discord import endpoints
-from adapters.discord.inbound import is_bot_author, is_mentioned, session_key, strip_mention, thread_name, to_inbound
+from adapters.discord.inbound import (
+    PLATFORM,
+    is_bot_author,
+    is_mentioned,
+    session_key,
+    strip_mention,
+    thread_name,
+    to_inbound,
+)
 from adapters.discord.outbox import Conversation, DiscordOutbox
 from bot.config import DiscordSettings
+from bot.events import ThreadKey
 
 if TYPE_CHECKING:
     from bot.dispatcher import Dispatcher
@@ -142,6 +151,17 @@ class DiscordAdapter:
         if self._undo_endpoints is not None:
             self._undo_endpoints()
             self._undo_endpoints = None
+
+    def outbox_for(self, key: ThreadKey) -> DiscordOutbox | None:
+        """An outbox posting into the thread (or DM) of ``key``; None for another platform or before start."""
+        me = self._client.user if self._client is not None else None
+        if key.platform != PLATFORM or me is None or not (key.thread.isdigit() and key.channel.isdigit()):
+            return None
+        channel = self.client.get_partial_messageable(int(key.thread))
+        # No question to react to: the thread's starter message stands in (only a status would use it).
+        source = self.client.get_partial_messageable(int(key.channel)).get_partial_message(int(key.thread))
+        conversation = Conversation(channel=channel, source=source, me=me, key=key, stop_turn=self._dispatcher.stop)
+        return DiscordOutbox(conversation, upload_limit=self._upload_limit, status_interval_s=self._status_interval_s)
 
     def received(self, message: discord.Message) -> None:
         """Take a new message off the gateway: drop what never starts a turn, run the rest as a task."""

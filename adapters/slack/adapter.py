@@ -112,6 +112,13 @@ class SlackAdapter:
             self._http = self._client.session = None
             self._downloader = None
 
+    def outbox_for(self, key: ThreadKey) -> SlackOutbox | None:
+        """An outbox posting into ``key``'s channel and thread (None for another platform)."""
+        # Any workspace: an org-wide (Enterprise Grid) install serves several team ids.
+        if key.platform != "slack":
+            return None
+        return SlackOutbox(self._client, key=key, message_ts="", user_id="")
+
     async def wait_idle(self) -> None:
         """Wait until every turn started so far has finished (for tests and graceful shutdown)."""
         while self._tasks:
