@@ -93,7 +93,8 @@ async def test_saved_chart_is_sent_once_and_new_files_come_back(chat: MemoryChat
     assert [i.title for i in reply.images] == ["chart.png"]
     Image.open(io.BytesIO(reply.images[0].data)).verify()
     assert [f.name for f in reply.files] == ["summary.csv"]
-    assert reply.files[0].path.read_text() == "a,b\n1,2\n"
+    with reply.files[0].open_reader() as reader:
+        assert reader.read() == b"a,b\n1,2\n"
 
 
 async def test_errors_go_back_to_the_model_and_llm_failures_are_reported(chat: MemoryChat, llm: ScriptedOpenAI) -> None:
@@ -180,7 +181,8 @@ async def test_export_is_a_valid_notebook_with_the_chart(chat: MemoryChat, llm: 
     await chat.say("bar chart")
     reply = (await chat.say("export", mentioned=False)).reply
     assert reply.files and reply.files[0].name.endswith(".ipynb")
-    notebook = nbformat.reads(reply.files[0].path.read_text(), as_version=4)
+    with reply.files[0].open_reader() as reader:
+        notebook = nbformat.reads(reader.read().decode(), as_version=4)
     nbformat.validate(notebook)
     code = [c for c in notebook.cells if c.cell_type == "code"]
     assert "plt.bar" in code[0].source

@@ -6,13 +6,23 @@ and returns the :class:`MemoryOutbox` that recorded what the bot said back.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import io
 import itertools
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from bot.dispatcher import Dispatcher
-from bot.events import Attachment, InboundMessage, Reply, ThreadKey
+from bot.events import Attachment, FileOut, InboundMessage, Reply, ThreadKey
+
+
+def _uploaded(file: FileOut) -> FileOut:
+    """(Blocking) ``file`` as it arrived: its bytes, readable again at any time."""
+    with file.open_reader() as reader:
+        data = reader.read()
+    return FileOut(name=file.name, size=len(data), open_reader=lambda: io.BytesIO(data))
 
 
 @dataclass
@@ -43,7 +53,9 @@ class MemoryOutbox:
         self.notices.append(text)
 
     async def post(self, reply: Reply) -> None:
-        self.replies.append(reply)
+        # Like a platform, take the files' bytes now: the core closes them once posted.
+        files = tuple([await asyncio.to_thread(_uploaded, file) for file in reply.files])
+        self.replies.append(dataclasses.replace(reply, files=files))
 
     def progress(self) -> MemoryProgress:
         return MemoryProgress(self.progress_log)
