@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import io
 import mimetypes
+import os
 import shlex
 import shutil
 import sys
@@ -21,9 +23,49 @@ from pathlib import Path
 from typing import TextIO
 
 from bot.dispatcher import Dispatcher
-from bot.events import Attachment, InboundMessage, Reply, ThreadKey
+from bot.events import Attachment, InboundMessage, OpenReader, Reply, ThreadKey
+from bot.safetext import shown
 
 CHUNK = 256 * 1024
+_NAME_MAX_BYTES = 200  # below NAME_MAX (255), leaving room for a "-N" counter
+_MAX_NAME_TRIES = 1000
+
+
+def _disk_name(name: str) -> str:
+    """A single, printable file name for ``name``: escaped, no folder separator, not too long."""
+    safe = shown(name).replace("/", "_").strip()
+    if safe in ("", ".", ".."):
+        return "output"
+    stem, dot, suffix = safe.rpartition(".")
+    if not dot or not stem or len(suffix) > 16:
+        stem, suffix = safe, ""
+    else:
+        suffix = "." + suffix
+    while len((stem + suffix).encode()) > _NAME_MAX_BYTES:
+        stem = stem[:-1]
+    return stem + suffix
+
+
+def _create_free(dir_fd: int, name: str) -> tuple[str, int]:
+    """(Blocking) create a new file named ``name`` (or ``stem-N.suffix``) in ``dir_fd``; returns (name, fd).
+
+    ``O_EXCL`` makes any existing entry, a symlink included, count as taken: nothing is
+    overwritten and no link is followed.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+    stem, dot, suffix = name.rpartition(".")
+    if not dot or not stem:
+        stem, suffix = name, ""
+    else:
+        suffix = "." + suffix
+    candidate = name
+    for counter in range(1, _MAX_NAME_TRIES + 1):
+        try:
+            return candidate, os.open(candidate, flags, 0o644, dir_fd=dir_fd)
+        except FileExistsError:
+            candidate = f"{stem}-{counter}{suffix}"
+    candidate = f"{stem}-{uuid.uuid4().hex[:12]}{suffix}"
+    return candidate, os.open(candidate, flags, 0o644, dir_fd=dir_fd)
 
 
 def _file_fetcher(path: Path) -> AsyncIterator[bytes]:
@@ -114,12 +156,16 @@ class ConsoleAdapter:
         for raw in names:
             path = Path(raw).expanduser()
             if not path.is_file():
-                self._say(f"not attached: {raw} is not a file")
+                self._say(f"not attached: {shown(raw)} is not a file")
                 continue
             mime, _ = mimetypes.guess_type(path.name)
             found.append(Attachment(name=path.name, size=path.stat().st_size, mime=mime, fetch=functools.partial(_file_fetcher, path)))
-            self._say(f"attached: {path.name} (goes with your next message)")
+            self._say(f"attached: {shown(path.name)} (goes with your next message)")
         return found
+
+    def outbox_for(self, key: ThreadKey) -> ConsoleAdapter | None:
+        """This console when ``key`` is its thread (a resumed ``--thread``), else None."""
+        return self if key == self.key else None
 
     # Outbox
     async def notify(self, text: str) -> None:
@@ -131,10 +177,17 @@ class ConsoleAdapter:
         self._say(reply.text)
         if not (reply.images or reply.files):
             return
-        for image in reply.images:
-            self._say(f"saved: {await asyncio.to_thread(self._save, image.filename, image.data)}")
-        for file in reply.files:
-            self._say(f"saved: {await asyncio.to_thread(self._save, file.name, file.path)}")
+        outputs: list[tuple[str, OpenReader]] = [
+            (image.filename, functools.partial(io.BytesIO, image.data)) for image in reply.images
+        ]
+        outputs += [(file.name, file.open_reader) for file in reply.files]
+        for name, open_reader in outputs:
+            try:
+                saved = await asyncio.to_thread(self._save, name, open_reader)
+            except OSError as exc:
+                self._say(f"not saved: {shown(name)} ({shown(exc.strerror or type(exc).__name__)})")
+                continue
+            self._say(f"saved: {saved}")
 
     def progress(self) -> _ConsoleProgress:
         """Status lines on stderr (terminal only)."""
@@ -148,17 +201,26 @@ class ConsoleAdapter:
     def _say(self, text: str) -> None:
         print(text, file=self._stdout, flush=True)
 
-    def _save(self, name: str, content: bytes | Path) -> Path:
-        """(Blocking) write ``content`` (bytes, or a file to copy) under a free name in the output folder."""
+    def _save(self, name: str, open_reader: OpenReader) -> Path:
+        """(Blocking) copy what ``open_reader`` gives into a new file of the output folder.
+
+        The file is always new (``O_CREAT | O_EXCL | O_NOFOLLOW``): an existing file, or a link
+        planted under the name, is neither overwritten nor followed; the next free name is used.
+        The name on disk is the escaped one (:func:`~bot.safetext.shown`), so the printed path is
+        one line and the file really has that name.
+        """
         self._out_dir.mkdir(parents=True, exist_ok=True)
-        safe = Path(name).name or "output"
-        target = self._out_dir / safe
-        counter = 1
-        while target.exists():
-            target = self._out_dir / f"{Path(safe).stem}-{counter}{Path(safe).suffix}"
-            counter += 1
-        if isinstance(content, Path):
-            shutil.copyfile(content, target)
-        else:
-            target.write_bytes(content)
-        return target
+        dir_fd = os.open(self._out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            target, fd = _create_free(dir_fd, _disk_name(name))
+            try:
+                with open_reader() as source, os.fdopen(fd, "wb", closefd=False) as sink:
+                    shutil.copyfileobj(source, sink, CHUNK)
+            except BaseException:
+                os.unlink(target, dir_fd=dir_fd)
+                raise
+            finally:
+                os.close(fd)
+        finally:
+            os.close(dir_fd)
+        return self._out_dir / target

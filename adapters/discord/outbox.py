@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import aiohttp
 import discord
 
-from adapters.discord.uploads import plan_uploads
+from adapters.discord.uploads import Upload, open_files, plan_uploads, release
 from adapters.textsplit import split_markdown
 from bot.events import Reply, ThreadKey
 
@@ -31,7 +31,7 @@ class Conversation:
     """Where one message's answers go: the session's channel, the question, the bot, the key."""
 
     channel: discord.abc.Messageable
-    source: discord.Message
+    source: discord.PartialMessage  # the question (a Message); a stand-in in DiscordAdapter.outbox_for
     me: discord.abc.Snowflake
     key: ThreadKey
     stop_turn: StopTurn
@@ -144,20 +144,36 @@ class DiscordOutbox:
         await self._send_text(reply.text)
         plan = await plan_uploads(reply.images, reply.files, self._upload_limit)
         notes = list(plan.notes)
-        for batch in plan.batches:
-            files = await asyncio.to_thread(lambda: [upload.to_file() for upload in batch])
-            try:
-                await self._to.channel.send(files=files)
-            except discord.HTTPException as exc:
-                names = ", ".join(f"`{upload.name}`" for upload in batch)
-                log.warning("uploading %s to %s failed: %s", names, self._to.key, exc)
-                notes.append(f"⚠️ Could not upload {names}: {exc.text or exc.status}.")
+        try:
+            for batch in plan.batches:
+                notes.extend(await self._send_batch(batch))
+        finally:
+            await asyncio.to_thread(plan.close)
         if notes:
             await self._send_text("\n".join(notes))
 
     def progress(self) -> DiscordProgress:
         """A progress handle for this turn."""
         return DiscordProgress(self._to, interval_s=self._status_interval_s)
+
+    async def _send_batch(self, batch: list[Upload]) -> list[str]:
+        """Send one message of attachments (streamed from their readers); returns notes for the user."""
+        files, unreadable = await asyncio.to_thread(open_files, batch)
+        notes = [f"📄 `{name}` could not be read any more." for name in unreadable]
+        if not files:
+            return notes
+        names = ", ".join(f"`{file.filename}`" for file in files)
+        try:
+            await self._to.channel.send(files=files)
+        except discord.HTTPException as exc:
+            log.warning("uploading %s to %s failed: %s", names, self._to.key, exc)
+            notes.append(f"⚠️ Could not upload {names}: {exc.text or exc.status}.")
+        except (aiohttp.ClientError, OSError) as exc:  # a reader that broke mid-upload, a dropped connection
+            log.warning("uploading %s to %s failed: %r", names, self._to.key, exc)
+            notes.append(f"⚠️ Could not upload {names}: the upload broke off.")
+        finally:
+            await asyncio.to_thread(release, files)
+        return notes
 
     async def _send_text(self, text: str) -> None:
         for chunk in split_markdown(text, MESSAGE_LIMIT):

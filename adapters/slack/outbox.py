@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import io
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.slack.api import Failure, call, log
+from adapters.slack.api import Failure, call
 from adapters.slack.format import escape, to_chunks, to_mrkdwn
+from adapters.slack.uploads import UploadItem, share_files
 from bot.events import Reply, ThreadKey
+from bot.safetext import shown
 
 STOP_ACTION_ID = "threadbook_stop"
 RECEIVED, DONE, FAILED = "eyes", "white_check_mark", "x"
 #: chat.update is rate-limited (~50/min per channel): at most one status edit per second.
 STATUS_INTERVAL_S = 1.0
-#: Larger result files stay in the workspace (reading them into memory to upload is not worth it).
+#: Larger result files stay in the workspace (a chat thread is no place for them; uploads stream either way).
 MAX_UPLOAD_BYTES = 100 * 2**20
 _SECTION_LIMIT = 2900  # a section block's text may hold 3,000 characters
 _NO_CHANNEL_ERRORS = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
@@ -107,38 +111,39 @@ class SlackOutbox:
             )
 
     async def _react(self, method: str, name: str) -> None:
+        if not self._message_ts:
+            return  # an outbox for the thread alone (SlackAdapter.outbox_for): no message to mark
         request = (self._client.reactions_add if method == "reactions.add" else self._client.reactions_remove)(
             channel=self.channel, timestamp=self._message_ts, name=name
         )
         await call(method, request, expected=frozenset({"already_reacted", "no_reaction"}))
 
     async def _upload(self, reply: Reply) -> None:
-        uploads: list[dict[str, Any]] = [
-            {"content": image.data, "filename": image.filename, "title": image.title} for image in reply.images
+        """Stream the reply's images and files to Slack and share them in the thread as one message."""
+        items = [
+            UploadItem(shown(image.filename), shown(image.title), len(image.data), functools.partial(io.BytesIO, image.data))
+            for image in reply.images
         ]
         for file in reply.files:
-            try:
-                if (await asyncio.to_thread(file.path.stat)).st_size > MAX_UPLOAD_BYTES:
-                    await self.say(
-                        f":package: `{escape(file.name)}` is over {MAX_UPLOAD_BYTES // 2**20} MB, so it stays in "
-                        "this thread's workspace; ask me for a smaller extract or a compressed copy."
-                    )
-                    continue
-                data = await asyncio.to_thread(file.path.read_bytes)
-            except OSError as exc:
-                log.warning("could not read %s for upload: %s", file.path, exc)
-                await self.say(f":warning: I could not read `{escape(file.name)}` to send it.")
+            name = shown(file.name)
+            if file.size > MAX_UPLOAD_BYTES:
+                await self.say(
+                    f":package: `{escape(name)}` is over {MAX_UPLOAD_BYTES // 2**20} MB, so it stays in "
+                    "this thread's workspace; ask me for a smaller extract or a compressed copy."
+                )
                 continue
-            uploads.append({"content": data, "filename": file.name, "title": file.name})
-        if not uploads:
+            items.append(UploadItem(name, name, file.size, file.open_reader))
+        if not items:
             return
-        result = await call(
-            "files.uploadV2",
-            self._client.files_upload_v2(file_uploads=uploads, channel=self.channel, thread_ts=self.thread_ts),
-        )
-        if isinstance(result, Failure):
-            names = ", ".join(f"`{escape(str(u['filename']))}`" for u in uploads)
-            await self.say(f":warning: I could not upload {names} to Slack ({escape(result.error)}).")
+        outcome = await share_files(self._client, items, channel=self.channel, thread_ts=self.thread_ts)
+        for name in outcome.unreadable:
+            await self.say(f":warning: I could not read `{escape(name)}` to send it.")
+        by_error: dict[str, list[str]] = {}
+        for name, error in outcome.failed.items():
+            by_error.setdefault(error, []).append(name)
+        for error, failed in by_error.items():
+            names = ", ".join(f"`{escape(name)}`" for name in failed)
+            await self.say(f":warning: I could not upload {names} to Slack ({escape(error)}).")
 
     async def _explain(self, failure: Failure) -> None:
         """Tell the user why the thread got no answer when Slack refuses posts there."""

@@ -98,6 +98,7 @@ class Sent:
     components: list[dict[str, Any]] = field(default_factory=list)
     edits: list[str] = field(default_factory=list)
     deleted: bool = False
+    content_length: int | None = None  # the request's Content-Length header (None: sent chunked)
 
     @property
     def custom_ids(self) -> list[str]:
@@ -477,7 +478,7 @@ class FakeDiscord:
         message["components"] = body.get("components") or []
         message["attachments"] = [self._store_attachment(cid, f.name, f.data) for f in files]
         self.sent.setdefault(cid, []).append(Sent(int(message["id"]), cid, content, files,
-                                                   message["components"]))
+                                                   message["components"], content_length=request.content_length))
         await self._dispatch("MESSAGE_CREATE", message)
         return _json(message)
 

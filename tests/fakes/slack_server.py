@@ -75,7 +75,13 @@ class Message:
 
 @dataclass
 class Upload:
-    """A file shared by the ``files_upload_v2`` flow (upload URL + completeUploadExternal)."""
+    """A file shared by the external upload flow (getUploadURLExternal, upload URL, completeUploadExternal).
+
+    ``data`` holds the bytes when there are at most :attr:`FakeSlack.keep_upload_bytes` of them
+    (else it is empty); ``size`` and ``sha256`` always describe everything that arrived.
+    ``length`` is what ``files.getUploadURLExternal`` was told; ``content_length`` is the
+    upload request's header (None when the body came chunked).
+    """
 
     file_id: str
     filename: str
@@ -83,6 +89,22 @@ class Upload:
     data: bytes
     channel: str | None
     thread_ts: str | None
+    size: int = 0
+    sha256: str = ""
+    length: int | None = None
+    content_length: int | None = None
+
+
+@dataclass
+class _Received:
+    """An upload URL's state: what getUploadURLExternal was told, then what the POST carried."""
+
+    filename: str
+    length: int
+    data: bytes | None = None
+    size: int = 0
+    sha256: str = ""
+    content_length: int | None = None
 
 
 class FakeSlack:
@@ -109,7 +131,9 @@ class FakeSlack:
         self.downloads: list[tuple[str, bool]] = []  # (file id, authorised)
         self._failures: dict[str, list[str]] = {}
         self._files: dict[str, tuple[bytes, str]] = {}
-        self._pending_uploads: dict[str, tuple[str, bytes | None]] = {}
+        self._pending_uploads: dict[str, _Received] = {}
+        #: Uploads larger than this are hashed while they arrive, not kept (tests of big files).
+        self.keep_upload_bytes = 32 * 2**20
         self._user_messages: list[dict[str, Any]] = []
         self._sockets: list[web.WebSocketResponse] = []
         self._acks: dict[str, asyncio.Future[dict[str, Any]]] = {}
@@ -395,11 +419,18 @@ class FakeSlack:
         file_id = request.match_info["file_id"]
         if file_id not in self._pending_uploads:
             return web.Response(status=404, text="no such upload")
-        data = await request.read()
-        filename, _ = self._pending_uploads[file_id]
-        self._pending_uploads[file_id] = (filename, data)
+        pending = self._pending_uploads[file_id]
+        keep = pending.length <= self.keep_upload_bytes  # decided up front: a big upload is never buffered
+        digest, kept, size = hashlib.sha256(), bytearray(), 0
+        async for chunk in request.content.iter_chunked(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+            if keep and size <= self.keep_upload_bytes:
+                kept += chunk
+        pending.data = bytes(kept) if size <= self.keep_upload_bytes else b""
+        pending.size, pending.sha256, pending.content_length = size, digest.hexdigest(), request.content_length
         self._notify()
-        return web.Response(text=f"OK - {len(data)}")
+        return web.Response(text=f"OK - {size}")
 
     async def _download(self, request: web.Request) -> web.Response:
         file_id = request.match_info["file_id"].removeprefix(f"{self.team_id}-")
@@ -500,7 +531,7 @@ class FakeSlack:
         if not args.get("filename") or not str(args.get("length", "")).isdigit():
             return {"ok": False, "error": "invalid_arguments"}
         file_id = f"F{next(self._ids):06d}"
-        self._pending_uploads[file_id] = (str(args["filename"]), None)
+        self._pending_uploads[file_id] = _Received(str(args["filename"]), int(args["length"]))
         return {"ok": True, "upload_url": f"{self.base_url}/upload/{file_id}", "file_id": file_id}
 
     def _complete_upload(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -510,15 +541,21 @@ class FakeSlack:
         files = args.get("files") or []
         done: list[dict[str, Any]] = []
         for item in files:
-            filename, data = self._pending_uploads.get(item.get("id"), ("", None))
-            if data is None:
+            pending = self._pending_uploads.get(item.get("id"))
+            if pending is None or pending.data is None:
                 return {"ok": False, "error": "file_not_found"}
         for item in files:
-            filename, data = self._pending_uploads.pop(item["id"])
-            assert data is not None
-            title = item.get("title") or filename
-            self.uploads.append(Upload(item["id"], filename, title, data, channel, args.get("thread_ts")))
-            done.append({"id": item["id"], "name": filename, "title": title, "size": len(data)})
+            received = self._pending_uploads.pop(item["id"])
+            assert received.data is not None
+            title = item.get("title") or received.filename
+            self.uploads.append(
+                Upload(
+                    item["id"], received.filename, title, received.data, channel, args.get("thread_ts"),
+                    size=received.size, sha256=received.sha256, length=received.length,
+                    content_length=received.content_length,
+                )
+            )
+            done.append({"id": item["id"], "name": received.filename, "title": title, "size": received.size})
         return {"ok": True, "files": done}
 
     def _connections_open(self, args: dict[str, Any]) -> dict[str, Any]:
