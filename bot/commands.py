@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import io
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bot.attachments import human_size
 from bot.events import FileOut, InboundMessage, Outbox, Reply
 from bot.notebook import export_notebook
+from bot.safetext import shown
 from bot.store import Store
 from kernels import KernelPool
 
@@ -64,7 +67,7 @@ class Commands:
         files = await self._pool.workspaces.for_key(str(message.key)).list_files()
         if not files:
             return Reply(text="This thread's workspace is empty.")
-        lines = [f"• `{f.name}` — {human_size(f.size)}" for f in files[:50]]
+        lines = [f"• `{shown(f.name)}` — {human_size(f.size)}" for f in files[:50]]
         if len(files) > 50:
             lines.append(f"… and {len(files) - 50} more")
         return Reply(text=f"Files in this thread ({len(files)}):\n" + "\n".join(lines))
@@ -80,7 +83,9 @@ class Commands:
         name = f"threadbook-{message.key.thread.replace('.', '-')}.ipynb"
         path = self._export_dir / f"{self._pool.workspaces.for_key(key).path.name}.ipynb"
         await asyncio.to_thread(_write_file, path, data)
-        return Reply(text=f"📓 Here is this thread as a notebook ({len(timeline)} entries).", files=(FileOut(path=path, name=name),))
+        # The notebook is the bot's own bytes, already in memory: adapters read them, not the file.
+        notebook = FileOut(name=name, size=len(data), open_reader=functools.partial(io.BytesIO, data))
+        return Reply(text=f"📓 Here is this thread as a notebook ({len(timeline)} entries).", files=(notebook,))
 
     async def _status(self, message: InboundMessage) -> Reply:
         key = str(message.key)
@@ -97,6 +102,7 @@ class Commands:
         return Reply(
             text=(
                 f"**Kernel:** {kernel}\n"
+                f"**Isolation:** {self._pool.launcher.isolation}\n"
                 f"**Code cells run in this thread:** {cells}\n"
                 f"**Tokens used:** {prompt_tokens + completion_tokens:,} "
                 f"({prompt_tokens:,} prompt, {completion_tokens:,} completion)"

@@ -116,6 +116,8 @@ class ChannelPolicy(_Model):
     data_dir: Path | None = None  # offered read-only to this channel's kernels
     network: bool | None = None
     max_rounds: int | None = Field(None, ge=1, le=100)
+    #: Let processes a cell starts keep running after it returns (default: they are killed).
+    background_processes: bool = False
 
     @field_validator("data_dir")
     @classmethod

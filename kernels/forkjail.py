@@ -12,9 +12,11 @@ child and returns to its own right after the fork, so the child is pid 1 of a fr
 namespace (the role bwrap's init plays for a spawned kernel). That child, the
 *supervisor*, still root:
 
+0. joins a new session keyring (nothing of the zygote's or another kernel's is reachable)
+   and raises its ``oom_score_adj`` to :data:`KERNEL_OOM_SCORE_ADJ` (:func:`isolate`);
 1. unshares mount, net, ipc, uts and cgroup namespaces; makes every mount private;
-2. mounts size-capped tmpfs at ``/tmp`` and ``/dev/shm``, a fresh ``/proc`` (the host's is
-   detached) and ``/dev/pts``; brings up its own ``lo``;
+2. mounts size- and inode-capped tmpfs at ``/tmp`` and ``/dev/shm``, a fresh ``/proc`` (the
+   host's is detached) and ``/dev/pts``; brings up its own ``lo``;
 3. binds the thread's workspace at ``/workspace`` (rw), its run dir at its own path (rw, on
    a tmpfs that hides every other run dir), the run dir's ``passwd``/``group`` at ``/etc``
    and the channel's ``data_dir`` at ``/data`` (ro), all ``nosuid,nodev``;
@@ -59,6 +61,11 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 #: Exit code of a supervisor whose kernel was killed by signal N: ``SIGNAL_BASE + N``.
 SIGNAL_BASE = 128
+#: keyctl(2) by architecture (no libc wrapper without libkeyutils); x86-64, then the generic table.
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "i686": 288, "i386": 288}
+KEYCTL_JOIN_SESSION_KEYRING = 1
+#: Kernels are the first processes the OOM killer takes (the bot keeps its own score).
+KERNEL_OOM_SCORE_ADJ = 1000
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -66,6 +73,7 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.syscall.restype = ctypes.c_long
 
 
 def _check(result: int, what: str) -> None:
@@ -93,6 +101,35 @@ def prctl(option: int, arg: int = 0) -> None:
     _check(_libc.prctl(option, arg, 0, 0, 0), f"prctl {option}")
 
 
+def join_session_keyring() -> bool:
+    """Give the calling process (and what it starts) a new, empty session keyring, so no key
+    of the bot's session keyring is reachable; safe in a ``preexec_fn``.
+
+    Returns False where keyrings cannot be used at all (``keyctl`` refused by seccomp, as in
+    Docker's default profile, or an architecture without a known syscall number): nothing
+    is reachable through them then either. Raises ``OSError`` on any other failure.
+    """
+    number = _SYS_KEYCTL.get(os.uname().machine)
+    if number is None:
+        return False
+    if _libc.syscall(ctypes.c_long(number), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), None) < 0:
+        code = ctypes.get_errno()
+        if code in (errno.ENOSYS, errno.EPERM, errno.EACCES):
+            return False
+        raise OSError(code, f"keyctl(KEYCTL_JOIN_SESSION_KEYRING): {os.strerror(code)}")
+    return True
+
+
+def set_oom_score_adj(value: int) -> None:
+    """Set the calling process's ``oom_score_adj`` (inherited by its children; raising it
+    needs no privilege, lowering it again does)."""
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, str(value).encode())
+    finally:
+        os.close(fd)
+
+
 def fork_jailed(own_pid_namespace: int) -> int:
     """``os.fork()`` whose child is pid 1 of a new pid namespace; the caller stays in its own
     (``own_pid_namespace``: an fd of ``/proc/self/ns/pid``, opened before the first call)."""
@@ -112,8 +149,9 @@ def _bind(source: str, target: str, *, writable: bool = False) -> None:
     mount(None, target, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY))
 
 
-def _tmpfs(target: str, size_mb: int, mode: int) -> None:
-    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size_mb}m,mode={mode:o}")
+def _tmpfs(target: str, size_mb: int, mode: int, inodes: int | None = None) -> None:
+    data = f"size={size_mb}m,mode={mode:o}" + ("" if inodes is None else f",nr_inodes={inodes}")
+    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, data)
 
 
 def _host(path: str) -> str:
@@ -142,7 +180,8 @@ def build(jail: dict[str, Any]) -> None:
     ``jail``: ``run_dir`` (the path the kernel uses), ``sources`` (host paths, resolved, of
     ``workspace``, ``run_dir`` and ``data_dir``, the last one may be None), ``hide`` (bound
     folders of the zygote to detach), ``python_dirs`` (the read-only Python folders, bound
-    again when they live under the fresh ``/tmp``), ``tmp_mb``, ``shm_mb``.
+    again when they live under the fresh ``/tmp``), ``tmp_mb``, ``shm_mb`` and the inode
+    caps ``tmp_inodes``, ``shm_inodes``.
     """
     sources = jail["sources"]
     unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP)
@@ -150,8 +189,8 @@ def build(jail: dict[str, Any]) -> None:
     # Before the fresh /tmp: a hidden folder may live under /tmp (a checkout in /tmp).
     for folder in jail["hide"]:
         _check(_libc.umount2(_bytes(folder), MNT_DETACH), f"umount {folder}")
-    _tmpfs("/tmp", jail["tmp_mb"], 0o1777)
-    _tmpfs("/dev/shm", jail["shm_mb"], 0o1777)
+    _tmpfs("/tmp", jail["tmp_mb"], 0o1777, jail.get("tmp_inodes"))
+    _tmpfs("/dev/shm", jail["shm_mb"], 0o1777, jail.get("shm_inodes"))
     for folder in jail["python_dirs"]:  # the interpreter or venv may live under /tmp too
         if folder.startswith(("/tmp/", "/dev/shm/")):
             _makedirs(folder)
@@ -175,6 +214,12 @@ def build(jail: dict[str, Any]) -> None:
         raise RuntimeError(f"{HOST_VIEW} is still visible after detaching it")
     _loopback_up()
     os.chdir(WORKSPACE)
+
+
+def isolate(jail: dict[str, Any]) -> None:
+    """(Forked child, before any user code) its own session keyring and a high OOM score."""
+    join_session_keyring()
+    set_oom_score_adj(int(jail.get("oom_score_adj", KERNEL_OOM_SCORE_ADJ)))
 
 
 def drop_privileges(uid: int, gid: int, *, dumpable: bool) -> None:

@@ -42,11 +42,21 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from kernels.launcher import KernelHandle, KernelLauncher, ThreadbookProvisioner, kernel_environment, resource_limits
+from kernels.launcher import (
+    KernelHandle,
+    KernelLauncher,
+    ThreadbookProvisioner,
+    child_setup,
+    kernel_environment,
+    resource_limits,
+)
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
+from kernels.forkjail import KERNEL_OOM_SCORE_ADJ
 from kernels.sandbox import (
+    SHM_INODES,
     SHM_SIZE_MB,
+    TMP_INODES,
     TMP_SIZE_MB,
     WORKSPACE,
     BwrapLauncher,
@@ -183,7 +193,7 @@ class ForkServer:
                 *prefix, sys.executable, "-P", str(ZYGOTE), json.dumps(self.preload), str(self._lifeline_r), *mode,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log_file,
                 env=env, cwd=run_dir, pass_fds=(self._lifeline_r,), start_new_session=True,
-                limit=1 << 20,
+                limit=1 << 20, preexec_fn=child_setup(None),  # its own session keyring, a high OOM score
             )  # fmt: skip
         self.starts += 1
         self.running = True
@@ -315,23 +325,35 @@ class ForkProvisioner(ThreadbookProvisioner):
         return kwargs
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
-        """Fork the kernel with ``cmd``'s ipykernel arguments, cwd and (allow-listed) env."""
+        """Fork the kernel with ``cmd``'s ipykernel arguments, cwd and (allow-listed) env,
+        then move it (supervisor and kernel) into its cgroup: no user code has run yet, the
+        kernel is ready only later."""
         assert self.server is not None
         env = dict(kwargs.get("env") or self.launch_env)
         env.pop("JPY_PARENT_PID", None)  # the lifeline ties the kernel to the bot instead
         stdout = kwargs.get("stdout")
         log_path = getattr(stdout, "name", os.devnull)
-        process = await self.server.fork(
-            argv=fork_argv(cmd, self.server.preload),
-            cwd=str(WORKSPACE) if self.jail is not None else str(kwargs.get("cwd") or os.getcwd()),
-            env=env,
-            log_path=str(log_path),
-            limits=[(int(limit), int(value)) for limit, value in self.limits],
-            jail=self.jail,
-        )
+        self.cgroup = await self.make_cgroup()
+        try:
+            process = await self.server.fork(
+                argv=fork_argv(cmd, self.server.preload),
+                cwd=str(WORKSPACE) if self.jail is not None else str(kwargs.get("cwd") or os.getcwd()),
+                env=env,
+                log_path=str(log_path),
+                limits=[(int(limit), int(value)) for limit, value in self.limits],
+                jail=self.jail,
+            )
+        except BaseException:
+            await self.remove_cgroup()
+            raise
         self.process = process
         self.pid = self.pgid = process.pid  # the child called setsid: it leads its group
         self.cwd = kwargs.get("cwd")
+        if self.cgroup is not None:
+            try:  # on failure the manager's clean-up kills the process and removes the cgroup
+                await asyncio.to_thread(self.cgroup.add_tree, process.pid)
+            except OSError as exc:
+                raise KernelStartError(f"could not move the forked kernel into its cgroup: {exc}") from exc
         return self.connection_info
 
 
@@ -355,7 +377,7 @@ class ForkingLauncher(KernelLauncher):
     """Starts kernels by forking them from a :class:`ForkServer`, spawning when it cannot."""
 
     def __init__(self, spawn: KernelLauncher) -> None:
-        super().__init__(spawn.settings, run_root=spawn.run_root.parent)
+        super().__init__(spawn.settings, run_root=spawn.run_root.parent, cgroups=spawn.cgroups)
         if not self.supports(spawn):
             raise ValueError(f"no fork-server profile for {type(spawn).__name__}")
         self.spawn = spawn
@@ -384,7 +406,7 @@ class ForkingLauncher(KernelLauncher):
         network (those need slirp4netns: spawned); unsandboxed, the default profile only."""
         if self.sandbox is not None:
             return not options.network
-        return options == KernelOptions(network=self.settings.network)
+        return options.for_launch() == KernelOptions(network=self.settings.network)
 
     def kernel_spec(self) -> KernelSpec:
         """The spawn launcher's kernel spec (interrupt mode included)."""
@@ -422,6 +444,9 @@ class ForkingLauncher(KernelLauncher):
             "python_dirs": [str(path) for path in python_roots()],
             "tmp_mb": TMP_SIZE_MB,
             "shm_mb": SHM_SIZE_MB,
+            "tmp_inodes": TMP_INODES,
+            "shm_inodes": SHM_INODES,
+            "oom_score_adj": KERNEL_OOM_SCORE_ADJ,
         }
 
     def make_provisioner(self, manager: AsyncKernelManager, *, env: dict[str, str]) -> ThreadbookProvisioner:
@@ -429,6 +454,7 @@ class ForkingLauncher(KernelLauncher):
         provisioner = ForkProvisioner(kernel_id=manager.kernel_id, kernel_spec=manager.kernel_spec, parent=manager)
         provisioner.launch_env = env
         provisioner.limits = resource_limits(self.settings)
+        provisioner.cgroups = self.cgroups
         provisioner.server = self.server
         return provisioner
 

@@ -25,7 +25,11 @@ Limits without a sandbox: memory is ``RLIMIT_DATA`` (heap and private writable m
 not the ~1 GiB of address space an idle kernel maps), CPU seconds are a lifetime backstop,
 ``RLIMIT_NPROC`` counts per uid and is ignored for root - so as root a fork bomb is bounded
 only by the execution timeout (interrupt, then kill of the whole process group); the sandbox
-(:mod:`kernels.sandbox`) gives each kernel its own pid namespace and uid.
+(:mod:`kernels.sandbox`) gives each kernel its own pid namespace and uid. Where the host
+allows it, every kernel also gets its own cgroup (:mod:`kernels.cgroups`: memory for all its
+processes together, pids, CPU weight), entered in the child's ``preexec_fn`` before any of
+its code runs, together with ``oom_score_adj`` 1000 and a new session keyring
+(:func:`child_setup`); what a cell leaves running is killed after it (:mod:`kernels.leftovers`).
 """
 
 from __future__ import annotations
@@ -40,10 +44,12 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from queue import Empty
 from typing import Any
 
 import psutil
+import zmq
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.launcher import launch_kernel
@@ -51,7 +57,11 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning import LocalProvisioner
 
 from bot.config import KernelSettings
+from kernels import leftovers, safefs
+from kernels.cgroups import Cgroups, KernelCgroup
+from kernels.forkjail import KERNEL_OOM_SCORE_ADJ, join_session_keyring, set_oom_score_adj
 from kernels.options import KernelOptions
+from kernels.output import MAX_MESSAGE_BYTES
 from kernels.result import KernelStartError
 
 MPL_INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
@@ -97,11 +107,35 @@ def resource_limits(settings: KernelSettings) -> Limits:
     ]
 
 
+def child_setup(cgroup: KernelCgroup | None) -> Callable[[], None]:
+    """The ``preexec_fn`` of a spawned kernel: between fork and exec, so before any of its
+    code runs, it enters its cgroup, raises its OOM score and gets its own session keyring
+    (what it starts, bwrap included, inherits all three)."""
+
+    # preexec_fn runs in the forked child of a threaded bot: only raw os calls and one ctypes
+    # syscall here, nothing that takes a lock (logging, imports) another thread may have held.
+    def setup() -> None:
+        try:
+            if cgroup is not None:
+                cgroup.enter()
+            set_oom_score_adj(KERNEL_OOM_SCORE_ADJ)
+            join_session_keyring()
+        except BaseException as exc:
+            os.write(2, f"threadbook: kernel set-up failed: {exc!r}\n".encode())  # stderr is the kernel log
+            raise
+
+    return setup
+
+
 class ThreadbookProvisioner(LocalProvisioner):  # type: ignore[misc]
-    """A ``LocalProvisioner`` with an allow-listed env, rlimits and whole-group kill."""
+    """A ``LocalProvisioner`` with an allow-listed env, rlimits, a per-kernel cgroup and
+    whole-group kill."""
 
     launch_env: dict[str, str] = {}
     limits: Limits = []
+    #: Where this kernel's cgroup comes from (None or disabled: rlimits only).
+    cgroups: Cgroups | None = None
+    cgroup: KernelCgroup | None = None
 
     def wrap_command(self, cmd: list[str]) -> list[str]:
         """Prefix the kernel command (the sandbox puts ``bwrap ...`` here)."""
@@ -118,9 +152,15 @@ class ThreadbookProvisioner(LocalProvisioner):  # type: ignore[misc]
             del env[name]
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
-        """Start the process off the event loop, in its own session, then limit it."""
+        """Start the process off the event loop, in its own session and cgroup, then limit it."""
         popen_kwargs = LocalProvisioner._scrub_kwargs(kwargs)
-        self.process = await asyncio.to_thread(launch_kernel, self.wrap_command(cmd), **popen_kwargs)
+        self.cgroup = await self.make_cgroup()
+        popen_kwargs["preexec_fn"] = child_setup(self.cgroup)
+        try:
+            self.process = await asyncio.to_thread(launch_kernel, self.wrap_command(cmd), **popen_kwargs)
+        except BaseException:
+            await self.remove_cgroup()
+            raise
         self.pid = self.process.pid
         self.pgid = self.pid  # launch_kernel uses start_new_session: the kernel leads its group
         self.cwd = kwargs.get("cwd")
@@ -143,6 +183,26 @@ class ThreadbookProvisioner(LocalProvisioner):  # type: ignore[misc]
                 proc.kill()
             except psutil.Error:
                 pass
+
+    async def cleanup(self, restart: bool = False) -> None:
+        """Also kill what is left in the kernel's cgroup and remove it."""
+        await self.remove_cgroup()
+        await super().cleanup(restart=restart)
+
+    async def make_cgroup(self) -> KernelCgroup | None:
+        """A new cgroup for this kernel, or None without cgroups."""
+        if self.cgroups is None or not self.cgroups.enabled:
+            return None
+        try:
+            return await asyncio.to_thread(self.cgroups.create, self.kernel_id)
+        except OSError as exc:
+            raise KernelStartError(f"could not create the kernel's cgroup: {exc}") from exc
+
+    async def remove_cgroup(self) -> None:
+        """Kill whatever is left in the kernel's cgroup and remove it (logged, never raised)."""
+        cgroup, self.cgroup = self.cgroup, None
+        if cgroup is not None:
+            await asyncio.to_thread(cgroup.remove)
 
     async def wait(self) -> int | None:
         """Wait for the process to exit, polling quickly at first."""
@@ -181,12 +241,35 @@ class KernelHandle:
     manager: AsyncKernelManager
     client: AsyncKernelClient
     run_dir: Path
+    #: The kernel's own processes, recorded when it became ready (see :mod:`kernels.leftovers`).
+    infrastructure: frozenset[int] = frozenset()
 
     @property
     def pid(self) -> int | None:
         """The kernel (or sandbox) process id."""
         provisioner = self.manager.provisioner
         return getattr(provisioner, "pid", None)
+
+    @property
+    def cgroup(self) -> KernelCgroup | None:
+        """The kernel's cgroup, if it has one."""
+        return getattr(self.manager.provisioner, "cgroup", None)
+
+    async def record_infrastructure(self) -> None:
+        """Remember the kernel's own processes (call once it is ready, before any user code)."""
+        self.infrastructure = await asyncio.to_thread(leftovers.infrastructure, self.cgroup, self.pid)
+
+    async def out_of_memory(self) -> bool:
+        """Whether the OOM killer of the kernel's memory cgroup has killed any of its processes."""
+        cgroup = self.cgroup
+        return cgroup is not None and await asyncio.to_thread(cgroup.oom_kills) > 0
+
+    async def stop_leftovers(self) -> int:
+        """SIGKILL every process of the kernel but its own (what user code left running:
+        background jobs, daemons that left the process group); returns how many."""
+        if not self.infrastructure:
+            return 0
+        return await asyncio.to_thread(leftovers.stop, self.cgroup, self.pid, self.infrastructure)
 
     async def is_alive(self) -> bool:
         """Whether the kernel process is still running."""
@@ -208,21 +291,17 @@ class KernelHandle:
                 await asyncio.to_thread(shutil.rmtree, self.run_dir, True)
 
     async def log_tail(self, max_bytes: int = 2000) -> str:
-        """The end of the kernel process's own stderr/stdout (for death notices)."""
-        return await asyncio.to_thread(_tail, self.run_dir / KERNEL_LOG, max_bytes)
+        """The end of the kernel process's own stderr/stdout (for death notices).
+
+        The run dir is the kernel's to write: the log is read like any kernel-written file
+        (:mod:`kernels.safefs`), so a FIFO or a link planted in its place yields nothing.
+        """
+        data = await asyncio.to_thread(safefs.tail_file, self.run_dir, KERNEL_LOG, max_bytes)
+        return data.decode(errors="replace")
 
     async def memory_bytes(self) -> int | None:
         """PSS of the kernel's process tree, or None when unknown."""
         return await asyncio.to_thread(_tree_pss, self.pid)
-
-
-def _tail(path: Path, max_bytes: int) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, handle.seek(0, os.SEEK_END) - max_bytes))
-            return handle.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _tree_pss(pid: int | None) -> int | None:
@@ -251,11 +330,19 @@ class KernelLauncher:
     transport = "ipc"
     interrupt_mode = "signal"
 
-    def __init__(self, settings: KernelSettings, *, run_root: Path | None = None) -> None:
+    def __init__(self, settings: KernelSettings, *, run_root: Path | None = None, cgroups: Cgroups | None = None) -> None:
+        """``cgroups``: where kernels' cgroups come from (default: what this host allows,
+        detected once per process)."""
         self.settings = settings
+        self.cgroups = cgroups or Cgroups.detected(memory_mb=settings.memory_mb, max_processes=settings.max_processes)
         # Per user: a second bot user on the same host must not trip over the first one's 0700 folder.
         self.run_root = Path(run_root or tempfile.gettempdir()) / f"threadbook-{os.getuid()}"
         self.cache_dir = self.run_root / "cache"
+
+    @property
+    def isolation(self) -> str:
+        """One line saying which resource isolation kernels get (start-up log, ``status``)."""
+        return self.cgroups.describe()
 
     def kernel_spec(self) -> KernelSpec:
         """The ipykernel command line (history in memory only, modules from ``preload`` imported)."""
@@ -285,6 +372,7 @@ class KernelLauncher:
         provisioner = self.provisioner_class(kernel_id=manager.kernel_id, kernel_spec=manager.kernel_spec, parent=manager)
         provisioner.launch_env = env
         provisioner.limits = resource_limits(self.settings)
+        provisioner.cgroups = self.cgroups
         return provisioner
 
     async def start(self, workspace: Path, options: KernelOptions = KernelOptions()) -> KernelHandle:
@@ -302,10 +390,14 @@ class KernelLauncher:
             self.configure_provisioner(manager.provisioner, workspace=workspace, run_dir=run_dir, options=options)
             with open(run_dir / KERNEL_LOG, "ab") as log:  # the kernel keeps its own copy of the fd
                 await manager.start_kernel(cwd=str(workspace), stdout=log, stderr=log)
+            # A message over the cap is refused by the socket itself, before pyzmq or the
+            # session decode a byte of it (the display budget still applies below the cap).
             client = manager.client()
+            client.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # the client's own context
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
             handle = KernelHandle(manager=manager, client=client, run_dir=run_dir)
             await _wait_ready(handle, START_TIMEOUT_S)
+            await handle.record_infrastructure()
             return handle
         except BaseException as exc:
             await _discard(manager, client, run_dir)

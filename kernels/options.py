@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -16,7 +16,16 @@ class KernelOptions:
     it a sandboxed kernel has just its own ``lo``; with it slirp4netns adds ``tap0`` (when
     installed; else the kernel stays offline). Unsandboxed kernels use the host's network
     either way.
+    ``background_processes``: processes a cell leaves running survive the end of its execution
+    (default: they are killed, :mod:`kernels.leftovers`). Only the session acts on it: a kernel
+    started for other options serves just as well.
     """
 
     data_dir: Path | None = None
     network: bool = False
+    background_processes: bool = False
+
+    def for_launch(self) -> KernelOptions:
+        """These options without the ones that do not change how a kernel is started (for
+        comparing what a forked or warm kernel was started for)."""
+        return replace(self, background_processes=False)

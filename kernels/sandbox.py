@@ -1,7 +1,8 @@
 """The bubblewrap sandbox: every kernel in its own namespaces, as an unprivileged uid.
 
-Each kernel runs as ``bwrap [namespaces, binds] -- prlimit [limits] -- [setpriv] -- python -m
-ipykernel_launcher``:
+Each kernel runs as ``bwrap [namespaces, binds] -- [sh -c remount] prlimit [limits] -- [setpriv]
+-- python -m ipykernel_launcher``, in its own cgroup where the host allows one
+(:mod:`kernels.cgroups`; the bot's ``preexec_fn`` puts the bwrap process there):
 
 * new pid, net, ipc, uts and cgroup namespaces; only ``lo`` exists, so there is no network
   and the bot's own ports on the host's 127.0.0.1 are unreachable (``network: true``
@@ -10,7 +11,9 @@ ipykernel_launcher``:
   paths, parents created ``0755`` so an unprivileged uid can reach them), a few files from
   ``/etc`` and a generated ``/etc/passwd``; nothing else of the host is visible;
 * the thread's workspace at ``/workspace`` (cwd, ``HOME``) is the only persistent writable
-  place; ``/tmp`` and ``/dev/shm`` are size-capped tmpfs; the channel's ``data_dir`` is bound
+  place; ``/tmp`` and ``/dev/shm`` are size-capped tmpfs (inode-capped too when the bot is
+  root: bwrap has no option for it, so a ``sh`` step still root inside the sandbox remounts
+  them with ``nr_inodes`` before ``setpriv``); the channel's ``data_dir`` is bound
   read-only at ``/data``; the per-kernel run dir (ZMQ ipc sockets, connection file) is bound
   at its own path;
 * ``--die-with-parent``, ``--new-session``, message-mode interrupts, rlimits set by
@@ -25,7 +28,10 @@ Who the kernel is depends on who runs the bot:
 * **non-root** (the Docker image, uid 10001): bwrap creates an unprivileged user namespace
   (``--unshare-user --uid 1000``, every capability dropped, ``no_new_privs`` set by bwrap)
   and, where supported, ``--disable-userns`` forbids nested user namespaces. That uid owns
-  the tmpfs under ``/`` and ``/dev``, so both are remounted read-only.
+  the tmpfs under ``/`` and ``/dev``, so both are remounted read-only. Nothing in the
+  sandbox keeps the capability to remount ``/tmp`` and ``/dev/shm``, so they have a size
+  cap but no inode cap; their inode memory counts against the kernel's memory cgroup where
+  there is one.
 
 ``sandbox: auto`` probes once (a real sandboxed Python start) and falls back to the plain
 launcher with one warning; ``sandbox: bwrap`` raises :class:`KernelStartError` instead.
@@ -42,6 +48,7 @@ import logging
 import os
 import re
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -54,6 +61,7 @@ from typing import Any
 import psutil
 
 from bot.config import KernelSettings
+from kernels import safefs
 from kernels.forkjail import HOST_VIEW
 from kernels.launcher import (
     KernelLauncher,
@@ -77,6 +85,9 @@ KERNEL_UID_SPAN = 100_000_000
 USERNS_UID = 1000
 TMP_SIZE_MB = 256
 SHM_SIZE_MB = 64
+#: Inode caps of the private tmpfs: 300k empty files would otherwise cost ~300 MiB of kernel memory.
+TMP_INODES = 32_768
+SHM_INODES = 4_096
 PROBE_TIMEOUT_S = 20.0
 #: Host files bound read-only when present (the loader cache, time zone, MIME types, fonts).
 _HOST_FILES = tuple(
@@ -101,6 +112,7 @@ class BwrapSupport:
     bwrap: str
     prlimit: str
     setpriv: str | None  # used when the bot runs as root
+    mount: str | None  # root: remounts the private tmpfs with inode caps before setpriv
     tmpfs_size: bool  # ``--size`` caps a tmpfs (bwrap >= 0.10)
     disable_userns: bool
     as_root: bool
@@ -139,6 +151,9 @@ def detect_support(bwrap: str | None = None) -> BwrapSupport:
         raise KernelStartError("prlimit (util-linux) not found: it sets the kernel's rlimits inside the sandbox")
     if as_root and setpriv is None:
         raise KernelStartError("setpriv (util-linux) not found: as root it is how the kernel drops to an unprivileged uid")
+    mount = shutil.which("mount")
+    if as_root and (mount is None or shutil.which("sh") is None):
+        raise KernelStartError("mount (util-linux) or sh not found: as root they set the inode caps of the kernel's tmpfs")
     try:
         usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -148,6 +163,7 @@ def detect_support(bwrap: str | None = None) -> BwrapSupport:
         bwrap=bwrap,
         prlimit=prlimit,
         setpriv=setpriv if as_root else None,
+        mount=mount if as_root else None,
         tmpfs_size=bool(re.search(r"--size\b", help_text)),
         disable_userns="--disable-userns" in help_text,
         as_root=as_root,
@@ -238,6 +254,8 @@ def sandbox_prefix(
         # "/dev" on: without this it could write there (uncapped, outside the workspace).
         args.add("--remount-ro", "/", "--remount-ro", "/dev")
     args.add("--chdir", str(WORKSPACE), "--")
+    if support.mount is not None:
+        args.add(*_inode_caps(support.mount))
     args.add(support.prlimit, *_prlimit_options(limits), "--")
     if support.setpriv is not None:
         args.add(
@@ -300,6 +318,17 @@ def zygote_prefix(support: BwrapSupport, *, run_dir: Path, code_dir: Path | None
     return args.argv
 
 
+def _inode_caps(mount: str) -> list[str]:
+    """(Root mode) a shell step, still root inside the sandbox and before any user code,
+    that remounts ``/tmp`` and ``/dev/shm`` with inode caps (bwrap has no option for it),
+    then execs the rest of the command line."""
+    remount = " && ".join(
+        f"{shlex.quote(mount)} -n -o remount,nosuid,nodev,nr_inodes={inodes} tmpfs {target}"
+        for target, inodes in (("/tmp", TMP_INODES), ("/dev/shm", SHM_INODES))
+    )
+    return ["/bin/sh", "-c", f'{remount} && exec "$@"', "threadbook-tmpfs"]
+
+
 def _prlimit_options(limits: Limits) -> list[str]:
     names = {getattr(resource, attr): option for attr, option in _PRLIMIT_NAMES.items()}
     return [f"--{names[limit]}={value}:{value}" for limit, value in limits]
@@ -335,14 +364,15 @@ def hand_over(workspace: Path, run_dir: Path, identity: Identity) -> None:
         return
     uid, gid = identity.host_owner
     if os.lstat(workspace).st_uid != uid:
-        for folder, dirs, files in os.walk(workspace):
-            for name in [*dirs, *files]:
-                os.chown(os.path.join(folder, name), uid, gid, follow_symlinks=False)
+        safefs.chown_tree(workspace, uid, gid)  # descriptors only: a folder swapped for a link is never followed
     os.chown(workspace, uid, gid, follow_symlinks=False)
-    os.chown(run_dir, uid, gid)
-    connection_file = run_dir / "kernel.json"
-    if connection_file.exists():
-        os.chown(connection_file, uid, gid)
+    run_fd = safefs.open_dir(run_dir)
+    try:
+        os.fchown(run_fd, uid, gid)
+        with contextlib.suppress(FileNotFoundError):
+            safefs.chown_at(run_fd, "kernel.json", uid, gid)
+    finally:
+        os.close(run_fd)
 
 
 class BwrapProvisioner(ThreadbookProvisioner):
@@ -505,6 +535,8 @@ def probe(support: BwrapSupport) -> None:
             "import os, importlib.util as u; assert os.getuid() != 0, 'still root'; "
             "assert u.find_spec('ipykernel'), 'ipykernel not importable'; open('ok', 'w').write('ok')"
         )
+        if support.mount is not None:
+            check += f"; assert os.statvfs('/tmp').f_files == {TMP_INODES}, 'no inode cap on /tmp'"
         cmd = [*sandbox_prefix(support, workspace=workspace, run_dir=run_dir, identity=identity, limits=[]),
                sys.executable, "-c", check]
         try:
@@ -570,7 +602,18 @@ def make_launcher(
 
     ``bwrap`` raises :class:`KernelStartError` when the sandbox cannot run; ``auto`` then
     logs one warning and returns the plain, limits-only launcher.
+
+    Also logs which resource isolation kernels get (per-kernel cgroups or rlimits only,
+    :mod:`kernels.cgroups`), whatever the sandbox.
     """
+    launcher = _pick_launcher(settings, run_root=run_root, bwrap=bwrap, slirp4netns=slirp4netns)
+    log.info("kernel isolation: %s", launcher.isolation)
+    return launcher
+
+
+def _pick_launcher(
+    settings: KernelSettings, *, run_root: Path | None, bwrap: str | None, slirp4netns: str | None
+) -> KernelLauncher:
     if settings.sandbox == "none":
         return KernelLauncher(settings, run_root=run_root)
     try:

@@ -5,6 +5,8 @@ An execution follows nbclient's ``async_execute_cell``: only iopub messages whos
 for the execution count, and a 1 s watchdog turns a dead process into ``Outcome.DIED``.
 On timeout the kernel is interrupted; if it is still busy ``interrupt_grace_s`` later
 (a long C call ignores SIGINT), it is replaced by a fresh kernel in the same workspace.
+When an execution ends, processes it left running are killed unless the channel allows
+background processes (:mod:`kernels.leftovers`); the result's notice says how many.
 """
 
 from __future__ import annotations
@@ -17,17 +19,31 @@ from queue import Empty
 from typing import Any
 
 from bot.config import KernelSettings
+from kernels import safefs
 from kernels.launcher import KernelHandle, KernelLauncher
 from kernels.options import KernelOptions
-from kernels.output import OutputCollector
+from kernels.output import MAX_MESSAGE_BYTES, OutputCollector
 from kernels.result import ExecutionResult, KernelError, Outcome
+from kernels.safefs import MAX_WALK_ENTRIES
 from kernels.workspace import Workspace, changed_files
 
 log = logging.getLogger(__name__)
 
-WATCHDOG_INTERVAL_S = 1.0
+#: How often a running execution checks that the kernel lives and its workspace is within quota.
+WATCHDOG_INTERVAL_S = 0.25
 SHELL_REPLY_TIMEOUT_S = 2.0
+#: After the shell reply, how long iopub may stay silent before the execution counts as done
+#: (iopub lost messages: the socket dropped one over ``MAX_MESSAGE_BYTES`` and reconnected).
+IOPUB_GRACE_S = 1.0
+QUOTA_NOTICE = (
+    "This code wrote past the thread's workspace quota ({used}; the limit is {quota}): the kernel was stopped. "
+    "Variables were lost; files in the workspace remain. Delete or shrink files to free space before writing more."
+)
+LOST_OUTPUT_NOTICE = (
+    f"Some output of this execution was lost: a single output over {MAX_MESSAGE_BYTES // 2**20} MB is refused."
+)
 LOST_STATE_NOTICE = "The kernel was restarted: variables from before were lost; files in the workspace remain."
+LEFTOVERS_NOTICE = "{count} background process(es) left by this code were stopped."
 
 
 class KernelSession:
@@ -138,6 +154,7 @@ class KernelSession:
         assert handle is not None
         client = handle.client
         before = await asyncio.to_thread(self.workspace.snapshot)
+        used_before = await asyncio.to_thread(safefs.usage, self.workspace.path)
         output = OutputCollector(self.settings.max_output_bytes)
         started = time.monotonic()
         msg_id = client.execute(code, store_history=True, allow_stdin=False)
@@ -148,6 +165,9 @@ class KernelSession:
         outcome = Outcome.OK
         reason = ""
         restarted = False
+        replied_at: float | None = None  # when the shell reply came in while iopub was quiet
+        quota_notice: str | None = None
+        lost_output = False
         while True:
             now = time.monotonic()
             if interrupted_at is None and self._stop_requested_at is not None:
@@ -163,13 +183,23 @@ class KernelSession:
                 if not await handle.is_alive():
                     outcome = Outcome.DIED
                     break
+                if (over := await self._over_quota(used_before)) is not None:
+                    outcome, quota_notice = Outcome.DIED, over
+                    break
                 next_check = now + WATCHDOG_INTERVAL_S
             limit = next_check if interrupted_at is None else interrupted_at + self.settings.interrupt_grace_s
             if interrupted_at is None:
                 limit = min(limit, deadline)
+            if replied_at is not None:
+                limit = min(limit, replied_at + IOPUB_GRACE_S)
             try:
                 msg = await client.get_iopub_msg(timeout=max(limit - now, 0.001))
             except Empty:
+                if replied_at is None and await self._shell_reply_now(handle, msg_id, output):
+                    replied_at = time.monotonic()
+                elif replied_at is not None and time.monotonic() >= replied_at + IOPUB_GRACE_S:
+                    lost_output = True  # the reply is in but "idle" never came: iopub dropped it
+                    break
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
@@ -181,7 +211,8 @@ class KernelSession:
             output.handle(msg_type, content)
 
         if outcome is Outcome.OK:
-            await self._read_shell_reply(handle, msg_id, output)
+            if replied_at is None:
+                await self._read_shell_reply(handle, msg_id, output)
             if interrupted_at is not None:
                 outcome = Outcome.INTERRUPTED if reason == "stop" else Outcome.TIMEOUT_INTERRUPTED
             elif output.error is not None:
@@ -197,7 +228,7 @@ class KernelSession:
             truncated=output.truncated,
         )
         if outcome is Outcome.DIED:
-            result.notice = await self._death_notice(handle)
+            result.notice = quota_notice or await self._death_notice(handle)
             await self._discard_handle()
             self.state = "dead"
             self._lost_state = True  # the next result (in a fresh kernel) says so too
@@ -211,14 +242,58 @@ class KernelSession:
         if output.dropped_displays:
             note = f"{output.dropped_displays} display output(s) were dropped (too much output)."
             result.notice = f"{result.notice} {note}" if result.notice else note
+        if lost_output:
+            await _resubscribe(handle)
+            result.truncated = True
+            result.notice = f"{result.notice} {LOST_OUTPUT_NOTICE}" if result.notice else LOST_OUTPUT_NOTICE
+        if outcome is not Outcome.DIED and not restarted and not self.options.background_processes:
+            if (stopped := await self._stop_leftovers(handle)) is not None:
+                result.notice = f"{result.notice} {stopped}" if result.notice else stopped
         after = await asyncio.to_thread(self._snapshot_and_touch)
         result.changed_files = changed_files(before, after)
         result.duration_s = time.monotonic() - started
         return result
 
+    async def _over_quota(self, before: tuple[int, int]) -> str | None:
+        """The notice when the workspace outgrew its quota (bytes, or entries) during this
+        execution, else None. Code that only shrinks an over-full workspace may run.
+
+        This is the fallback the quota has where no size-limited file system holds the
+        workspace: checked every watchdog tick while code runs.
+        """
+        quota = self.workspace.quota_bytes
+        used, entries = await asyncio.to_thread(safefs.usage, self.workspace.path)
+        if entries > MAX_WALK_ENTRIES >= before[1]:
+            return QUOTA_NOTICE.format(used=f"more than {MAX_WALK_ENTRIES:,} files", quota=f"{MAX_WALK_ENTRIES:,} files")
+        if used > quota and used > before[0]:
+            return QUOTA_NOTICE.format(used=_mb(used), quota=_mb(quota))
+        return None
+
+    async def _stop_leftovers(self, handle: KernelHandle) -> str | None:
+        """Kill the processes this execution left running (nothing runs between turns); the
+        notice saying so, or None when there were none."""
+        try:
+            count = await handle.stop_leftovers()
+        except Exception:
+            log.warning("stopping the leftover processes of %s failed", self.key, exc_info=True)
+            return None
+        return LEFTOVERS_NOTICE.format(count=count) if count else None
+
     def _snapshot_and_touch(self) -> dict[str, tuple[int, int]]:
         self.workspace.touch()
         return self.workspace.snapshot()
+
+    async def _shell_reply_now(self, handle: KernelHandle, msg_id: str, output: OutputCollector) -> bool:
+        """Whether our execute_reply is already waiting on shell (taken when it is)."""
+        while True:
+            try:
+                reply = await handle.client.get_shell_msg(timeout=0)
+            except Empty:
+                return False
+            if reply["parent_header"].get("msg_id") == msg_id:
+                if (count := reply["content"].get("execution_count")) is not None:
+                    output.execution_count = count
+                return True
 
     async def _read_shell_reply(self, handle: KernelHandle, msg_id: str, output: OutputCollector) -> None:
         deadline = time.monotonic() + SHELL_REPLY_TIMEOUT_S
@@ -250,6 +325,8 @@ class KernelSession:
     async def _death_notice(self, handle: KernelHandle) -> str:
         code = await handle.manager.provisioner.poll() if handle.manager.provisioner else None
         how = _exit_text(code)
+        if await handle.out_of_memory():
+            how = f"{how}, stopped by its memory limit ({self.settings.memory_mb} MiB for all its processes together)"
         tail = [line for line in (await handle.log_tail()).splitlines() if "Fatal Python error" in line]
         detail = f" ({tail[-1].strip()})" if tail else ""
         return (
@@ -295,6 +372,37 @@ class KernelSession:
     def pid(self) -> int | None:
         """The kernel process id, if one runs."""
         return None if self._handle is None else self._handle.pid
+
+
+async def _resubscribe(handle: KernelHandle, timeout: float = 5.0) -> None:
+    """Reconnect iopub after its socket refused an oversized message.
+
+    ZMQ treats a message over ``MAXMSGSIZE`` as a protocol error and drops that connection
+    for good, so the channel is replaced by a new one; then ``kernel_info`` is asked until
+    its status message arrives on the new subscription (as at start).
+    """
+    client = handle.client
+    old = client._iopub_channel  # jupyter_client has no public way to renew one channel
+    if old is not None:
+        old.close()
+        client._iopub_channel = None
+    client.iopub_channel.start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        probe = client.kernel_info()
+        until = time.monotonic() + 0.25
+        while (remaining := until - time.monotonic()) > 0:
+            try:
+                msg = await client.get_iopub_msg(timeout=remaining)
+            except Empty:
+                break
+            if msg["parent_header"].get("msg_id") == probe:
+                return
+    log.warning("iopub did not come back within %.0f s after dropping an oversized message", timeout)
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:,.0f} MB"
 
 
 def _text_plain(data: dict[str, Any] | None) -> str | None:

@@ -207,7 +207,7 @@ class WarmPool:
 
     def fits(self, options: KernelOptions) -> bool:
         """Whether a kernel for ``options`` may come from this pool."""
-        return options == self.options
+        return options.for_launch() == self.options
 
     async def take(self) -> WarmKernel | None:
         """A ready, live warm kernel, or None. The pool refills behind it."""

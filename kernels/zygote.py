@@ -10,6 +10,9 @@ With ``jail`` (the sandboxed profile; the zygote then runs inside bubblewrap, se
 host paths of the workspace, run dir and data dir, tmpfs sizes) and the child enters its own
 namespaces and uid before any user code (:mod:`kernels.forkjail`); the fork is answered only
 once the kernel process has dropped its privileges, or with the error that stopped it.
+In both profiles every child joins a new session keyring and raises its ``oom_score_adj``
+before any user code (:func:`kernels.forkjail.isolate`); the bot moves it into the kernel's
+cgroup once the fork is answered (:mod:`kernels.cgroups`).
 
 Protocol: JSON lines. The zygote writes ``{"ready": pid, "threads": n}`` once its imports
 are done, then reads fork requests ``{"id", "argv", "cwd", "env", "log", "limits"}`` from
@@ -165,7 +168,16 @@ def _single_threaded() -> None:
     sys.stderr.flush()
 
 
-def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> int:
+def _load_forkjail() -> Any:
+    """``forkjail.py`` next to this file, loaded by path (this program imports nothing of the project)."""
+    spec = importlib.util.spec_from_file_location("_threadbook_forkjail", Path(__file__).with_name("forkjail.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int], jail: Any) -> int:
     _single_threaded()
     pid = os.fork()
     if pid:
@@ -173,6 +185,7 @@ def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> 
 
     def body() -> int:
         _detach(wake_fds)
+        jail.isolate({})  # own session keyring, high OOM score
         _log_output(request)
         return _run_kernel(request, lifeline)
 
@@ -183,11 +196,8 @@ def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> 
 class Jailer:
     """Forks kernels into their own namespaces and uid (the sandboxed profile, :mod:`forkjail`)."""
 
-    def __init__(self) -> None:
-        spec = importlib.util.spec_from_file_location("_threadbook_forkjail", Path(__file__).with_name("forkjail.py"))
-        assert spec is not None and spec.loader is not None
-        self.jail = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(self.jail)
+    def __init__(self, jail: Any) -> None:
+        self.jail = jail
         self.pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 
     def fork(self, request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> int:
@@ -217,6 +227,7 @@ class Jailer:
         jail, spec = self.jail, request["jail"]
         try:
             _detach(close)
+            jail.isolate(spec)  # own session keyring, high OOM score (the kernel inherits both)
             jail.build(spec)
             _log_output(request)
             jail.drop_privileges(spec["uid"], spec["gid"], dumpable=False)
@@ -277,7 +288,8 @@ def main() -> None:
     """Import, report ready, then serve fork requests until stdin closes."""
     modules = json.loads(sys.argv[1])
     lifeline = int(sys.argv[2])
-    jailer = Jailer() if sys.argv[3:] == ["jail"] else None
+    jail = _load_forkjail()
+    jailer = Jailer(jail) if sys.argv[3:] == ["jail"] else None
     _preload(modules)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -311,7 +323,7 @@ def main() -> None:
                 if jailer is not None:
                     pid = jailer.fork(request, lifeline, (wake_r, wake_w))
                 else:
-                    pid = _fork(request, lifeline, (wake_r, wake_w))
+                    pid = _fork(request, lifeline, (wake_r, wake_w), jail)
             except Exception as exc:
                 _send({"id": request["id"], "error": f"{type(exc).__name__}: {exc}"})
                 continue

@@ -167,6 +167,7 @@ async def test_commands_help_files_status_reset(chat: MemoryChat, llm: ScriptedO
     assert "notes.txt" in (await chat.say("files", mentioned=False)).reply.text
     status = (await chat.say("status", mentioned=False)).reply.text
     assert "Code cells run in this thread:** 1" in status and "Tokens used" in status
+    assert "**Isolation:** cgroup v" in status or "**Isolation:** rlimits only (no cgroup: " in status
     assert "Fresh kernel" in (await chat.say("reset", mentioned=False)).reply.text
 
     llm.script(tool_call("print('kept' in dir())\nprint(open('notes.txt').read())"), echo_tool_output())
@@ -248,7 +249,8 @@ async def test_channel_policy_sets_prompt_model_rounds_and_data(tmp_path: Path, 
     data = tmp_path / "sales-data"
     data.mkdir()
     (data / "prices.csv").write_text("sku,eur\nA,3\n")
-    policy = {"system_prompt": "Amounts are in EUR.", "model": "special-model", "max_rounds": 1, "data_dir": str(data)}
+    policy = {"system_prompt": "Amounts are in EUR.", "model": "special-model", "max_rounds": 1, "data_dir": str(data),
+              "background_processes": True}
     settings = make_settings(tmp_path, llm_url=llm.base_url, channels={"test:C1": policy})
     async with Core.open(settings) as core:
         chat = MemoryChat(core.dispatcher)
@@ -263,9 +265,13 @@ async def test_channel_policy_sets_prompt_model_rounds_and_data(tmp_path: Path, 
         assert {r["model"] for r in llm.requests} == {"special-model"}
         system = llm.requests[0]["messages"][0]["content"]
         assert "Amounts are in EUR." in system and str(data) in system
+        session = core.pool.get(str(chat.key()))
+        assert session is not None and session.options.background_processes
 
         other = MemoryChat(core.dispatcher, channel="C2")
         llm.script(answer("default channel"))
         await other.say("hi")
         assert llm.requests[-1]["model"] == "fake-model"
         assert "EUR" not in llm.requests[-1]["messages"][0]["content"]
+        other_session = core.pool.get(str(other.key()))
+        assert other_session is None or not other_session.options.background_processes

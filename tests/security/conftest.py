@@ -11,6 +11,7 @@ is regenerated from them.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import shutil
 import sqlite3
@@ -31,7 +32,8 @@ from tests.security.report import write_table
 
 CANARY = f"tb-canary-{uuid.uuid4().hex}"
 SECRET_VARS = ("SLACK_BOT_TOKEN", "DISCORD_TOKEN", "OPENAI_API_KEY")
-ATTACK_MODULE = "test_attacks.py"
+#: The modules whose attacks make up the table in docs/security.md.
+ATTACK_MODULES = ("test_attacks.py", "test_boundary.py")
 #: Where the kernels come from: bwrap per kernel, or the sandboxed fork server.
 SOURCES = ("spawn", "fork")
 
@@ -72,7 +74,7 @@ class Outcomes:
 def outcomes(request: pytest.FixtureRequest) -> Iterator[Outcomes]:
     collected = Outcomes()
     yield collected
-    attack_items = [item for item in request.session.items if item.path.name == ATTACK_MODULE]
+    attack_items = [item for item in request.session.items if item.path.name in ATTACK_MODULES]
     failed = request.session.testsfailed
     if attack_items and not failed and collected.count() == len(attack_items):
         mode = "root, kernels dropped to a per-workspace uid by setpriv" if os.geteuid() == 0 else (
@@ -122,9 +124,77 @@ def secret_env() -> Iterator[None]:
             os.environ[name] = value
 
 
+#: (add_key, request_key, keyctl) syscall numbers; keyctl's own is what the bot uses too.
+KEY_SYSCALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219), "riscv64": (217, 218, 219)}
+KEY_SPEC_SESSION_KEYRING = -3
+KEYCTL_GET_KEYRING_ID, KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_REVOKE, KEYCTL_READ = 0, 1, 3, 11
+
+
+@dataclass(frozen=True)
+class BotKey:
+    """A key in the bot's (this test process's) session keyring, there before any kernel starts."""
+
+    serial: int
+    description: str
+    keyring: int  # the session keyring's serial
+    syscalls: tuple[int, int, int]
+
+
+def _keys(*args: int | bytes | None) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    converted = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    result = int(libc.syscall(*converted))
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return result
+
+
+def read_key(key: BotKey) -> bytes:
+    """Read ``key`` as this process (raises OSError when it may not)."""
+    buffer = ctypes.create_string_buffer(256)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    size = libc.syscall(ctypes.c_long(key.syscalls[2]), ctypes.c_long(KEYCTL_READ), ctypes.c_long(key.serial),
+                        buffer, ctypes.c_long(256))
+    if size < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return buffer.raw[:size]
+
+
+@pytest.fixture(scope="session")
+def bot_key() -> Iterator[BotKey | None]:
+    """A secret in the session keyring of the bot (this process, in a fresh session keyring of
+    its own so nothing else on the host is touched); None where keyrings are unusable here."""
+    syscalls = KEY_SYSCALLS.get(os.uname().machine)
+    if syscalls is None:
+        yield None
+        return
+    add_key, _, keyctl = syscalls
+    try:
+        keyring = _keys(keyctl, KEYCTL_JOIN_SESSION_KEYRING, None)
+        description = f"threadbook-test-{uuid.uuid4().hex[:8]}".encode()
+        serial = _keys(add_key, b"user", description, CANARY.encode(), len(CANARY), KEY_SPEC_SESSION_KEYRING)
+    except OSError:  # keyctl refused (a seccomp profile): no keyring to leak either
+        yield None
+        return
+    key = BotKey(serial=serial, description=description.decode(), keyring=keyring, syscalls=syscalls)
+    assert read_key(key) == CANARY.encode()
+    yield key
+    try:
+        _keys(keyctl, KEYCTL_REVOKE, serial)
+    except OSError:
+        pass
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=SOURCES)
 async def sandbox_pool(
-    tmp_path_factory: pytest.TempPathFactory, secret_env: None, request: pytest.FixtureRequest
+    tmp_path_factory: pytest.TempPathFactory,
+    secret_env: None,
+    bot_key: BotKey | None,
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[KernelPool]:
     if SKIP_REASON:
         pytest.skip(SKIP_REASON)
@@ -139,10 +209,11 @@ async def sandbox_pool(
         interrupt_grace_s=1,
         max_kernels=8,
         preload=(),
-        memory_mb=512,
+        memory_mb=640,
         max_processes=64,
         max_file_mb=10,
         max_output_bytes=10_000,
+        workspace_quota_mb=64,
         fork_server=fork,
     )
     kernel_pool = KernelPool(settings)
@@ -184,12 +255,25 @@ async def attacker(
     assert outcomes.source == _expected_source(sandbox_pool), "the fork server did not fork this kernel"
     tree = _sandbox_tree(session)
     uids = {proc.uids().real for proc in tree} - {0, os.getuid()}
+    cgroups = cgroup_folders(session)
+    assert cgroups or not sandbox_pool.launcher.cgroups.enabled, "the kernel got no cgroup"
     yield session
+    cgroups += cgroup_folders(session)  # the kernel may have been replaced meanwhile
     await sandbox_pool.shutdown(key)
-    survivors = [proc for proc in tree if proc.is_running()]  # zombies count: they are running
+    assert not [folder for folder in cgroups if folder.exists()], "the kernel's cgroup outlived it"
+    # A kernel that killed itself leaves bwrap's init to the host's init for a moment (the outer
+    # bwrap exits first): give reaping a second; zombies count, they are still running.
+    # (Measured: this host's init reaps such an orphan after ~1.1 s.)
+    _, survivors = await asyncio.to_thread(psutil.wait_procs, tree, 3.0)
     assert not survivors, f"sandbox processes outlived the kernel's shutdown: {survivors}"
     left = await asyncio.to_thread(_processes_of, uids)
     assert not left, f"processes of the attacker's uid outlived its kernel: {left}"
+
+
+def cgroup_folders(session: KernelSession) -> list[Path]:
+    """The folders of the session's kernel's cgroup (none without cgroups or a kernel)."""
+    handle = session._handle
+    return [] if handle is None or handle.cgroup is None else list(handle.cgroup.folders)
 
 
 def _expected_source(pool: KernelPool) -> str:

@@ -18,12 +18,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import pytest_asyncio
 
 from kernels import ExecutionResult, KernelSession, Outcome, UnsafePathError
+from kernels.sandbox import SHM_INODES, TMP_INODES
 from kernels.slirp import DNS, GATEWAY, GUEST, host_networks
-from tests.security.conftest import CANARY, HostFiles, Outcomes
+from tests.security.conftest import CANARY, BotKey, HostFiles, Outcomes, cgroup_folders, read_key
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -153,7 +155,7 @@ print(json.dumps(out))
     assert all(CANARY not in value and value.startswith("FileNotFoundError") for value in data.values()), data
     for name in targets:  # the bot itself never follows a planted link either
         with pytest.raises(UnsafePathError):
-            await attacker.workspace.read_bytes(f"{name}-link")
+            await attacker.workspace.read_bytes(f"{name}-link", 1000)
     outcomes.record("read the bot's config and SQLite DB (absolute path, `../` path, planted symlink)",
                     "FileNotFoundError: not in the sandbox's file system; the bot refuses to follow the "
                     "planted symlink (UnsafePathError)")
@@ -283,6 +285,202 @@ print(json.dumps({'mb': got}))
     after = await attacker.execute("1+1")
     assert after.result == "2" and not after.kernel_restarted
     outcomes.record("memory bomb", f"MemoryError after ~{limit} MiB (RLIMIT_DATA); the kernel stays alive")
+
+
+def _memory_file(session: KernelSession, v1: str, v2: str) -> int | None:
+    """A counter of the kernel's memory cgroup read on the host (None without one)."""
+    for folder in cgroup_folders(session):
+        for name in (v1, v2):
+            if (folder / name).exists():
+                return int((folder / name).read_text())
+    return None
+
+
+async def test_memory_in_child_processes(
+    attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
+) -> None:
+    """Four children of 350 MiB each: each passes the per-process RLIMIT_DATA, together they
+    are over ``memory_mb``; the kernel's memory cgroup holds the sum."""
+    limit = attacker.settings.memory_mb
+    result = await attack(attacker, neighbour, """
+import subprocess, sys
+child = "b = bytearray(350 * 2**20); print('held', flush=True); import time; time.sleep(3)"
+procs = [subprocess.Popen([sys.executable, '-c', child], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+print(json.dumps({'codes': [p.wait() for p in procs]}))
+""", overlap=True, timeout=30)
+    data = report(result)
+    peak = _memory_file(attacker, "memory.max_usage_in_bytes", "memory.peak")
+    assert data["codes"].count(0) <= 1 and all(code in (0, -9) for code in data["codes"]), data
+    assert peak is None or peak <= limit * 2**20, (peak, limit)
+    after = await attacker.execute("1+1")
+    assert after.result == "2" and not after.kernel_restarted
+    killed = data["codes"].count(-9)
+    outcomes.record(
+        "four child processes of 350 MiB each (together over `memory_mb`)",
+        f"{killed} of 4 killed by the OOM killer of the kernel's memory cgroup (limit {limit} MiB for all its "
+        f"processes; peak {peak / 2**20 if peak else 0:.0f} MiB); the kernel itself stays alive",
+    )
+
+
+async def test_shared_memory_mapping(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    """A 1.5 GiB shared anonymous mapping, touched: RLIMIT_DATA does not count shared memory,
+    the memory cgroup does."""
+    result = await attack(attacker, neighbour, """
+import mmap
+area = mmap.mmap(-1, 1536 * 2**20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+for offset in range(0, len(area), 4096):
+    area[offset] = 1
+print(json.dumps({'touched_mb': len(area) // 2**20}))
+""", timeout=30)
+    assert result.outcome is Outcome.DIED, (result.outcome, result.stdout[-500:])
+    assert "stopped by its memory limit" in (result.notice or ""), result.notice
+    after = await attacker.execute("1+1")
+    assert after.result == "2" and after.kernel_restarted
+    outcomes.record(
+        "1.5 GiB shared `mmap` (`MAP_SHARED|MAP_ANONYMOUS`, touched)",
+        f"the kernel is killed by its memory cgroup's OOM killer at {attacker.settings.memory_mb} MiB "
+        "(shared memory counts there, not in RLIMIT_DATA); the next cell gets a fresh kernel and is told so",
+    )
+
+
+async def test_many_empty_files(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    """300k empty files in the private tmpfs cost the host kernel memory per inode: capped."""
+    data = report(await attack(attacker, neighbour, """
+def fill(folder, count):
+    made = 0
+    try:
+        for made in range(count):
+            open(f'{folder}/f{made}', 'w').close()
+    except OSError as exc:
+        return {'made': made, 'error': errno.errorcode[exc.errno], 'inodes': os.statvfs(folder).f_files}
+    return {'made': count, 'error': None, 'inodes': os.statvfs(folder).f_files}
+print(json.dumps({'tmp': fill('/tmp', 300_000), 'shm': fill('/dev/shm', 300_000)}))
+""", overlap=True, timeout=60))
+    memory = _memory_file(attacker, "memory.usage_in_bytes", "memory.current")
+    for folder in ("tmp", "shm"):
+        assert data[folder]["error"] == "ENOSPC" and data[folder]["made"] < data[folder]["inodes"], data
+    assert data["tmp"]["inodes"] == TMP_INODES and data["shm"]["inodes"] == SHM_INODES, data
+    outcomes.record(
+        "300k empty files in `/tmp` (and `/dev/shm`)",
+        f"ENOSPC after {data['tmp']['made']:,} (`/tmp`) and {data['shm']['made']:,} (`/dev/shm`) files: inode-capped "
+        f"tmpfs; their kernel memory is charged to the kernel's cgroup ({memory / 2**20 if memory else 0:.0f} MiB "
+        "in use afterwards)",
+    )
+
+
+async def test_bot_session_keyring(
+    attacker: KernelSession, neighbour: KernelSession, bot_key: BotKey | None, outcomes: Outcomes
+) -> None:
+    """A key in the bot's session keyring is not reachable from a kernel."""
+    if bot_key is None:
+        pytest.skip("keyrings cannot be used on this machine (keyctl refused)")
+    assert read_key(bot_key) == CANARY.encode()  # the bot itself can read it
+    add_key, request_key, keyctl = bot_key.syscalls
+    data = report(await attack(attacker, neighbour, f"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(*args):
+    result = libc.syscall(*[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    return result if result >= 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+buffer = ctypes.create_string_buffer(256)
+out = {{'read': call({keyctl}, 11, {bot_key.serial}, buffer, 256),
+       'search': call({request_key}, b'user', {bot_key.description.encode()!r}, None, 0),
+       'bot keyring': call({keyctl}, 6, {bot_key.keyring}, buffer, 256),
+       'own keyring': call({keyctl}, 0, -3, 0)}}
+out['leaked'] = {CANARY!r}.encode() in buffer.raw
+print(json.dumps(out))
+"""))
+    assert not data["leaked"] and data["read"] in ("EACCES", "ENOKEY"), data
+    assert data["search"] == "ENOKEY" and data["bot keyring"] in ("EACCES", "ENOKEY"), data
+    assert isinstance(data["own keyring"], int) and data["own keyring"] != bot_key.keyring, data
+    outcomes.record(
+        "read a key from the bot's session keyring (`keyctl read`, `request_key`)",
+        f"read: {data['read']}; search: {data['search']}; the kernel has its own new session keyring",
+    )
+
+
+async def test_background_processes(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    """Busy loops a cell leaves behind (``setsid``, a double-forked orphan) are killed when it returns."""
+    loop = "import time\nstarted = time.perf_counter()\nsum(range(3_000_000))\nprint(time.perf_counter() - started)"
+
+    async def neighbour_loop_s() -> float:
+        times = []
+        for _ in range(3):
+            result = await neighbour.execute(loop, timeout=10)
+            assert result.ok, result
+            times.append(float(result.stdout))
+        return min(times)
+
+    before = await neighbour_loop_s()
+    states = """
+def state(pid):
+    try:
+        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0]
+    except OSError:
+        return 'gone'
+running = lambda: sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and state(p) not in ('Z', 'gone'))
+"""
+    baseline = report(await attacker.execute(TRY + states + "print(json.dumps(running()))"))
+    result = await attacker.execute(TRY + states + """
+import subprocess, sys
+spin = [sys.executable, '-c', 'while True: pass']
+pids = [subprocess.Popen(spin, start_new_session=True).pid for _ in range(3)]
+subprocess.run(['sh', '-c', 'setsid "$0" -c "while True: pass" </dev/null >/dev/null 2>&1 &', sys.executable])
+import time; time.sleep(0.3)
+print(json.dumps({'pids': pids, 'running': len(running())}))
+""")
+    data = report(result)
+    assert data["running"] >= len(baseline) + 4, data  # all four were spinning when the cell ended
+    assert result.notice is not None and "4 background process(es)" in result.notice, result.notice
+    after = report(await attacker.execute(TRY + states + f"print(json.dumps({{'states': [state(p) for p in "
+                                          f"{data['pids']}], 'running': running()}}))"))
+    assert set(after["states"]) <= {"Z", "gone"} and after["running"] == baseline, after
+    handle = attacker._handle
+    assert handle is not None
+    if handle.cgroup is not None:
+        assert handle.cgroup.pids() == set(handle.infrastructure)
+    slowest = await neighbour_loop_s()
+    assert slowest < before * 1.5 + 0.05, (before, slowest)
+    outcomes.record(
+        "leave busy loops running after the cell (3 `setsid` children, 1 double-forked orphan)",
+        f"all 4 killed when the cell returned (\"{result.notice}\"); the neighbour's loop took "
+        f"{before * 1000:.0f} ms before and {slowest * 1000:.0f} ms after",
+    )
+
+
+#: CAP_SYS_RESOURCE: only a writer holding it sets the floor below which a process cannot lower its score.
+CAP_SYS_RESOURCE = 24
+
+
+async def test_oom_score(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    """Kernels are the OOM killer's first choice (and, where the bot holds CAP_SYS_RESOURCE,
+    cannot lower that themselves)."""
+    handle = attacker._handle
+    assert handle is not None and handle.pid is not None
+    tree = {handle.pid, *(proc.pid for proc in psutil.Process(handle.pid).children(recursive=True))}
+    scores = {pid: Path(f"/proc/{pid}/oom_score_adj").read_text().strip() for pid in tree}
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    sets_floor = bool(int(status["CapEff"], 16) >> CAP_SYS_RESOURCE & 1)
+    bot_score = Path("/proc/self/oom_score_adj").read_text().strip()
+    assert set(scores.values()) == {"1000"} and bot_score != "1000", (scores, bot_score)
+    data = report(await attack(attacker, neighbour, """
+def lower():
+    with open('/proc/self/oom_score_adj', 'w') as handle:
+        handle.write('0')
+print(json.dumps({'own': open('/proc/self/oom_score_adj').read().strip(), 'lower': attempt(lower)}))
+"""))
+    assert data["own"] == "1000", data
+    if sets_floor:
+        assert data["lower"].startswith("PermissionError"), data
+        lowering = f"writing 0 from inside: {data['lower']}"
+    else:
+        lowering = (f"writing 0 from inside: {data['lower']} here, because the bot lacks CAP_SYS_RESOURCE (only a "
+                    "writer holding it makes 1000 a floor); the kernel still has its own memory limit")
+    outcomes.record(
+        "the kernel's OOM score (read on the host), and lowering it from inside",
+        f"`oom_score_adj` 1000 for all {len(tree)} processes of the kernel (the bot: {bot_score}); {lowering}",
+    )
 
 
 async def test_fill_the_disk(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata as metadata
 import json
+import logging
 import os
 import shutil
 import signal
@@ -271,6 +272,9 @@ def test_unprivileged_bot_sandboxes_its_kernels(layout: Layout) -> None:
     assert report["euid"] == _host_uid() and report["launcher"] == "BwrapLauncher"
     assert report["as_root"] is False and report["uid_mode"] == "user namespace"
     assert report["python_roots"] == [str(layout.venv)], "the sandbox binds only the bot's own virtualenv"
+    # No cgroup is delegated to this uid: the rlimits stay, and start-up log and `status` say so.
+    assert report["isolation"].startswith("rlimits only (no cgroup: "), report["isolation"]
+    assert report["isolation_logged"] == [f"kernel isolation: {report['isolation']}"], report["isolation_logged"]
     kernels = report["kernels"]
     assert len(kernels) == 2
     for inside in kernels:
@@ -323,6 +327,11 @@ async def child_main(root: Path, canary: str, stray: str) -> dict[str, Any]:
         sandbox="bwrap", workspace_root=paths.workspaces, preload=(), exec_timeout_s=15, interrupt_grace_s=1,
         max_kernels=4, memory_mb=512, max_processes=64, max_file_mb=10,
     )
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("kernels.sandbox").addHandler(handler)
+    logging.getLogger("kernels.sandbox").setLevel(logging.INFO)
     pool = KernelPool(settings)
     launcher = pool.launcher
     assert isinstance(launcher, BwrapLauncher), type(launcher)
@@ -333,6 +342,7 @@ async def child_main(root: Path, canary: str, stray: str) -> dict[str, Any]:
         "disable_userns": launcher.support.disable_userns, "tmpfs_size": launcher.support.tmpfs_size,
         "bwrap_version": version,
         "python_roots": [str(p) for p in python_roots()],
+        "isolation": launcher.isolation, "isolation_logged": [line for line in logged if "isolation" in line],
     }
     await pool.start()
     try:

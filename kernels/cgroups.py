@@ -1,0 +1,474 @@
+"""Per-kernel cgroups: one memory cap for all of a kernel's processes and shared memory,
+a process cap, and a CPU weight below the bot's.
+
+:func:`detect` (once per bot process, cached) finds what this host allows, in this order:
+
+* **cgroup v2** where the bot's own cgroup (the ``0::`` line of ``/proc/self/cgroup``) is
+  writable and offers the ``memory``, ``pids`` or ``cpu`` controller (a delegated subtree:
+  systemd ``Delegate=yes``, a container with a private, writable cgroup mount). cgroup v2
+  enables controllers only for the children of a cgroup without processes of its own, so
+  the bot first moves the processes of its own cgroup into the leaf ``<own>/threadbook-bot``.
+* **cgroup v1** where the ``memory``, ``pids`` and ``cpu`` hierarchies are mounted and the
+  bot may create cgroups beneath its own cgroup of each (root).
+* nothing: the rlimits of :func:`kernels.launcher.resource_limits` are the only limits.
+
+Layout, per hierarchy: ``<own>/threadbook/kernel-<bot pid>-<kernel id>``. Each kernel gets
+``memory.max`` (v1 ``memory.limit_in_bytes``, and ``memory.memsw.limit_in_bytes`` where swap
+is accounted; v2 ``memory.swap.max = 0``) of ``kernels.memory_mb``, which counts every
+process of the kernel, its tmpfs and shared memory, and the kernel memory of its inodes;
+``pids.max`` of ``kernels.max_processes``. ``threadbook`` has half the CPU weight of the
+bot (v1 ``cpu.shares`` 512 against 1024 for each of the bot's threads; v2 ``cpu.weight`` 50
+against the bot leaf's 100), so all kernels together cannot starve the bot, and each kernel
+has the default weight within it, so a spinning kernel gets no more than its neighbours.
+
+The cgroup of a bot process that died (a ``kill -9``) is removed by the next bot that
+starts on the host: its name carries the dead bot's pid.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+#: The controllers the bot uses, in the order it reports them.
+CONTROLLERS = ("memory", "pids", "cpu")
+PARENT = "threadbook"
+BOT_LEAF = "threadbook-bot"
+KERNEL_PREFIX = "kernel-"
+#: All kernels together against one bot thread (v1, default 1024) or the bot leaf (v2, default 100).
+V1_KERNELS_CPU_SHARES = 512
+V2_KERNELS_CPU_WEIGHT = 50
+#: How long :meth:`KernelCgroup.remove` waits for killed processes to leave their cgroup.
+REMOVE_TIMEOUT_S = 2.0
+#: How long :meth:`KernelCgroup.kill` keeps killing (processes that fork while being killed).
+KILL_TIMEOUT_S = 1.0
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """One mounted cgroup hierarchy the bot uses."""
+
+    controllers: tuple[str, ...]  # of CONTROLLERS, the ones this hierarchy holds
+    parent: Path  # <mount>/<own>/threadbook: the kernels' cgroups go in here
+    own: str  # the bot's own cgroup in this hierarchy, as /proc/self/cgroup names it
+
+
+@dataclass(frozen=True)
+class CgroupSupport:
+    """What :func:`detect` found: the cgroup version and the hierarchies to use."""
+
+    version: int
+    hierarchies: tuple[Hierarchy, ...]
+    swap_accounted: bool  # v1 memory.memsw.* / v2 memory.swap.max exist
+
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        """The controllers in use, in :data:`CONTROLLERS` order."""
+        held = {name for hierarchy in self.hierarchies for name in hierarchy.controllers}
+        return tuple(name for name in CONTROLLERS if name in held)
+
+
+@dataclass(frozen=True)
+class _Mount:
+    root: str
+    point: Path
+    fstype: str
+    options: frozenset[str]
+
+
+def _mounts(mountinfo: str) -> list[_Mount]:
+    found = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        dash = fields.index("-")
+        if len(fields) < dash + 4 or fields[dash + 1] not in ("cgroup", "cgroup2"):
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040 is a space
+        found.append(_Mount(fields[3], Path(point), fields[dash + 1], frozenset(fields[dash + 3].split(","))))
+    return found
+
+
+def _own_cgroups(proc_cgroup: str) -> dict[str, str]:
+    """``/proc/self/cgroup`` as controller → path; cgroup v2's line is under ``""``."""
+    own: dict[str, str] = {}
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[1] == "":
+            own[""] = parts[2]
+        for name in parts[1].split(","):
+            if name:
+                own[name] = parts[2]
+    return own
+
+
+def _place(mount: _Mount, own: str) -> Path | None:
+    """The folder of cgroup ``own`` under ``mount`` (None when the mount does not show it)."""
+    root = mount.root.rstrip("/") or "/"
+    if root != "/" and own != root and not own.startswith(root + "/"):
+        return None
+    relative = own[len(root) :] if root != "/" else own
+    return mount.point / relative.lstrip("/")
+
+
+def _write(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _read_pids(path: Path) -> set[int]:
+    with open(path) as handle:
+        return {int(line) for line in handle.read().split()}
+
+
+def detect(
+    proc_cgroup: str | None = None, mountinfo: str | None = None
+) -> tuple[CgroupSupport | None, str]:
+    """(Blocking) what per-kernel cgroups this host allows, set up for use: the support (or
+    None) and, when there is none, why. The arguments default to ``/proc/self``'s files."""
+    if proc_cgroup is None:
+        proc_cgroup = Path("/proc/self/cgroup").read_text()
+    if mountinfo is None:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    own, mounts = _own_cgroups(proc_cgroup), _mounts(mountinfo)
+    reasons = []
+    if "" in own:
+        support, reason = _detect_v2(own[""], [m for m in mounts if m.fstype == "cgroup2"])
+        if support is not None:
+            return support, ""
+        reasons.append(reason)
+    support, reason = _detect_v1(own, [m for m in mounts if m.fstype == "cgroup"])
+    if support is not None:
+        return support, ""
+    reasons.append(reason)
+    return None, "; ".join(reasons)
+
+
+@cache
+def detected() -> tuple[CgroupSupport | None, str]:
+    """:func:`detect` for this process, run once (later calls return the first answer)."""
+    try:
+        return detect()
+    except OSError as exc:
+        return None, f"cannot read the bot's cgroups: {exc}"
+
+
+def _detect_v2(own: str, mounts: list[_Mount]) -> tuple[CgroupSupport | None, str]:
+    folder = next((place for mount in mounts if (place := _place(mount, own)) is not None), None)
+    if folder is None:
+        return None, "cgroup v2: not mounted"
+    try:
+        available = set((folder / "cgroup.controllers").read_text().split())
+    except OSError as exc:
+        return None, f"cgroup v2: {exc.strerror}: {folder}"
+    controllers = tuple(name for name in CONTROLLERS if name in available)
+    if not controllers:
+        return None, f"cgroup v2: no memory, pids or cpu controller delegated to {own}"
+    if not os.access(folder, os.W_OK) or not os.access(folder / "cgroup.subtree_control", os.W_OK):
+        return None, f"cgroup v2: {own} is not writable by the bot"
+    enable = " ".join(f"+{name}" for name in controllers)
+    try:
+        _enable_v2(folder, enable)
+        parent = folder / PARENT
+        parent.mkdir(exist_ok=True)
+        _write(parent / "cgroup.subtree_control", enable)
+        if "cpu" in controllers:
+            _write(parent / "cpu.weight", str(V2_KERNELS_CPU_WEIGHT))
+    except OSError as exc:
+        return None, f"cgroup v2: cannot set up {folder / PARENT}: {exc.strerror or exc}"
+    _remove_stale(parent)
+    hierarchy = Hierarchy(controllers=controllers, parent=parent, own=own)
+    return CgroupSupport(version=2, hierarchies=(hierarchy,), swap_accounted=_exists(parent, "memory.swap.max")), ""
+
+
+def _enable_v2(folder: Path, enable: str) -> None:
+    """Enable controllers for ``folder``'s children; first move the processes of ``folder``
+    itself into a leaf when cgroup v2's no-internal-processes rule requires it."""
+    try:
+        _write(folder / "cgroup.subtree_control", enable)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+    leaf = folder / BOT_LEAF
+    leaf.mkdir(exist_ok=True)
+    for _ in range(100):  # a process may fork while we move the others
+        pids = _read_pids(folder / "cgroup.procs")
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                _write(leaf / "cgroup.procs", str(pid))
+            except ProcessLookupError:
+                pass
+    log.info("cgroup v2: moved the processes of %s into %s (controllers need an empty parent)", folder, leaf)
+    _write(folder / "cgroup.subtree_control", enable)
+
+
+def _exists(folder: Path, name: str) -> bool:
+    """Whether ``folder`` (or a child, for files only children get) has ``name``."""
+    return (folder / name).exists()
+
+
+def _detect_v1(own: dict[str, str], mounts: list[_Mount]) -> tuple[CgroupSupport | None, str]:
+    hierarchies: list[Hierarchy] = []
+    problems: list[str] = []
+    swap = False
+    for mount in mounts:
+        controllers = tuple(name for name in CONTROLLERS if name in mount.options)
+        if not controllers or any(name in h.controllers for h in hierarchies for name in controllers):
+            continue  # not ours, or a second mount of a hierarchy already found
+        path = own.get(controllers[0])
+        folder = None if path is None else _place(mount, path)
+        if path is None or folder is None:
+            problems.append(f"{','.join(controllers)}: the bot's cgroup is not under {mount.point}")
+            continue
+        parent = folder / PARENT
+        try:
+            parent.mkdir(exist_ok=True)
+            if not os.access(parent, os.W_OK | os.X_OK):  # made earlier by another user (root)
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+            if "cpu" in controllers:
+                _write(parent / "cpu.shares", str(V1_KERNELS_CPU_SHARES))
+        except OSError as exc:
+            problems.append(f"{','.join(controllers)}: cannot create {parent} ({exc.strerror or exc})")
+            continue
+        if "memory" in controllers:
+            swap = _exists(parent, "memory.memsw.limit_in_bytes")
+        _remove_stale(parent)
+        hierarchies.append(Hierarchy(controllers=controllers, parent=parent, own=path))
+    if not hierarchies:
+        return None, "cgroup v1: " + ("; ".join(problems) if problems else "no memory, pids or cpu hierarchy mounted")
+    if problems:
+        log.warning("cgroup v1: not every controller can be used: %s", "; ".join(problems))
+    order = {name: index for index, name in enumerate(CONTROLLERS)}
+    hierarchies.sort(key=lambda h: order[h.controllers[0]])
+    return CgroupSupport(version=1, hierarchies=tuple(hierarchies), swap_accounted=swap), ""
+
+
+def _remove_stale(parent: Path) -> None:
+    """Remove kernel cgroups left by a bot process that no longer runs (and their processes)."""
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(KERNEL_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        owner = entry.name[len(KERNEL_PREFIX) :].split("-", 1)[0]
+        if not owner.isdigit() or psutil.pid_exists(int(owner)):
+            continue
+        if KernelCgroup((Path(entry.path),)).remove():
+            log.info("removed the cgroup %s of a bot process that is gone", entry.path)
+
+
+class KernelCgroup:
+    """One kernel's cgroup: a folder per hierarchy (v1) or one folder (v2)."""
+
+    def __init__(self, folders: tuple[Path, ...]) -> None:
+        self.folders = folders
+        # Paths made up front: enter() runs between fork and exec and should allocate little.
+        self._procs = tuple(os.fsencode(folder / "cgroup.procs") for folder in folders)
+
+    def enter(self) -> None:
+        """Move the calling process into the cgroup (safe in a ``preexec_fn``)."""
+        for path in self._procs:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+    def add_tree(self, pid: int) -> None:
+        """(Blocking) move ``pid`` and all its descendants into the cgroup."""
+        moved: set[int] = set()
+        for _ in range(20):  # until no new descendant shows up
+            try:
+                root = psutil.Process(pid)
+                tree = {pid, *(child.pid for child in root.children(recursive=True))}
+            except psutil.NoSuchProcess:
+                return
+            new = tree - moved
+            if not new:
+                return
+            for member in sorted(new):
+                for path in self._procs:
+                    try:
+                        _write(Path(os.fsdecode(path)), str(member))
+                    except ProcessLookupError:
+                        break
+            moved |= new
+
+    def pids(self) -> set[int]:
+        """(Blocking) the processes in the cgroup now (never zombies)."""
+        return _read_pids(Path(os.fsdecode(self._procs[0])))
+
+    def oom_kills(self) -> int:
+        """(Blocking) how many processes the OOM killer took in this cgroup (0 without a memory
+        controller or when unreadable)."""
+        for folder in self.folders:
+            for name in ("memory.oom_control", "memory.events"):  # v1, v2
+                try:
+                    text = (folder / name).read_text()
+                except OSError:
+                    continue
+                for line in text.splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        return 0
+
+    def kill(self, keep: frozenset[int] = frozenset(), timeout: float = KILL_TIMEOUT_S) -> int:
+        """(Blocking) SIGKILL every process in the cgroup but ``keep`` until none is left
+        (or ``timeout``); returns how many were killed. Never signals a process outside:
+        each pid is pinned by a pidfd and checked to still be a member before the signal."""
+        killed: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                targets = self.pids() - keep
+            except OSError:
+                break
+            if not targets:
+                break
+            handles: dict[int, int] = {}
+            try:
+                for pid in targets:
+                    try:
+                        handles[pid] = os.pidfd_open(pid)
+                    except ProcessLookupError:
+                        continue
+                members = self.pids()
+                for pid, fd in handles.items():
+                    if pid in members:
+                        try:
+                            signal.pidfd_send_signal(fd, signal.SIGKILL)
+                            killed.add(pid)
+                        except ProcessLookupError:
+                            pass
+            finally:
+                for fd in handles.values():
+                    os.close(fd)
+            if time.monotonic() > deadline:
+                log.warning("processes kept appearing in %s while they were killed", self.folders[0])
+                break
+            time.sleep(0.002)
+        return len(killed)
+
+    def remove(self, timeout: float = REMOVE_TIMEOUT_S) -> bool:
+        """(Blocking) kill whatever is left in the cgroup and remove its folders, retrying
+        while dying processes leave; a failure is logged and returns False, never raises."""
+        deadline = time.monotonic() + timeout
+        remaining = [folder for folder in self.folders if folder.exists()]
+        delay = 0.002
+        while remaining:
+            try:
+                self.kill(timeout=max(0.0, deadline - time.monotonic()))
+            except OSError:
+                pass
+            for folder in list(remaining):
+                try:
+                    folder.rmdir()
+                    remaining.remove(folder)
+                except FileNotFoundError:
+                    remaining.remove(folder)
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                        log.error("could not remove the kernel cgroup %s: %s", folder, exc)
+                        return False
+            if remaining:
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        return True
+
+
+class Cgroups:
+    """Makes and removes per-kernel cgroups with the limits of one bot's settings."""
+
+    def __init__(self, support: CgroupSupport | None, *, memory_mb: int, max_processes: int, reason: str = "") -> None:
+        """``support``: from :func:`detect` (None: no cgroups, ``reason`` says why)."""
+        self.support = support
+        self.memory_bytes = memory_mb * MiB
+        self.max_processes = max_processes
+        self.reason = reason
+
+    @classmethod
+    def detected(cls, *, memory_mb: int, max_processes: int) -> Cgroups:
+        """(Blocking the first time in a process) cgroups as this host allows them."""
+        support, reason = detected()
+        return cls(support, memory_mb=memory_mb, max_processes=max_processes, reason=reason)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether kernels get cgroups."""
+        return self.support is not None
+
+    def describe(self) -> str:
+        """One line: which isolation is in force, e.g. ``cgroup v1 (memory 640 MiB, pids 64,
+        cpu weight 1/2 of the bot) beneath /user.slice/threadbook; rlimits``."""
+        support = self.support
+        if support is None:
+            return f"rlimits only (no cgroup: {self.reason or 'not detected'})"
+        parts = {
+            "memory": f"memory {self.memory_bytes // MiB} MiB" + (" incl. swap" if support.swap_accounted else ""),
+            "pids": f"pids {self.max_processes}",
+            "cpu": "cpu weight 1/2 of the bot",
+        }
+        where = ", ".join(dict.fromkeys(_shown(h) for h in support.hierarchies))
+        used = ", ".join(parts[name] for name in support.controllers)
+        return f"cgroup v{support.version} ({used}) beneath {where}; rlimits"
+
+    def create(self, kernel_id: str) -> KernelCgroup | None:
+        """(Blocking) a new cgroup for one kernel with its limits set; None without cgroups.
+        Raises ``OSError`` (after removing what it made) when it cannot be made."""
+        support = self.support
+        if support is None:
+            return None
+        name = f"{KERNEL_PREFIX}{os.getpid()}-{kernel_id}"
+        made: list[Path] = []
+        try:
+            for hierarchy in support.hierarchies:
+                folder = hierarchy.parent / name
+                folder.mkdir()
+                made.append(folder)
+                self._limit(support.version, hierarchy.controllers, folder)
+        except OSError:
+            KernelCgroup(tuple(made)).remove()
+            raise
+        return KernelCgroup(tuple(made))
+
+    def _limit(self, version: int, controllers: tuple[str, ...], folder: Path) -> None:
+        if "memory" in controllers:
+            if version == 1:
+                _write(folder / "memory.limit_in_bytes", str(self.memory_bytes))
+                if _exists(folder, "memory.memsw.limit_in_bytes"):  # after the limit: memsw >= limit
+                    _write(folder / "memory.memsw.limit_in_bytes", str(self.memory_bytes))
+            else:
+                _write(folder / "memory.max", str(self.memory_bytes))
+                if _exists(folder, "memory.swap.max"):
+                    _write(folder / "memory.swap.max", "0")
+        if "pids" in controllers:
+            _write(folder / "pids.max", str(self.max_processes))
+
+
+def _shown(hierarchy: Hierarchy) -> str:
+    own = hierarchy.own.rstrip("/")
+    return f"{own}/{PARENT}"
