@@ -48,6 +48,7 @@ WORKSPACE = "/workspace"
 DATA = "/data"
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
@@ -55,9 +56,12 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MS_NOATIME, MS_RELATIME, MS_STRICTATIME = 1024, 1 << 21, 1 << 24
 MNT_DETACH = 2
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 24, 38, 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
+PR_SET_PDEATHSIG = 1
+_CAPABILITY_VERSION_3 = 0x20080522
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 #: Exit code of a supervisor whose kernel was killed by signal N: ``SIGNAL_BASE + N``.
 SIGNAL_BASE = 128
@@ -146,7 +150,18 @@ def fork_jailed(own_pid_namespace: int) -> int:
 
 def _bind(source: str, target: str, *, writable: bool = False) -> None:
     mount(source, target, None, MS_BIND)
-    mount(None, target, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY))
+    flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY)
+    mount(None, target, None, flags | _kept_flags(target))
+
+
+def _kept_flags(target: str) -> int:
+    """The flags a bind remount must keep: inside a user namespace the kernel refuses to
+    clear ``noexec`` or change the atime mode of a mount that came from the host."""
+    have = os.statvfs(target).f_flag
+    flags = MS_NOEXEC if have & os.ST_NOEXEC else 0
+    if have & os.ST_NOATIME:
+        return flags | MS_NOATIME
+    return flags | (MS_RELATIME if have & os.ST_RELATIME else MS_STRICTATIME)
 
 
 def _tmpfs(target: str, size_mb: int, mode: int, inodes: int | None = None) -> None:
@@ -209,6 +224,10 @@ def build(jail: dict[str, Any]) -> None:
     _check(_libc.umount2(b"/proc", MNT_DETACH), "umount /proc")
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+    # In the user-namespace profile the kernel's uid maps to the owner of these tmpfs (the
+    # zygote's root): without this it could write there, uncapped and outside its workspace.
+    for folder in ("/", "/dev", run_root):
+        mount(None, folder, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     _check(_libc.umount2(_bytes(HOST_VIEW), MNT_DETACH), f"umount {HOST_VIEW}")
     if os.listdir(HOST_VIEW):
         raise RuntimeError(f"{HOST_VIEW} is still visible after detaching it")
@@ -228,19 +247,72 @@ def drop_privileges(uid: int, gid: int, *, dumpable: bool) -> None:
     ``dumpable``: keep ``/proc/self`` owned by the uid (the kernel: ``subprocess`` lists
     ``/proc/self/fd``), else not (the supervisor: the kernel cannot ptrace it).
     """
-    last_cap = int(open("/proc/sys/kernel/cap_last_cap").read())
-    for cap in range(last_cap + 1):
-        prctl(PR_CAPBSET_DROP, cap)
-    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    _drop_capability_bounds()
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)  # leaving uid 0 clears the permitted and effective sets
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     prctl(PR_SET_DUMPABLE, 1 if dumpable else 0)
+    _verify_dropped(uid, gid)
+
+
+def enter_user_namespace(uid: int, gid: int, *, dumpable: bool) -> None:
+    """(User-namespace profile) move into a new user namespace of one's own as ``uid``/``gid``
+    with no capabilities at all, no nested user namespaces and ``no_new_privs``.
+
+    The zygote's own user namespace (bubblewrap, bot not root) maps just the bot's uid, as 0,
+    so the new namespace maps ``uid`` to that 0: on the host the kernel is the bot's uid,
+    as a spawned kernel is. Its mount, net, ipc, uts, cgroup and pid namespaces stay owned
+    by the zygote's user namespace, where it has no capability.
+    """
+    unshare(CLONE_NEWUSER)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} 0 1"), ("gid_map", f"{gid} 0 1")):
+        _write_proc(f"/proc/self/{name}", text)
+    _write_proc("/proc/sys/user/max_user_namespaces", "0")  # as bwrap's --disable-userns
+    _drop_capability_bounds()
+    _clear_capabilities()  # still uid ``uid``: nothing clears them on its own
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    prctl(PR_SET_DUMPABLE, 1 if dumpable else 0)
+    # Supplementary groups cannot be dropped here (the zygote's namespace denies setgroups):
+    # the kernel keeps the bot's, exactly as a kernel bwrap spawns as a normal user does.
+    _verify_dropped(uid, gid, groups=False)
+
+
+def _write_proc(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _clear_capabilities() -> None:
+    """capset(2) with every set empty."""
+    header, data = _CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+def _drop_capability_bounds() -> None:
+    last_cap = int(open("/proc/sys/kernel/cap_last_cap").read())
+    for cap in range(last_cap + 1):
+        prctl(PR_CAPBSET_DROP, cap)
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+
+
+def _verify_dropped(uid: int, gid: int, *, groups: bool = True) -> None:
     status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
     caps = {name: int(status[name], 16) for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
     ids = {status["Uid"].split() == [str(uid)] * 4, status["Gid"].split() == [str(gid)] * 4}
-    if any(caps.values()) or ids != {True} or status["Groups"].strip() or status["NoNewPrivs"].strip() != "1":
+    stray_groups = groups and status["Groups"].strip()
+    if any(caps.values()) or ids != {True} or stray_groups or status["NoNewPrivs"].strip() != "1":
         raise RuntimeError(f"privileges not dropped: {caps}, Uid {status['Uid']}, Groups {status['Groups']}")
 
 

@@ -15,9 +15,11 @@ Profiles (one fork server per launcher, see :meth:`ForkingLauncher.supports`):
 * bubblewrap, bot running as root: the zygote runs inside one bwrap sandbox
   (:func:`kernels.sandbox.zygote_prefix`) and each child jails itself in its own
   namespaces and per-workspace uid before any user code (``kernels/forkjail.py``); every
-  kernel without network is forked (``network: true`` kernels need slirp4netns: spawned).
-  As a normal user (kernels in a user namespace) there is no fork server: every start is
-  a spawn.
+  kernel without network is forked (``network: true`` kernels need slirp4netns: spawned);
+* bubblewrap, bot as a normal user (the Docker image): the zygote is root of an
+  unprivileged user namespace, and each child builds the same jail, then moves into a user
+  namespace of its own (uid 1000 there, the bot's uid on the host, no capabilities), as a
+  kernel bwrap spawns would be.
 
 Other starts, starts while the fork server is down, and failed forks go to the wrapped
 launcher (spawn). A fork server that dies is restarted in the background with a growing
@@ -392,9 +394,9 @@ class ForkingLauncher(KernelLauncher):
 
     @staticmethod
     def supports(spawn: KernelLauncher) -> bool:
-        """Whether kernels of ``spawn`` can be forked: unsandboxed, or bubblewrap with the bot
-        as root (kernels drop to their per-workspace uid; in a user namespace they cannot)."""
-        return type(spawn) is KernelLauncher or (type(spawn) is BwrapLauncher and spawn.support.as_root)
+        """Whether kernels of ``spawn`` can be forked: unsandboxed, or bubblewrap (as root each
+        kernel drops to its per-workspace uid; as a normal user each gets a user namespace)."""
+        return type(spawn) in (KernelLauncher, BwrapLauncher)
 
     @property
     def available(self) -> bool:
@@ -447,6 +449,7 @@ class ForkingLauncher(KernelLauncher):
             "tmp_inodes": TMP_INODES,
             "shm_inodes": SHM_INODES,
             "oom_score_adj": KERNEL_OOM_SCORE_ADJ,
+            "userns": not self.sandbox.support.as_root,
         }
 
     def make_provisioner(self, manager: AsyncKernelManager, *, env: dict[str, str]) -> ThreadbookProvisioner:

@@ -293,7 +293,7 @@ def _system_view(args: _Args, *, run_dir: Path, network: bool) -> None:
 
 
 def zygote_prefix(support: BwrapSupport, *, run_dir: Path, code_dir: Path | None) -> list[str]:
-    """The command prefix of the sandboxed fork server's zygote (bot running as root only).
+    """The command prefix of the sandboxed fork server's zygote.
 
     The kernels' system view (:func:`sandbox_prefix`), no network, its own ipc, uts and cgroup
     namespaces (the host's pid namespace, so kernels outlive a zygote that dies), root with
@@ -302,8 +302,14 @@ def zygote_prefix(support: BwrapSupport, *, run_dir: Path, code_dir: Path | None
     ``/`` read-only at :data:`kernels.forkjail.HOST_VIEW` for the children to bind their own
     folders from (each detaches it before any user code). ``code_dir``: where ``zygote.py``
     lives when no Python folder already holds it (bound read-only; children detach it too).
+
+    As a normal user, "root with its capabilities" is root of an unprivileged user namespace
+    that maps only the bot's uid (``--unshare-user --uid 0 --cap-add ALL``): each child then
+    moves into a user namespace of its own as well (:func:`kernels.forkjail.enter_user_namespace`).
     """
     args = _Args(support)
+    if not support.as_root:
+        args.add("--unshare-user", "--uid", "0", "--gid", "0", "--cap-add", "ALL")
     args.add("--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup")
     args.add("--die-with-parent", "--new-session", "--hostname", "threadbook")
     _system_view(args, run_dir=run_dir, network=False)

@@ -202,17 +202,25 @@ class Jailer:
 
     def fork(self, request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> int:
         """Fork a supervisor (pid 1 of a new pid namespace) that builds the jail and forks the
-        kernel; return once the kernel has dropped its privileges, or raise with the reason."""
+        kernel; return once the kernel has dropped its privileges, or raise with the reason.
+
+        User-namespace profile (bot not root): the zygote may not re-enter its own pid
+        namespace after creating one (that needs root on the host), so an *anchor* child
+        creates it and forks the supervisor; the anchor is what the bot sees and signals.
+        """
         _single_threaded()
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        close = (*wake_fds, status_r, self.pid_namespace)
+        userns = bool(request["jail"].get("userns"))
         try:
-            pid: int = self.jail.fork_jailed(self.pid_namespace)
+            pid: int = os.fork() if userns else self.jail.fork_jailed(self.pid_namespace)
         except BaseException:
             os.close(status_r)
             os.close(status_w)
             raise
         if pid == 0:
-            _child(lambda: self._supervisor(request, lifeline, (*wake_fds, status_r, self.pid_namespace), status_w))
+            body = self._anchor if userns else self._supervisor
+            _child(lambda: body(request, lifeline, close, status_w))
         os.close(status_w)
         try:
             answer = _read_all(status_r, JAIL_TIMEOUT_S)
@@ -223,6 +231,29 @@ class Jailer:
             raise RuntimeError(answer.decode(errors="replace") or "the jailed kernel exited during set-up")
         return pid
 
+    def _anchor(self, request: dict[str, Any], lifeline: int, close: tuple[int, ...], status: int) -> int:
+        """(User-namespace profile) own session, a new pid namespace whose pid 1 is the
+        supervisor; wait for it and exit as it did. The supervisor dies with the anchor."""
+        jail = self.jail
+        try:
+            _detach(close)
+            jail.unshare(jail.CLONE_NEWPID)
+            supervisor = os.fork()
+        except BaseException as exc:
+            os.write(status, f"{type(exc).__name__}: {exc}".encode())
+            raise
+        if supervisor == 0:
+            jail.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL)
+            _child(lambda: self._supervisor(request, lifeline, (), status))
+        os.close(status)
+        os.close(lifeline)
+        while True:
+            try:
+                _, code = os.waitpid(supervisor, 0)
+            except InterruptedError:
+                continue
+            return jail.SIGNAL_BASE + os.WTERMSIG(code) if os.WIFSIGNALED(code) else os.WEXITSTATUS(code)
+
     def _supervisor(self, request: dict[str, Any], lifeline: int, close: tuple[int, ...], status: int) -> int:
         jail, spec = self.jail, request["jail"]
         try:
@@ -230,7 +261,10 @@ class Jailer:
             jail.isolate(spec)  # own session keyring, high OOM score (the kernel inherits both)
             jail.build(spec)
             _log_output(request)
-            jail.drop_privileges(spec["uid"], spec["gid"], dumpable=False)
+            if spec.get("userns"):
+                jail.enter_user_namespace(spec["uid"], spec["gid"], dumpable=False)
+            else:
+                jail.drop_privileges(spec["uid"], spec["gid"], dumpable=False)
             jail.close_fds({lifeline, status})
             _single_threaded()
             kernel = os.fork()

@@ -42,7 +42,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kernels.sandbox import SHM_SIZE_MB, TMP_SIZE_MB, USERNS_UID, find_bwrap
+from kernels.sandbox import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, USERNS_UID, find_bwrap
 
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")
 #: The host uid the bot runs as in this test when the test itself runs as root.
@@ -99,6 +99,7 @@ print(json.dumps({
     "writes": {p: attempt(lambda p=p: write(p)) for p in PARAMS["forbidden_writes"]},
     "scratch_writes": {p: attempt(lambda p=p: write(p)) for p in ("/tmp/scratch", "/dev/shm/scratch", "/dev/null")},
     "tmpfs_mb": {p: os.statvfs(p).f_blocks * os.statvfs(p).f_frsize // 2**20 for p in ("/tmp", "/dev/shm")},
+    "tmpfs_inodes": {p: os.statvfs(p).f_files for p in ("/tmp", "/dev/shm")},
     "data_read": open("/data/sales.csv").read(),
     "nested_userns": [nested.returncode, nested.stderr.strip()[-200:]],
     "pids": len([p for p in os.listdir("/proc") if p.isdigit()]),
@@ -235,7 +236,7 @@ def _kill_leftovers(marker: Path) -> None:
     psutil.wait_procs(_leftovers(marker), timeout=5)
 
 
-def _run_child(paths: Layout, canary: str) -> dict[str, Any]:
+def _run_child(paths: Layout, canary: str, *, fork_server: bool) -> dict[str, Any]:
     """Run :func:`child_main` as the unprivileged uid; its JSON report (killed on timeout)."""
     env = {
         "PATH": "/usr/bin:/bin",
@@ -247,7 +248,7 @@ def _run_child(paths: Layout, canary: str) -> dict[str, Any]:
         **{name: canary for name in SECRET_VARS},
     }
     argv = [*_drop(), str(paths.venv / "bin" / "python"), "-m", "tests.security.test_nonroot",
-            str(paths.root), canary, STRAY]
+            str(paths.root), canary, STRAY, "fork" if fork_server else "spawn"]
     child = subprocess.Popen(
         argv, cwd=paths.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -263,13 +264,18 @@ def _run_child(paths: Layout, canary: str) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(90)
-def test_unprivileged_bot_sandboxes_its_kernels(layout: Layout) -> None:
+@pytest.mark.parametrize("source", ["spawn", "fork"])
+def test_unprivileged_bot_sandboxes_its_kernels(layout: Layout, source: str) -> None:
     """As a normal user, each kernel runs in its own user namespace with no capabilities,
-    no network, no secrets and no view of another thread's files; nothing outlives it."""
+    no network, no secrets and no view of another thread's files; nothing outlives it.
+    ``fork``: the kernels come from the sandboxed fork server (its zygote is root of an
+    unprivileged user namespace; each child enters a user namespace of its own)."""
     canary = f"tb-canary-{uuid.uuid4().hex}"
-    report = _run_child(layout, canary)
+    report = _run_child(layout, canary, fork_server=source == "fork")
 
-    assert report["euid"] == _host_uid() and report["launcher"] == "BwrapLauncher"
+    assert report["euid"] == _host_uid()
+    assert report["launcher"] == ("ForkingLauncher" if source == "fork" else "BwrapLauncher")
+    assert report["sources"] == [source, source], "every kernel came from the expected source"
     assert report["as_root"] is False and report["uid_mode"] == "user namespace"
     assert report["python_roots"] == [str(layout.venv)], "the sandbox binds only the bot's own virtualenv"
     # No cgroup is delegated to this uid: the rlimits stay, and start-up log and `status` say so.
@@ -292,8 +298,10 @@ def test_unprivileged_bot_sandboxes_its_kernels(layout: Layout) -> None:
         refused = ("(EACCES)", "(EROFS)", "(ENOENT)")
         assert all(outcome.endswith(refused) for outcome in inside["writes"].values()), inside["writes"]
         assert set(inside["scratch_writes"].values()) == {"ok"}, inside["scratch_writes"]
-        if report["tmpfs_size"]:
+        if report["tmpfs_size"] or source == "fork":
             assert inside["tmpfs_mb"] == {"/tmp": TMP_SIZE_MB, "/dev/shm": SHM_SIZE_MB}
+        if source == "fork":  # a spawned kernel's sandbox cannot remount them (docs/security.md)
+            assert inside["tmpfs_inodes"] == {"/tmp": TMP_INODES, "/dev/shm": SHM_INODES}
         assert inside["data_read"].startswith("region,amount")
         assert inside["pids"] <= 3, "the kernel sees processes outside its pid namespace"
         if report["disable_userns"]:
@@ -315,17 +323,19 @@ def test_unprivileged_bot_sandboxes_its_kernels(layout: Layout) -> None:
     assert not left, f"processes outlived the unprivileged bot: {left}"
 
 
-async def child_main(root: Path, canary: str, stray: str) -> dict[str, Any]:
+async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[str, Any]:
     """(In the unprivileged child) start two thread kernels through a real ``KernelPool`` with
-    ``sandbox: bwrap``, run :data:`KERNEL_CHECKS` in each, shut everything down."""
+    ``sandbox: bwrap`` (``source`` fork: with the fork server), run :data:`KERNEL_CHECKS` in
+    each, shut everything down."""
     from bot.config import KernelSettings
     from kernels import KernelOptions, KernelPool
+    from kernels.forkserver import ForkingLauncher, ForkProvisioner
     from kernels.sandbox import BwrapLauncher, python_roots
 
     paths = Layout.under(root)
     settings = KernelSettings(
         sandbox="bwrap", workspace_root=paths.workspaces, preload=(), exec_timeout_s=15, interrupt_grace_s=1,
-        max_kernels=4, memory_mb=512, max_processes=64, max_file_mb=10,
+        max_kernels=4, memory_mb=512, max_processes=64, max_file_mb=10, fork_server=source == "fork",
     )
     logged: list[str] = []
     handler = logging.Handler()
@@ -333,11 +343,11 @@ async def child_main(root: Path, canary: str, stray: str) -> dict[str, Any]:
     logging.getLogger("kernels.sandbox").addHandler(handler)
     logging.getLogger("kernels.sandbox").setLevel(logging.INFO)
     pool = KernelPool(settings)
-    launcher = pool.launcher
+    launcher = pool.launcher.spawn if isinstance(pool.launcher, ForkingLauncher) else pool.launcher
     assert isinstance(launcher, BwrapLauncher), type(launcher)
     version = subprocess.run([launcher.support.bwrap, "--version"], capture_output=True, text=True).stdout.strip()
     report: dict[str, Any] = {
-        "euid": os.geteuid(), "launcher": type(launcher).__name__, "as_root": launcher.support.as_root,
+        "euid": os.geteuid(), "launcher": type(pool.launcher).__name__, "as_root": launcher.support.as_root,
         "uid_mode": "root + setpriv" if launcher.support.as_root else "user namespace",
         "disable_userns": launcher.support.disable_userns, "tmpfs_size": launcher.support.tmpfs_size,
         "bwrap_version": version,
@@ -352,13 +362,20 @@ async def child_main(root: Path, canary: str, stray: str) -> dict[str, Any]:
             result = await session.execute(f"open('secret.txt', 'w').write({canary!r})")
             assert result.ok, result
         report["workspaces"] = [str(s.workspace.path) for s in sessions]
+        report["sources"] = [
+            "fork" if isinstance(s._handle.manager.provisioner, ForkProvisioner) else "spawn"  # type: ignore[union-attr]
+            for s in sessions
+        ]
         report["kernels"] = []
         for session, other in zip(sessions, reversed(sessions)):
             assert other._handle is not None
             params = {
                 "canary": canary, "secret_vars": list(SECRET_VARS),
                 "other_workspace": str(other.workspace.path), "other_run_dir": str(other._handle.run_dir),
-                "host_paths": [str(REPO), str(paths.workspaces), "/root/.pyenv"],
+                # The zygote binds the repo's kernels/ (zygote.py) for itself; each kernel
+                # detaches it, an empty mount point of the repo's path may stay.
+                "host_paths": [str(REPO / "pyproject.toml"), str(REPO / "kernels" / "zygote.py"),
+                               str(paths.workspaces), "/root/.pyenv"],
                 "forbidden_writes": [f"/{stray}", f"/usr/{stray}", f"/etc/{stray}", f"/dev/{stray}", f"/proc/{stray}", f"{paths.venv}/{stray}",
                                      f"/data/{stray}", f"{paths.workspaces}/{stray}"],
             }
@@ -371,5 +388,5 @@ async def child_main(root: Path, canary: str, stray: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    _root, _canary, _stray = sys.argv[1:4]
-    print(json.dumps(asyncio.run(child_main(Path(_root), _canary, _stray))))
+    _root, _canary, _stray, _source = sys.argv[1:5]
+    print(json.dumps(asyncio.run(child_main(Path(_root), _canary, _stray, _source))))
