@@ -197,7 +197,7 @@ print(json.dumps(out))
     for target in targets:
         assert not data[target].startswith("ok"), (target, data[target])
         if not target.startswith("/data"):
-            assert not (Path(target) / marker).exists()
+            assert not _landed(Path(target) / marker)
     assert not (host_files.data_dir / marker).exists() and not Path(f"/tmp/{marker}").exists()
     assert data["data env"] == "/data" and data["data read"].startswith("ok: region")
     assert data["/tmp (private)"].startswith("ok")
@@ -287,6 +287,27 @@ print(json.dumps({'mb': got}))
     outcomes.record("memory bomb", f"MemoryError after ~{limit} MiB (RLIMIT_DATA); the kernel stays alive")
 
 
+def _landed(path: Path) -> bool:
+    """Whether ``path`` exists on the host (a folder the bot cannot even search: no, as the
+    kernel, never more privileged than the bot, could not have written there either)."""
+    try:
+        return path.exists()
+    except PermissionError:
+        return False
+
+
+def _without_cgroup(session: KernelSession, outcomes: Outcomes, attack_name: str) -> None:
+    """Record and skip an attack only a cgroup contains, where this bot could make none."""
+    launcher = session.launcher
+    cgroups = getattr(launcher, "cgroups", None)
+    if cgroups is not None and cgroups.enabled:
+        return
+    isolation = launcher.isolation
+    outcomes.record(attack_name, f"not contained: no cgroup can be made here; rlimits only, as the start-up log "
+                    f"and `status` say (`{isolation}`)")
+    pytest.skip(f"no cgroup for this bot ({isolation})")
+
+
 def _memory_file(session: KernelSession, v1: str, v2: str) -> int | None:
     """A counter of the kernel's memory cgroup read on the host (None without one)."""
     for folder in cgroup_folders(session):
@@ -301,6 +322,7 @@ async def test_memory_in_child_processes(
 ) -> None:
     """Four children of 350 MiB each: each passes the per-process RLIMIT_DATA, together they
     are over ``memory_mb``; the kernel's memory cgroup holds the sum."""
+    _without_cgroup(attacker, outcomes, "four child processes of 350 MiB each (together over `memory_mb`)")
     limit = attacker.settings.memory_mb
     result = await attack(attacker, neighbour, """
 import subprocess, sys
@@ -325,6 +347,7 @@ print(json.dumps({'codes': [p.wait() for p in procs]}))
 async def test_shared_memory_mapping(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
     """A 1.5 GiB shared anonymous mapping, touched: RLIMIT_DATA does not count shared memory,
     the memory cgroup does."""
+    _without_cgroup(attacker, outcomes, "1.5 GiB shared `mmap` (`MAP_SHARED|MAP_ANONYMOUS`, touched)")
     result = await attack(attacker, neighbour, """
 import mmap
 area = mmap.mmap(-1, 1536 * 2**20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
@@ -345,6 +368,10 @@ print(json.dumps({'touched_mb': len(area) // 2**20}))
 
 async def test_many_empty_files(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
     """300k empty files in the private tmpfs cost the host kernel memory per inode: capped."""
+    if os.geteuid() != 0 and outcomes.source == "spawn":
+        outcomes.record("300k empty files in `/tmp` (and `/dev/shm`)", "not inode-capped: a spawned kernel's "
+                        "sandbox cannot remount its tmpfs as a normal user (size caps hold; forked kernels are capped)")
+        pytest.skip("no inode cap for kernels spawned by a non-root bot (docs/security.md)")
     data = report(await attack(attacker, neighbour, """
 def fill(folder, count):
     made = 0
@@ -392,7 +419,10 @@ out['leaked'] = {CANARY!r}.encode() in buffer.raw
 print(json.dumps(out))
 """))
     assert not data["leaked"] and data["read"] in ("EACCES", "ENOKEY"), data
-    assert data["search"] == "ENOKEY" and data["bot keyring"] in ("EACCES", "ENOKEY"), data
+    # A non-root bot's kernels share its uid on the host: the keyring may be *described*
+    # (view permission of the same uid), never searched or read.
+    described = os.geteuid() != 0 and isinstance(data["bot keyring"], int)
+    assert data["search"] == "ENOKEY" and (described or data["bot keyring"] in ("EACCES", "ENOKEY")), data
     assert isinstance(data["own keyring"], int) and data["own keyring"] != bot_key.keyring, data
     outcomes.record(
         "read a key from the bot's session keyring (`keyctl read`, `request_key`)",
@@ -561,11 +591,14 @@ out = {'chown root': attempt(lambda: os.chown('suid-id', 0, 0)),
 print(json.dumps(out))
 """))
     host = (attacker.workspace.path / "suid-id").stat()
-    assert data["chown root"] == "PermissionError (EPERM)" and data["euid"] == str(data["uid"]) != "0"
+    # EINVAL: in a non-root bot's user namespace uid 0 is not even mapped.
+    assert data["chown root"] in ("PermissionError (EPERM)", "OSError (EINVAL)"), data
+    assert data["euid"] == str(data["uid"]) != "0"
     assert host.st_uid != 0 and host.st_uid != os.getuid() or os.getuid() != 0
     assert host.st_mode & stat.S_ISUID  # the bit is set, but on a file owned by the kernel's uid
+    chown = data["chown root"].split(" (")[-1].rstrip(")")
     outcomes.record("create a setuid file", "allowed, but owned by the kernel's unprivileged uid, `chown root` → "
-                    "EPERM, running it keeps the same uid (nosuid bind + no_new_privs)")
+                    f"{chown}, running it keeps the same uid (nosuid bind + no_new_privs)")
 
 
 async def test_escape_with_unshare_or_mount(

@@ -43,6 +43,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from kernels.sandbox import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, USERNS_UID, find_bwrap
+from tests.security.conftest import ROWS_FILE_VAR
+from tests.security.report import write_table
 
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")
 #: The host uid the bot runs as in this test when the test itself runs as root.
@@ -236,17 +238,22 @@ def _kill_leftovers(marker: Path) -> None:
     psutil.wait_procs(_leftovers(marker), timeout=5)
 
 
-def _run_child(paths: Layout, canary: str, *, fork_server: bool) -> dict[str, Any]:
-    """Run :func:`child_main` as the unprivileged uid; its JSON report (killed on timeout)."""
-    env = {
+def _child_env(paths: Layout, **extra: str) -> dict[str, str]:
+    """The unprivileged bot's environment: the repo and the project venv's packages on its path."""
+    return {
         "PATH": "/usr/bin:/bin",
         "LANG": "C.UTF-8",
         "HOME": str(paths.tmp),
         "TMPDIR": str(paths.tmp),
         "PYTHONPATH": os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]]),
         "PYTHONDONTWRITEBYTECODE": "1",
-        **{name: canary for name in SECRET_VARS},
+        **extra,
     }
+
+
+def _run_child(paths: Layout, canary: str, *, fork_server: bool) -> dict[str, Any]:
+    """Run :func:`child_main` as the unprivileged uid; its JSON report (killed on timeout)."""
+    env = _child_env(paths, **{name: canary for name in SECRET_VARS})
     argv = [*_drop(), str(paths.venv / "bin" / "python"), "-m", "tests.security.test_nonroot",
             str(paths.root), canary, STRAY, "fork" if fork_server else "spawn"]
     child = subprocess.Popen(
@@ -321,6 +328,34 @@ def test_unprivileged_bot_sandboxes_its_kernels(layout: Layout, source: str) -> 
     while (left := _leftovers(layout.root)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"processes outlived the unprivileged bot: {left}"
+
+
+@pytest.mark.timeout(600)
+def test_attack_suite_as_unprivileged_bot(layout: Layout) -> None:
+    """The whole attack suite (``test_attacks.py``, ``test_boundary.py``: every finding,
+    spawned and forked kernels, a neighbour that keeps answering) run by a bot that is not
+    root. Every attack must be contained or, where only a cgroup contains it and none can be
+    made for this uid, recorded as such; the outcomes become the second table of
+    docs/security.md."""
+    rows_file = layout.tmp / "attack-rows.json"
+    argv = [*_drop(), str(layout.venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"),
+            "tests/security/test_attacks.py", "tests/security/test_boundary.py"]
+    env = _child_env(layout, **{ROWS_FILE_VAR: str(rows_file)})
+    child = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        out, _ = child.communicate(timeout=540)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        out, _ = child.communicate()
+        pytest.fail(f"the unprivileged attack run did not finish:\n{out[-3000:]}")
+    assert child.returncode == 0, out[-6000:]
+    assert rows_file.exists(), f"not every attack recorded an outcome:\n{out[-3000:]}"
+    rows: dict[str, dict[str, str]] = json.loads(rows_file.read_text())
+    assert len(rows) >= 20, rows
+    mode = f"an unprivileged uid ({_host_uid()}): kernels in user namespaces, spawned by bwrap or forked"
+    write_table(REPO / "docs" / "security.md", rows, mode=mode, section="nonroot")
 
 
 async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[str, Any]:
