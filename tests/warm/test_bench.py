@@ -12,12 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_quick_bench_writes_results_and_prints_the_table(tmp_path: Path) -> None:
     output = tmp_path / "results.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--output", str(output)],
-        cwd=ROOT, capture_output=True, text=True, timeout=90,
+        cwd=ROOT, capture_output=True, text=True, timeout=240,  # a smoke run; a loaded 2-core CI box is slow
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     document = json.loads(output.read_text())
