@@ -35,8 +35,13 @@ class LLMSettings(_Model):
     api_key: SecretStr = SecretStr("")
     max_rounds: int = Field(8, ge=1, le=100)
     request_timeout_s: float = Field(60.0, gt=0)
-    max_retries: int = Field(2, ge=0, le=10)
+    max_retries: int = Field(2, ge=0, le=10)  # for 429/5xx/connection errors; a timeout is retried once at most
     temperature: float | None = Field(None, ge=0, le=2)
+    #: Sent as ``max_tokens`` on every request, so a server cannot generate without end;
+    #: ``null`` leaves it out (for endpoints that reject the parameter).
+    max_tokens: int | None = Field(4096, ge=1)
+    #: Budget of earlier messages replayed to the model, in characters.
+    context_chars: int = Field(48_000, ge=1000)
 
 
 class SlackSettings(_Model):

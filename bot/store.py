@@ -91,7 +91,28 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (thread, message_id)
         )""",
     ),
+    (
+        # Our own notices (LLM error sentences, stop and limit notes) were stored as assistant
+        # messages and replayed as the model's words; they become ``notice`` rows, which
+        # ``history()`` never returns. A note appended to a model's summary stays with it.
+        """UPDATE messages SET role = 'notice', content = json_set(content, '$.role', 'notice')
+        WHERE role = 'assistant' AND json_extract(content, '$.tool_calls') IS NULL AND (
+            (json_extract(content, '$.content') LIKE 'The language model %' AND (
+                json_extract(content, '$.content') LIKE '%please try again.'
+                OR json_extract(content, '$.content') LIKE '%please try again later.'
+                OR json_extract(content, '$.content') LIKE '%please try again in a minute.'
+                OR json_extract(content, '$.content') LIKE '%should check llm.%'
+                OR json_extract(content, '$.content') LIKE 'The language model refused the request (HTTP %).'))
+            OR json_extract(content, '$.content') LIKE 'The Python kernel for this thread failed: %'
+            OR json_extract(content, '$.content') LIKE '!_Stopped on request after %' ESCAPE '!'
+            OR json_extract(content, '$.content') LIKE '!_Stopped after %, the limit for one message.%' ESCAPE '!'
+            OR json_extract(content, '$.content') = '_(The model gave an empty answer.)_'
+        )""",
+    ),
 )
+
+#: The ``role`` of stored notices: shown in the timeline, never replayed to the model.
+NOTICE_ROLE = "notice"
 
 #: The schema version this code writes.
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -205,10 +226,20 @@ class Store:
                 ],
             )
 
+    async def add_notice(self, key: str, text: str) -> None:
+        """Record a notice the bot posted in the thread (an error, a stop or limit note).
+
+        Notices are part of the timeline (``export``) but never of :meth:`history`: they are
+        the bot's words, not the model's, and must not be replayed to it.
+        """
+        await self.add_messages(key, [{"role": NOTICE_ROLE, "content": text}])
+
     async def history(self, key: str) -> list[dict[str, Any]]:
-        """The thread's OpenAI-format messages, oldest first."""
+        """The thread's OpenAI-format messages, oldest first (notices left out)."""
         async with self._lock:
-            async with self._db.execute("SELECT content FROM messages WHERE thread = ? ORDER BY seq", (key,)) as cursor:
+            async with self._db.execute(
+                "SELECT content FROM messages WHERE thread = ? AND role != ? ORDER BY seq", (key, NOTICE_ROLE)
+            ) as cursor:
                 rows = await cursor.fetchall()  # one hop to the database thread, not one per batch
         return [json.loads(row[0]) for row in rows]
 

@@ -111,7 +111,7 @@ class TurnRunner:
         ok = False
         outputs = Outputs()
         try:
-            reply = await self._turn(message, user_content, workspace, turn, progress, outputs)
+            reply = await self._turn(message, user_content, workspace, turn, progress, outputs, bool(intake.saved))
             ok = reply.ok
             await outbox.post(reply)
         finally:
@@ -127,6 +127,7 @@ class TurnRunner:
         turn: _ActiveTurn,
         progress: Progress,
         outputs: Outputs,
+        has_files: bool = False,
     ) -> Reply:
         key = message.key
         policy = self._settings.policy_for(key.channel_key)
@@ -168,12 +169,19 @@ class TurnRunner:
                 model=policy.model,
                 max_rounds=policy.max_rounds,
                 on_step=on_step,
+                has_files=has_files,
             )
         finally:
             # Also when the turn fails: the cells that ran belong in the store, and a failed
             # write must surface instead of vanishing with an unawaited task.
             await runner.stored()
-        await self._store.add_messages(str(key), result.new_messages, user_id=message.user_id)
+        # A failed model request leaves new_messages empty: nothing of it (not even the user's
+        # message) enters the history, so the next turn replays only exchanges that worked.
+        # Our own notes are stored as notices, which history() never returns to the model.
+        if result.new_messages:
+            await self._store.add_messages(str(key), result.new_messages, user_id=message.user_id)
+            if result.notice:
+                await self._store.add_notice(str(key), result.notice)
         await self._store.add_usage(
             str(key), policy.model or self._settings.llm.model, result.usage.prompt_tokens, result.usage.completion_tokens
         )

@@ -11,6 +11,47 @@ FENCED_OUTPUT_HEADER = "Output of the code block above:"
 
 _MISSING_RESULT = "(no result was recorded for this call)"
 
+#: The roles a chat completions server knows; anything else stored (e.g. our ``notice``
+#: entries) is never sent.
+WIRE_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` in the shape strict servers accept (llama.cpp's server, vLLM, LiteLLM).
+
+    ``content`` is always present and never null (``""`` beside tool calls); keys that are
+    null, unknown to the role (``refusal``, ``audio``, ``function_call``…) or empty
+    (``tool_calls: []``) are left out; tool calls are ``{id, type, function: {name,
+    arguments}}`` with string arguments. Messages of other roles are dropped.
+    """
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role not in WIRE_ROLES:
+            continue
+        content = message.get("content")
+        wire: dict[str, Any] = {"role": role, "content": "" if content is None else content}
+        if role == "tool":
+            wire["tool_call_id"] = str(message.get("tool_call_id") or "")
+        elif isinstance(message.get("name"), str) and message["name"]:
+            wire["name"] = message["name"]
+        if role == "assistant" and (calls := message.get("tool_calls")):
+            wire["tool_calls"] = [_wire_call(call) for call in calls]
+        out.append(wire)
+    return out
+
+
+def _wire_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = "{}" if arguments is None else json.dumps(arguments)
+    return {
+        "id": str(call.get("id") or ""),
+        "type": "function",
+        "function": {"name": str(function.get("name") or ""), "arguments": arguments},
+    }
+
 
 def trim_history(history: list[dict[str, Any]], budget_chars: int) -> list[dict[str, Any]]:
     """The newest whole exchanges of ``history`` that fit in ``budget_chars``.
@@ -30,12 +71,17 @@ def trim_history(history: list[dict[str, Any]], budget_chars: int) -> list[dict[
     return repair([m for exchange in reversed(kept) for m in exchange])
 
 
+def history_chars(history: list[dict[str, Any]]) -> int:
+    """The characters ``history`` costs (see :func:`message_chars`)."""
+    return sum(message_chars(m) for m in history)
+
+
 def message_chars(message: dict[str, Any]) -> int:
     """The characters a message costs: its text plus any tool-call arguments."""
     content = message.get("content")
     size = len(content) if isinstance(content, str) else len(json.dumps(content)) if content else 0
     for call in message.get("tool_calls") or ():
-        size += len(call.get("function", {}).get("arguments", "")) + 40
+        size += len(str((call.get("function") or {}).get("arguments") or "")) + 40
     return size
 
 
@@ -66,7 +112,7 @@ def _exchanges(history: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Split into exchanges; messages before the first user message are dropped."""
     exchanges: list[list[dict[str, Any]]] = []
     for message in history:
-        if message.get("role") == "system":
+        if message.get("role") not in WIRE_ROLES or message.get("role") == "system":
             continue
         if message.get("role") == "user" and not _is_fenced_output(message):
             exchanges.append([message])

@@ -1,28 +1,59 @@
 """A thin wrapper over ``openai.AsyncOpenAI`` chat completions with typed failures.
 
-Transport retries (timeouts, connection errors, 408/409/429/5xx with exponential backoff
-that honours ``Retry-After``) are the openai client's own, configured from
-``llm.max_retries``. This module adds a retry for replies that cannot be read and turns
-every failure that survives the retries into :class:`LLMError`, whose message is one
-sentence fit to post in the chat thread (never the API key, never a stack trace).
+Retries are done here, not by the openai client (it counts every kind alike): 408/409/429/
+5xx and connection errors up to ``llm.max_retries`` times with exponential backoff that
+honours ``Retry-After``; a timeout at most once, because a server that timed out is often
+still generating the first answer and every retry queues one more on a one-at-a-time local
+server; an unreadable reply up to ``llm.max_retries`` times. Every failure that survives
+becomes :class:`LLMError`, whose message is one sentence fit to post in the chat thread
+(never the API key, never a stack trace); a refusal because the request is longer than the
+model's context is a :class:`ContextLengthError`, so the loop can shrink the history.
+
+Messages are converted to the shape strict servers accept (:func:`~bot.agent.history.wire_messages`)
+right before they are sent, whatever the stored history holds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import random
+import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
 from openai.types.chat import ChatCompletion
 
+from bot.agent.history import wire_messages
 from bot.config import LLMSettings
 
 log = logging.getLogger(__name__)
 
 #: Pause before retrying an unreadable reply (doubles per attempt).
 _MALFORMED_BACKOFF_S = 0.2
+#: Backoff before retrying a status or connection error: doubles per attempt, up to the cap.
+_BACKOFF_S = 0.5
+_BACKOFF_CAP_S = 8.0
+#: A ``Retry-After`` longer than this is not waited for (the turn would look hung).
+_RETRY_AFTER_CAP_S = 60.0
+_RETRYABLE_STATUS = frozenset({408, 409, 429})
+#: How servers say a request is longer than the model's context: OpenAI and Azure
+#: ("maximum context length", code ``context_length_exceeded``), vLLM ("maximum context
+#: length"), llama.cpp's server ("exceeds the available context size", "too big compared
+#: to KV size"), llama-cpp-python ("exceed context window"), Ollama ("prompt too long;
+#: exceeded max context length"), LiteLLM (``ContextWindowExceededError``), Anthropic behind
+#: a proxy ("prompt is too long"), and the generic "too many tokens".
+_CONTEXT_EXCEEDED = re.compile(
+    r"context[ _-]?length|context[ _-]?window|context size|maximum context|max context|"
+    r"too many tokens|prompt is too long|prompt too long|input is too long|too big compared to kv|"
+    r"exceeds? (?:the )?(?:available |model'?s? )?context",
+    re.IGNORECASE,
+)
+_TOKENS_LIMIT = re.compile(r"(?:maximum context length|context window|context size)\D{0,30}?(\d[\d,]*)", re.I)
+_TOKENS_ASKED = re.compile(r"(?:resulted in|requested|request has|requested tokens \(|prompt has)\D{0,12}?(\d[\d,]*)", re.I)
 
 
 class LLMError(Exception):
@@ -31,6 +62,20 @@ class LLMError(Exception):
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ContextLengthError(LLMError):
+    """The server refused the request as longer than the model's context.
+
+    ``limit`` and ``requested`` are the token counts the server named, when it named both.
+    """
+
+    def __init__(
+        self, message: str, *, status: int | None = None, limit: int | None = None, requested: int | None = None
+    ) -> None:
+        super().__init__(message, status=status)
+        self.limit = limit
+        self.requested = requested
 
 
 @dataclass
@@ -67,10 +112,19 @@ class Completion:
     content: str | None
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+
+    @property
+    def cut_off(self) -> bool:
+        """True when the server stopped the reply at its length limit (``max_tokens``)."""
+        return self.finish_reason == "length"
 
     def message(self) -> dict[str, Any]:
-        """The reply as an OpenAI-format assistant message, ready to replay as history."""
-        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        """The reply as an OpenAI-format assistant message, ready to replay as history.
+
+        ``content`` is always a string (``""`` beside tool calls): strict servers reject null.
+        """
+        message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
         if self.tool_calls:
             message["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -89,7 +143,7 @@ class LLMClient:
             # Local servers (Ollama, vLLM) accept any key, but the client insists on one.
             api_key=settings.api_key.get_secret_value() or "not-needed",
             timeout=settings.request_timeout_s,
-            max_retries=settings.max_retries,
+            max_retries=0,  # retried in complete(), where a timeout is retried once at most
         )
 
     async def close(self) -> None:
@@ -105,29 +159,66 @@ class LLMClient:
         tool_choice: str | None = None,
     ) -> Completion:
         """One non-streaming chat completion; raises :class:`LLMError` on failure."""
-        kwargs: dict[str, Any] = {"model": model or self._settings.model, "messages": messages}
+        kwargs: dict[str, Any] = {"model": model or self._settings.model, "messages": wire_messages(messages)}
         if tools:
             kwargs["tools"] = tools
             if tool_choice is not None:
                 kwargs["tool_choice"] = tool_choice
         if self._settings.temperature is not None:
             kwargs["temperature"] = self._settings.temperature
-        attempts = self._settings.max_retries + 1
-        for attempt in range(attempts):
+        if self._settings.max_tokens is not None:
+            kwargs["max_tokens"] = self._settings.max_tokens
+        retries = self._settings.max_retries
+        timeouts = 0
+        for attempt in range(retries + 1):
+            last = attempt >= retries
             try:
                 # The typed ``chat.completions.create`` runs every message of the history through
                 # openai's parameter transformer (tens of ms per call for a long thread); our
                 # messages are plain JSON already, so post them as they are.
-                response = await self._client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion)
+                response = await self._client.post(
+                    "/chat/completions", body=kwargs, cast_to=ChatCompletion, options={"max_retries": 0}
+                )
                 return _parse(response)
             # ValueError: the openai client lets json.JSONDecodeError through for a non-JSON body.
             except (_Unreadable, openai.APIResponseValidationError, ValueError) as exc:
-                log.warning("unreadable LLM reply (attempt %d/%d): %s", attempt + 1, attempts, exc)
+                log.warning("unreadable LLM reply (attempt %d/%d): %s", attempt + 1, retries + 1, exc)
+                if last:
+                    raise LLMError("The language model sent a reply that could not be read; please try again.") from exc
+                pause = _MALFORMED_BACKOFF_S * 2**attempt
+            except openai.APITimeoutError as exc:
+                timeouts += 1
+                if last or timeouts > 1:
+                    raise _to_llm_error(exc, kwargs["model"], self._settings.request_timeout_s) from exc
+                log.warning("LLM request timed out after %gs; retrying once", self._settings.request_timeout_s)
+                pause = 0.0
             except openai.OpenAIError as exc:
-                raise _to_llm_error(exc, kwargs["model"], self._settings.request_timeout_s) from exc
-            if attempt + 1 < attempts:
-                await asyncio.sleep(_MALFORMED_BACKOFF_S * 2**attempt)
-        raise LLMError("The language model sent a reply that could not be read; please try again.")
+                if last or not _retryable(exc):
+                    raise _to_llm_error(exc, kwargs["model"], self._settings.request_timeout_s) from exc
+                pause = _backoff(exc, attempt)
+                log.warning("LLM request failed (%r); retry %d/%d in %.1fs", exc, attempt + 1, retries, pause)
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _retryable(exc: openai.OpenAIError) -> bool:
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in _RETRYABLE_STATUS or exc.status_code >= 500
+    return isinstance(exc, openai.APIConnectionError)
+
+
+def _backoff(exc: openai.OpenAIError, attempt: int) -> float:
+    """Seconds to wait: the server's ``Retry-After`` when it gives a sane one, else exponential."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or {}
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            wait = float(headers.get(name, "")) * scale
+        except ValueError:
+            continue
+        if 0 <= wait <= _RETRY_AFTER_CAP_S:
+            return wait
+    return min(_BACKOFF_S * 2**attempt, _BACKOFF_CAP_S) * random.uniform(0.75, 1.0)
 
 
 class _Unreadable(Exception):
@@ -135,20 +226,39 @@ class _Unreadable(Exception):
 
 
 def _parse(response: Any) -> Completion:
+    """Read a completion leniently: local servers omit ids, ``usage`` or ``finish_reason``."""
     choices = getattr(response, "choices", None)
     if not choices:
         raise _Unreadable(f"no choices in {type(response).__name__}")
-    message = choices[0].message
+    choice = choices[0]
+    message = getattr(choice, "message", None)
+    if message is None:
+        raise _Unreadable("a choice without a message")
     calls = []
-    for call in message.tool_calls or ():
+    for call in getattr(message, "tool_calls", None) or ():
         function = getattr(call, "function", None)
         if function is None:
             raise _Unreadable(f"tool call of unknown type {getattr(call, 'type', '?')!r}")
-        calls.append(ToolCall(id=call.id, name=function.name, arguments=function.arguments or ""))
+        arguments = getattr(function, "arguments", None)
+        if arguments is not None and not isinstance(arguments, str):
+            arguments = json.dumps(arguments)  # some servers send the arguments as an object
+        calls.append(
+            ToolCall(
+                id=getattr(call, "id", None) or f"call_{uuid.uuid4().hex[:24]}",
+                name=getattr(function, "name", None) or "",
+                arguments=arguments or "",
+            )
+        )
     usage = Usage()
-    if response.usage is not None:
-        usage = Usage(response.usage.prompt_tokens or 0, response.usage.completion_tokens or 0)
-    return Completion(content=message.content, tool_calls=tuple(calls), usage=usage)
+    if (reported := getattr(response, "usage", None)) is not None:
+        usage = Usage(getattr(reported, "prompt_tokens", 0) or 0, getattr(reported, "completion_tokens", 0) or 0)
+    content = getattr(message, "content", None)
+    return Completion(
+        content=content if isinstance(content, str) else None,
+        tool_calls=tuple(calls),
+        usage=usage,
+        finish_reason=getattr(choice, "finish_reason", None),
+    )
 
 
 def _to_llm_error(exc: openai.OpenAIError, model: str, timeout_s: float) -> LLMError:
@@ -157,7 +267,9 @@ def _to_llm_error(exc: openai.OpenAIError, model: str, timeout_s: float) -> LLME
     if isinstance(exc, openai.APITimeoutError):
         return LLMError(f"The language model did not answer within {timeout_s:g} seconds; please try again.")
     if isinstance(exc, openai.APIConnectionError):
-        return LLMError("The language model could not be reached; please try again later.")
+        # The URL tried, less the endpoint, query and any user:password: the configured llm.base_url.
+        tried = str(exc.request.url.copy_with(query=None, userinfo=b"")).removesuffix("/chat/completions")
+        return LLMError(f"The language model at {tried} could not be reached; please try again later.")
     if not isinstance(exc, openai.APIStatusError):
         return LLMError("The language model request failed; please try again.")
     status = exc.status_code
@@ -176,9 +288,29 @@ def _to_llm_error(exc: openai.OpenAIError, model: str, timeout_s: float) -> LLME
     elif status >= 500:
         sentence = f"The language model had a server error (HTTP {status}); please try again."
     else:
-        detail = _short(_error_message(exc))
+        message = _error_message(exc)
+        detail = _short(message)
         sentence = f"The language model refused the request (HTTP {status}{': ' + detail if detail else ''})."
+        if status in (400, 413, 422) and is_context_exceeded(message, exc.body):
+            return ContextLengthError(
+                sentence, status=status, limit=_number(_TOKENS_LIMIT, message), requested=_number(_TOKENS_ASKED, message)
+            )
     return LLMError(sentence, status=status)
+
+
+def is_context_exceeded(message: str, body: object = None) -> bool:
+    """True when an error message (or its body's ``code``/``type``) says the context was exceeded."""
+    codes = ""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict):
+            codes = f"{inner.get('code') or ''} {inner.get('type') or ''}"
+    return bool(_CONTEXT_EXCEEDED.search(f"{message} {codes.replace('_', ' ')}"))
+
+
+def _number(pattern: re.Pattern[str], text: str) -> int | None:
+    match = pattern.search(text)
+    return int(match.group(1).replace(",", "")) if match else None
 
 
 def _error_message(exc: openai.APIStatusError) -> str:
@@ -187,6 +319,10 @@ def _error_message(exc: openai.APIStatusError) -> str:
         inner = body.get("error", body)
         if isinstance(inner, dict) and isinstance(inner.get("message"), str):
             return str(inner["message"])
+        if isinstance(inner, str):  # Ollama and some proxies: {"error": "text"}
+            return inner
+    if isinstance(body, str):
+        return body
     return ""
 
 

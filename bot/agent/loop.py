@@ -9,11 +9,20 @@ Rules (DESIGN.md "Flow" step 4 and "Decisions"):
   counting it stops a model that keeps sending garbage. When the model asks for a run past
   the limit, the call is answered "not run", the model is asked once (tools off) to sum up,
   and the user gets that summary with a note that the limit stopped the turn.
-- A reply without tool calls but with ```` ```python ```` / ```` ```py ```` fences runs those
-  blocks (joined, as one round); the output goes back as a user-role message starting with
-  :data:`~bot.agent.history.FENCED_OUTPUT_HEADER`. A reply with neither is the answer.
-- ``new_messages`` is always a valid transcript: every assistant tool call has its tool
-  result, and it ends with an assistant message holding the text the user was shown.
+- A reply without tool calls but with ```` ```python ```` / ```` ```py ```` fences, or whose
+  whole text is a JSON tool call (``{"name": "python", "arguments": {...}}``, also in
+  ``<tool_call>`` tags, as small local models write them), runs that code (joined, as one
+  round); the output goes back as a user-role message starting with
+  :data:`~bot.agent.history.FENCED_OUTPUT_HEADER`. A reply with none of these is the answer.
+- Once per turn, an answer to a data question given without running code that is a refusal
+  or a bare number is answered with a request to use the tool (:mod:`bot.agent.nudge`); the
+  refused answer and the request are sent in this turn only, never stored.
+- A context-length refusal shrinks the replayed history (oldest exchanges first, whole) and
+  the request is retried once.
+- ``new_messages`` holds only what the model said and saw, and is always a valid transcript:
+  every assistant tool call has its tool result. It is empty when a model request failed,
+  so that a failed exchange never reaches the thread's history. Our own words (errors,
+  limit and stop notes, the cut-off note) are in ``notice``: shown, never replayed.
 """
 
 from __future__ import annotations
@@ -28,8 +37,9 @@ from typing import Any, Literal, Protocol
 
 import openai
 
-from bot.agent.history import FENCED_OUTPUT_HEADER, trim_history
-from bot.agent.llm import Completion, LLMClient, LLMError, ToolCall, Usage
+from bot.agent.history import FENCED_OUTPUT_HEADER, history_chars, trim_history
+from bot.agent.llm import Completion, ContextLengthError, LLMClient, LLMError, ToolCall, Usage
+from bot.agent.nudge import NUDGE, should_nudge
 from bot.agent.observation import format_observation
 from bot.config import LLMSettings
 from kernels.result import ExecutionResult, KernelError, Outcome
@@ -59,6 +69,11 @@ PYTHON_TOOL: dict[str, Any] = {
 _FENCE = re.compile(r"^```[ \t]*(?:python|py)[ \t]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE | re.IGNORECASE)
 _DATA_URI_IMAGE = re.compile(r"!\[[^\]]*\]\(\s*data:[^)]*\)")
 _DATA_URI = re.compile(r"data:[\w.+-]+/[\w.+-]+;base64,[A-Za-z0-9+/=\s]{16,}")
+_TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+_JSON_FENCE = re.compile(r"\A```(?:json)?[ \t]*\n(.*?)\n```\s*\Z", re.DOTALL | re.IGNORECASE)
+#: Shown under an answer the server stopped at ``max_tokens``.
+CUT_OFF_NOTE = "_(answer cut off at the length limit)_"
+EMPTY_NOTE = "_(The model gave an empty answer.)_"
 _WRAP_UP = (
     "The limit of {n} code runs for this message is reached, so no more code can run now. "
     "Answer the user with what you found so far and say briefly what is left to do."
@@ -86,11 +101,20 @@ class CellRun:
 class TurnResult:
     """What one user message produced."""
 
-    text: str  # final Markdown for the user, with a note when the turn did not end normally
-    new_messages: list[dict[str, Any]]  # user message first; replay as history next turn
+    text: str  # final Markdown for the user: the model's answer and then ``notice``
+    #: The model-visible transcript (user message first) to store and replay next turn;
+    #: empty when a model request failed.
+    new_messages: list[dict[str, Any]]
     cells: list[CellRun]
     usage: Usage
     stop_reason: StopReason
+    #: Our own words at the end of ``text`` (error, limit or stop note, cut-off note), if any:
+    #: store them as a notice, never as the model's words.
+    notice: str = ""
+    #: The model was asked once to use the tool (see :mod:`bot.agent.nudge`).
+    nudged: bool = False
+    #: The history was shrunk after a context-length refusal.
+    shrunk: bool = False
 
     @property
     def ok(self) -> bool:
@@ -106,11 +130,13 @@ class Agent:
         settings: LLMSettings,
         *,
         client: openai.AsyncOpenAI | None = None,
-        history_chars: int = 48_000,
+        history_chars: int | None = None,
     ) -> None:
         self._settings = settings
         self._llm = LLMClient(settings, client=client)
-        self._history_chars = history_chars
+        self._history_chars = settings.context_chars if history_chars is None else history_chars
+        #: model → the history budget its server accepted after a context-length refusal.
+        self._fitted: dict[str, int] = {}
 
     async def close(self) -> None:
         """Close the HTTP connections to the LLM endpoint."""
@@ -126,22 +152,30 @@ class Agent:
         model: str | None = None,
         max_rounds: int | None = None,
         on_step: OnStep | None = None,
+        has_files: bool = False,
     ) -> TurnResult:
         """Answer ``user_content``, running code in ``runner`` as the model asks.
 
-        ``history`` is earlier turns' ``new_messages`` (trimmed here to the char budget);
-        ``on_step(round, first_line_of_code)`` is awaited before each execution.
+        ``history`` is earlier turns' ``new_messages`` (trimmed here to the char budget;
+        entries of roles the model does not know, such as stored notices, are skipped);
+        ``on_step(round, first_line_of_code)`` is awaited before each execution;
+        ``has_files`` says files came with this message (for the nudge).
         """
         user = {"role": "user", "content": user_content}
-        messages = [{"role": "system", "content": system_prompt}, *trim_history(history, self._history_chars), user]
+        model = model or self._settings.model
+        replayed = trim_history(history, min(self._history_chars, self._fitted.get(model, self._history_chars)))
         turn = _Turn(
             llm=self._llm,
-            messages=messages,
+            messages=[{"role": "system", "content": system_prompt}, *replayed, user],
             new_messages=[user],
             runner=runner,
-            model=model or self._settings.model,
+            model=model,
             max_rounds=max_rounds or self._settings.max_rounds,
             on_step=on_step,
+            fitted=self._fitted,
+            replayed=len(replayed),
+            question=user_content,
+            has_files=has_files,
         )
         return await turn.run()
 
@@ -157,39 +191,84 @@ class _Turn:
     model: str
     max_rounds: int
     on_step: OnStep | None
+    replayed: int  # messages[1 : 1 + replayed] are earlier turns' history
+    question: str
+    has_files: bool
     cells: list[CellRun] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    fitted: dict[str, int] = field(default_factory=dict)  # the Agent's: model → history budget that fits
     rounds: int = 0
+    nudged: bool = False
+    shrunk: bool = False
 
     async def run(self) -> TurnResult:
         while True:
             try:
                 reply = await self._ask()
             except LLMError as exc:
-                return self._finish("llm_error", str(exc))
+                return self._failed(str(exc))
             if reply.tool_calls:
                 self._add(reply.message())
                 if (done := await self._run_tool_calls(reply.tool_calls)) is not None:
                     return done
                 continue
-            code = fenced_python(reply.content or "")
+            content = reply.content or ""
+            code = fenced_python(content) or text_tool_call(content)
             if not code:
-                return self._finish("answer", reply.content or "")
+                if should_nudge(
+                    self.question, content, has_files=self.has_files, ran_code=self.rounds > 0, nudged=self.nudged
+                ):
+                    self.nudged = True
+                    # Sent in this turn only: the stored transcript shows the tool use, not the refusal.
+                    self.messages.extend([reply.message(), {"role": "user", "content": NUDGE}])
+                    continue
+                return self._answer(reply)
             if self.rounds >= self.max_rounds:
-                return self._finish("max_rounds", f"{reply.content}\n\n{self._limit_note()}")
+                return self._finish("max_rounds", self._limit_note(), said=content)
             self._add(reply.message())
             if (done := await self._run_fenced(code)) is not None:
                 return done
 
     async def _ask(self, *, wrap_up: bool = False) -> Completion:
-        messages = self.messages
-        if wrap_up:  # sent once, not kept in the history
-            messages = [*messages, {"role": "user", "content": _WRAP_UP.format(n=self.max_rounds)}]
-        reply = await self.llm.complete(
-            messages, model=self.model, tools=[PYTHON_TOOL], tool_choice="none" if wrap_up else None
-        )
-        self.usage.add(reply.usage)
-        return reply
+        while True:
+            messages = self.messages
+            if wrap_up:  # sent once, not kept in the history
+                messages = [*messages, {"role": "user", "content": _WRAP_UP.format(n=self.max_rounds)}]
+            try:
+                reply = await self.llm.complete(
+                    messages, model=self.model, tools=[PYTHON_TOOL], tool_choice="none" if wrap_up else None
+                )
+            except ContextLengthError as exc:
+                if self.shrunk or not self._shrink(exc):
+                    raise
+                continue
+            self.usage.add(reply.usage)
+            return reply
+
+    def _shrink(self, refusal: ContextLengthError) -> bool:
+        """Drop the oldest replayed exchanges so the request fits; False when none are left.
+
+        When the server named its limit and the request's size, the history is cut to fit
+        that ratio with a margin (and by half at least); when it did not, to a quarter, since
+        there is only one retry. The budget used is remembered for the model (``fitted``), so
+        later turns start within it instead of being refused first.
+        """
+        history = self.messages[1 : 1 + self.replayed]
+        if not history:
+            return False
+        self.shrunk = True
+        total, replayed = history_chars(self.messages), history_chars(history)
+        if refusal.limit and refusal.requested and refusal.requested > refusal.limit:
+            fits = int(total * refusal.limit / refusal.requested * 0.8) - (total - replayed)
+            budget = max(0, min(replayed // 2, fits))
+        else:
+            budget = replayed // 4
+        self.fitted[self.model] = min(self.fitted.get(self.model, budget), budget)
+        kept = trim_history(history, budget)
+        log.warning("context length exceeded; replaying %d of %d history messages", len(kept), len(history))
+        self.messages[1 : 1 + self.replayed] = kept
+        self.replayed = len(kept)
+        return True
 
     async def _run_tool_calls(self, calls: tuple[ToolCall, ...]) -> TurnResult | None:
         """Run each call in order; every call gets a tool message, run or not."""
@@ -253,11 +332,10 @@ class _Turn:
         """Ask once, with tools off, for a summary of what the runs found."""
         try:
             reply = await self._ask(wrap_up=True)
-            summary = (reply.content or "").strip()
+            summary = reply.content or ""
         except LLMError:
-            summary = ""
-        note = self._limit_note()
-        return self._finish("max_rounds", f"{summary}\n\n{note}" if summary else note)
+            summary = ""  # the runs happened and are kept; the failed request adds nothing
+        return self._finish("max_rounds", self._limit_note(), said=summary)
 
     def _limit_note(self) -> str:
         return f"_Stopped after {_runs(self.rounds)}, the limit for one message. Reply “continue” to let me go on._"
@@ -269,11 +347,39 @@ class _Turn:
         self.messages.append(message)
         self.new_messages.append(message)
 
-    def _finish(self, stop_reason: StopReason, text: str) -> TurnResult:
-        text = strip_base64(text).strip() or "_(The model gave an empty answer.)_"
-        self._add({"role": "assistant", "content": text})
+    def _answer(self, reply: Completion) -> TurnResult:
+        """The model's final answer; an empty or cut-off one gets a note."""
+        said = strip_base64(reply.content or "").strip()
+        notes = [EMPTY_NOTE] if not said else []
+        if reply.cut_off:
+            notes.append(CUT_OFF_NOTE)
+        # An empty answer is stored as "" so the next user message still follows an assistant one.
+        self._add({"role": "assistant", "content": said})
+        return self._result("answer", said, " ".join(notes))
+
+    def _finish(self, stop_reason: StopReason, notice: str, *, said: str = "") -> TurnResult:
+        """End the turn with our ``notice``, after what the model ``said`` (stored) if anything."""
+        said = strip_base64(said).strip()
+        if said:
+            self._add({"role": "assistant", "content": said})
+        return self._result(stop_reason, said, notice)
+
+    def _failed(self, sentence: str) -> TurnResult:
+        """A model request failed: show the sentence, keep nothing of the turn's messages."""
+        self.new_messages = []
+        return self._result("llm_error", "", sentence)
+
+    def _result(self, stop_reason: StopReason, said: str, notice: str) -> TurnResult:
+        text = "\n\n".join(part for part in (said, notice) if part)
         return TurnResult(
-            text=text, new_messages=self.new_messages, cells=self.cells, usage=self.usage, stop_reason=stop_reason
+            text=text,
+            new_messages=self.new_messages,
+            cells=self.cells,
+            usage=self.usage,
+            stop_reason=stop_reason,
+            notice=notice,
+            nudged=self.nudged,
+            shrunk=self.shrunk,
         )
 
 
@@ -288,6 +394,52 @@ def fenced_python(text: str) -> str:
     """The ```` ```python ```` / ```` ```py ```` blocks of ``text``, joined; ``""`` when none."""
     blocks = [m.group(1).strip("\n") for m in _FENCE.finditer(text)]
     return "\n\n".join(b for b in blocks if b.strip())
+
+
+def text_tool_call(text: str) -> str:
+    """The code of ``python`` tool calls written as text, joined; ``""`` when there are none.
+
+    Counts only when the whole reply is the call: a JSON object or list (optionally in a
+    ```` ```json ```` fence) or ``<tool_call>`` tags around JSON, with ``name`` python and
+    ``arguments`` (or ``parameters``) holding ``code``. JSON inside prose is left alone.
+    """
+    stripped = text.strip()
+    if tags := _TOOL_CALL_TAG.findall(stripped):
+        candidates = tags
+    elif fence := _JSON_FENCE.match(stripped):
+        candidates = [fence.group(1)]
+    elif stripped.startswith(("{", "[")):
+        candidates = [stripped]
+    else:
+        return ""
+    codes: list[str] = []
+    for candidate in candidates:
+        try:
+            parsed = json.loads(candidate)
+        except json.JSONDecodeError:
+            return ""
+        for item in parsed if isinstance(parsed, list) else [parsed]:
+            code = _code_of_call(item)
+            if code is None:
+                return ""
+            codes.append(code)
+    return "\n\n".join(codes)
+
+
+def _code_of_call(item: object) -> str | None:
+    if not isinstance(item, dict):
+        return None
+    function = item.get("function") if isinstance(item.get("function"), dict) else item
+    arguments = function.get("arguments", function.get("parameters"))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    code = arguments.get("code") if isinstance(arguments, dict) else None
+    if function.get("name") != "python" or not isinstance(code, str) or not code.strip():
+        return None
+    return code
 
 
 def first_line(code: str, limit: int = 80) -> str:

@@ -23,7 +23,9 @@ def last_tool_output(body: dict[str, Any]) -> str:
 
 @pytest_asyncio.fixture
 async def pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
-    settings = make_settings(tmp_path, kernels={"exec_timeout_s": 1.5, "interrupt_grace_s": 1})
+    # pyplot is imported at start: its first import alone can take the whole 1.5 s on a busy machine.
+    kernels_settings = {"exec_timeout_s": 1.5, "interrupt_grace_s": 1, "preload": ["matplotlib.pyplot"]}
+    settings = make_settings(tmp_path, kernels=kernels_settings)
     kernels = KernelPool(settings.kernels)
     try:
         yield kernels

@@ -11,6 +11,7 @@ import pytest
 
 from tests.fakes.openai_server import (
     ScriptedOpenAI,
+    Strictness,
     answer,
     delay,
     error,
@@ -137,3 +138,36 @@ async def test_garbage_raw_arguments_and_exhaustion(scripted_openai: ScriptedOpe
 async def test_models_endpoint(scripted_openai: ScriptedOpenAI) -> None:
     models = await client(scripted_openai).models.list()
     assert [m.id async for m in models] == ["fake-model"]
+
+
+async def test_strictness_modes_refuse_without_consuming_a_step() -> None:
+    strict = Strictness(null_fields=500, tool_choice_required=True, context_chars=200, context_style="vllm")
+    async with ScriptedOpenAI(strict=strict) as server:
+        server.script(answer("ok"))
+        llm = client(server)
+        with pytest.raises(openai.InternalServerError):
+            await llm.with_options(max_retries=0).chat.completions.create(
+                model="m", messages=[{"role": "assistant", "content": None}]
+            )
+        with pytest.raises(openai.BadRequestError):
+            await llm.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "q"}], tool_choice="required",
+                tools=[{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}],
+            )
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 50 tokens"):
+            await llm.chat.completions.create(model="m", messages=[{"role": "user", "content": "q" * 300}])
+        assert len(server.rejected) == 3 and server.remaining == 1
+
+
+async def test_empty_deltas_and_no_usage_when_streaming() -> None:
+    async with ScriptedOpenAI(strict=Strictness(empty_deltas=True, omit_usage=True)) as server:
+        server.script(answer("streamed text"))
+        stream = await client(server).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "q"}], stream=True, stream_options={"include_usage": True}
+        )
+        pieces, usages = [], []
+        async for chunk in stream:
+            usages.append(chunk.usage)
+            if chunk.choices:
+                pieces.append(chunk.choices[0].delta.content or "")
+        assert "".join(pieces) == "streamed text" and usages == [None] * len(usages)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from bot.agent.llm import LLMClient, LLMError
+from bot.agent.llm import ContextLengthError, LLMClient, LLMError
 from tests.agent.conftest import llm_settings
-from tests.fakes.openai_server import ScriptedOpenAI, answer, delay, error, garbage
+from tests.fakes.openai_server import ScriptedOpenAI, Strictness, answer, delay, error, garbage, tool_call
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -113,3 +113,81 @@ async def test_request_shape(scripted_openai: ScriptedOpenAI, make_client: MakeC
     assert (body["model"], body["temperature"], body["tool_choice"]) == ("other", 0.1, "none")
     assert body["messages"] == MESSAGES and "stream" not in body
     assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+
+
+async def test_a_timeout_is_retried_once_at_most(scripted_openai: ScriptedOpenAI, make_client: MakeClient) -> None:
+    # max_retries covers 429/5xx; a server that timed out is often still generating, and each
+    # retry would queue one more endless generation on a one-at-a-time local server.
+    scripted_openai.script(delay(10), delay(10), answer("third try is never made"))
+    with pytest.raises(LLMError, match="did not answer within 0.2 seconds"):
+        await make_client(request_timeout_s=0.2, max_retries=5).complete(MESSAGES)
+    assert len(scripted_openai.requests) == 2 and scripted_openai.remaining == 1
+
+
+async def test_max_tokens_is_sent_on_every_request(scripted_openai: ScriptedOpenAI, make_client: MakeClient) -> None:
+    scripted_openai.script(answer("a"), answer("b"))
+    await make_client().complete(MESSAGES)
+    await make_client(max_tokens=None).complete(MESSAGES)
+    assert scripted_openai.requests[0]["max_tokens"] == 4096
+    assert "max_tokens" not in scripted_openai.requests[1]
+
+
+async def test_messages_are_sent_in_the_strict_shape(scripted_openai: ScriptedOpenAI, make_client: MakeClient) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "python", "arguments": '{"code": "1"}'}}
+    stored = [
+        {"role": "user", "content": "q", "name": None},
+        {"role": "assistant", "content": None, "refusal": None, "tool_calls": [call], "function_call": None},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        {"role": "notice", "content": "our own words"},
+        {"role": "assistant", "content": "done", "tool_calls": []},
+    ]
+    scripted_openai.script(answer("ok"))
+    await make_client().complete(stored)
+    assert scripted_openai.requests[0]["messages"] == [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        {"role": "assistant", "content": "done"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "This model's maximum context length is 2048 tokens. However, your messages resulted in 3000 tokens.",
+        "This model's maximum context length is 2048 tokens. However, you requested 4500 tokens "
+        "(404 in the messages, 4096 in the completion). Please reduce the length of the messages or completion.",
+        "the request exceeds the available context size, try increasing it",
+        "Input prompt is too big compared to KV size.",
+        "Requested tokens (2100) exceed context window of 2048",
+        "prompt too long; exceeded max context length by 12 tokens",
+        "litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError",
+        "prompt is too long: 210000 tokens > 200000 maximum",
+        "Too many tokens in the request.",
+    ],
+)
+async def test_context_length_refusals_are_recognised(
+    scripted_openai: ScriptedOpenAI, make_client: MakeClient, message: str
+) -> None:
+    scripted_openai.script(error(400, message))
+    with pytest.raises(ContextLengthError) as failure:
+        await make_client().complete(MESSAGES)
+    assert failure.value.status == 400 and "HTTP 400" in str(failure.value)
+
+
+async def test_other_bad_requests_are_not_context_errors(scripted_openai: ScriptedOpenAI, make_client: MakeClient) -> None:
+    scripted_openai.script(error(400, "tool_choice 'required' is not supported"))
+    with pytest.raises(LLMError) as failure:
+        await make_client().complete(MESSAGES)
+    assert not isinstance(failure.value, ContextLengthError)
+
+
+async def test_sparse_reply_without_usage_is_read(make_client: MakeClient) -> None:
+    async with ScriptedOpenAI(strict=Strictness(sparse=True, omit_usage=True)) as server:
+        server.script(tool_call("print(1)"), answer("fine"))
+        client = make_client(server)
+        first = await client.complete(MESSAGES)
+        assert first.tool_calls[0].name == "python" and first.finish_reason is None
+        assert first.message()["content"] == ""
+        second = await client.complete(MESSAGES)
+        assert (second.content, second.usage.total_tokens) == ("fine", 0)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest_asyncio
 
 from bot.agent import Agent, TurnResult
-from bot.agent.history import FENCED_OUTPUT_HEADER
+from bot.agent.history import FENCED_OUTPUT_HEADER, wire_messages
 from kernels.result import ErrorInfo, ExecutionResult, KernelError, Outcome, StreamChunk
 from tests.agent.conftest import PreparedRunner, assert_valid_transcript, llm_settings
 from tests.fakes.openai_server import ScriptedOpenAI, answer, error, raw_tool_call, tool_call
@@ -45,8 +45,15 @@ async def turn(agent: Agent, runner: PreparedRunner, text: str = "question", **k
         history=kwargs.pop("history", []), user_content=text, runner=runner, system_prompt=SYSTEM, **kwargs
     )
     assert_valid_transcript(result.new_messages)
+    if result.stop_reason == "llm_error":  # a failed request leaves nothing to store
+        assert result.new_messages == [] and result.text == result.notice
+        return result
     assert result.new_messages[0] == {"role": "user", "content": text}
-    assert result.new_messages[-1] == {"role": "assistant", "content": result.text}
+    last = result.new_messages[-1]
+    said = last["content"] if last["role"] == "assistant" and not last.get("tool_calls") else ""
+    assert result.text == "\n\n".join(part for part in (said, result.notice) if part)
+    # Our own notes are never stored as the model's words.
+    assert not result.notice or all(result.notice not in str(m.get("content")) for m in result.new_messages)
     return result
 
 
@@ -234,7 +241,8 @@ async def test_history_is_replayed_and_trimmed(scripted_openai: ScriptedOpenAI, 
     assert [m["content"] for m in sent] == [SYSTEM, "second question", "second answer", "third question"]
 
     await turn(make_agent(), PreparedRunner(), "third question", history=history)
-    assert scripted_openai.requests[1]["messages"][1:-1] == history
+    assert scripted_openai.requests[1]["messages"][1:-1] == wire_messages(history)
+    assert scripted_openai.requests[1]["messages"][2]["content"] == ""  # never null beside tool calls
 
 
 async def test_bad_key_ends_the_turn_with_one_sentence() -> None:

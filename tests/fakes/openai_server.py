@@ -26,7 +26,26 @@ Steps (each one answers exactly one request; a retry takes the next step):
 - ``delay(seconds, then=answer("late"))`` — wait, then answer ``then`` (to trigger client
   timeouts; the wait ends early when the server stops).
 - ``garbage(body="this is not json")`` — HTTP 200 with a non-JSON body.
+- ``text_tool_call(code, style="fence"|"json"|"tagged")`` — a tool call written as text in
+  ``content`` (a ```` ```python ```` block, a bare JSON call, or ``<tool_call>`` tags), as
+  small local models do.
+- ``answer(text, finish_reason="length")`` — a reply cut off at ``max_tokens``.
 - any callable ``(request_json) -> step``, e.g. to echo the last tool observation.
+
+Strictness modes (``ScriptedOpenAI(strict=Strictness(...))``, or assign ``server.strict``)
+reproduce what real servers do; a request they reject does not consume a step and is
+recorded in ``rejected``:
+
+- ``null_fields=500`` (llama.cpp's server) or ``400`` (vLLM/LiteLLM validation): a message
+  with any null field (``"content": null``, ``"name": null``…) is refused.
+- ``tool_choice_required=True``: ``tool_choice: "required"`` is refused (400).
+- ``context_chars=N``: a request whose messages serialise to more than N characters gets
+  HTTP 400 in the phrasing of ``context_style`` (``openai``, ``vllm``, ``llamacpp``,
+  ``llama-cpp-python``, ``ollama``, ``litellm``).
+- ``omit_usage=True``: replies carry no ``usage``.
+- ``sparse=True``: replies leave out what local servers leave out (``id``, ``created``,
+  ``finish_reason``, a null ``content``) and send ``tool_calls: []``.
+- ``empty_deltas=True``: streamed replies include chunks with empty deltas and null content.
 
 Every step takes ``usage=(prompt_tokens, completion_tokens)``; by default usage is derived
 from character counts. ``served_usage`` sums what successful replies reported. A request
@@ -58,11 +77,25 @@ from tests.fakes.local_http import serve_locally
 MODEL = "fake-model"
 
 
+@dataclass
+class Strictness:
+    """What the server refuses or leaves out, like a real one (see the module docstring)."""
+
+    null_fields: int | None = None
+    tool_choice_required: bool = False
+    context_chars: int | None = None
+    context_style: str = "openai"
+    omit_usage: bool = False
+    sparse: bool = False
+    empty_deltas: bool = False
+
+
 @dataclass(frozen=True)
 class _Reply:
     content: str | None = None
     tool_calls: tuple[tuple[str, str], ...] = ()  # (name, raw arguments)
     usage: tuple[int, int] | None = None
+    finish_reason: str | None = None  # default: "tool_calls" or "stop"
 
 
 @dataclass(frozen=True)
@@ -86,9 +119,16 @@ class _Garbage:
 Step = Union[_Reply, _Error, _Delay, _Garbage, Callable[[dict[str, Any]], "Step"]]
 
 
-def answer(text: str, *, usage: tuple[int, int] | None = None) -> Step:
-    """An assistant reply with text and no tool call."""
-    return _Reply(content=text, usage=usage)
+def answer(text: str, *, usage: tuple[int, int] | None = None, finish_reason: str | None = None) -> Step:
+    """An assistant reply with text and no tool call (``finish_reason="length"``: cut off)."""
+    return _Reply(content=text, usage=usage, finish_reason=finish_reason)
+
+
+def text_tool_call(code: str, *, style: str = "json") -> Step:
+    """A ``python`` call written as text in ``content``: ``fence``, ``json`` or ``tagged``."""
+    call = json.dumps({"name": "python", "arguments": {"code": code}})
+    texts = {"fence": f"```python\n{code}\n```", "json": call, "tagged": f"<tool_call>\n{call}\n</tool_call>"}
+    return _Reply(content=texts[style])
 
 
 def tool_call(*codes: str, content: str | None = None, usage: tuple[int, int] | None = None) -> Step:
@@ -131,9 +171,13 @@ def garbage(body: str = "this is not json") -> Step:
 class ScriptedOpenAI:
     """The server; use as ``async with ScriptedOpenAI() as llm``."""
 
-    def __init__(self, *, api_key: str | None = None, model: str = MODEL) -> None:
+    def __init__(self, *, api_key: str | None = None, model: str = MODEL, strict: Strictness | None = None) -> None:
         self.api_key = api_key
         self.model = model
+        #: The strictness modes in force (may be replaced between requests).
+        self.strict = strict or Strictness()
+        #: Why each refused request was refused (strictness modes), in order.
+        self.rejected: list[str] = []
         #: Every chat.completions request body, in arrival order (retries included).
         self.requests: list[dict[str, Any]] = []
         #: Requests that arrived after the script ran dry.
@@ -183,6 +227,9 @@ class ScriptedOpenAI:
         self.requests.append(body)
         if (denied := self._check_key(request)) is not None:
             return denied
+        if (refusal := self._refuse(body)) is not None:
+            self.rejected.append(refusal[1])
+            return _error_response(_Error(*refusal))
         if not self._steps:
             self.exhausted += 1
             return _error_response(_Error(400, "ScriptedOpenAI: script exhausted"))
@@ -206,7 +253,26 @@ class ScriptedOpenAI:
         self.served_usage = (self.served_usage[0] + usage[0], self.served_usage[1] + usage[1])
         if body.get("stream"):
             return await self._stream(request, body, step, usage)
-        return web.json_response(_completion(body.get("model", self.model), step, usage))
+        return web.json_response(_completion(body.get("model", self.model), step, usage, self.strict))
+
+    def _refuse(self, body: dict[str, Any]) -> tuple[int, str] | None:
+        """``(status, message)`` when a strictness mode refuses the request."""
+        strict, messages = self.strict, body.get("messages", [])
+        if strict.null_fields is not None:
+            for index, message in enumerate(messages):
+                nulls = [k for k, v in message.items() if v is None]
+                if nulls:
+                    if strict.null_fields >= 500:  # llama.cpp's server: a C++ JSON type error
+                        return strict.null_fields, "[json.exception.type_error.302] type must be string, but is null"
+                    return strict.null_fields, f"messages[{index}].{nulls[0]}: Input should be a valid string"
+        if strict.tool_choice_required and body.get("tool_choice") == "required":
+            return 400, "tool_choice 'required' is not supported"
+        if strict.context_chars is not None:
+            size = len(json.dumps(messages))
+            if size > strict.context_chars:
+                limit, used, completion = strict.context_chars // 4, size // 4, body.get("max_tokens") or 0
+                return 400, _context_message(strict.context_style, limit, used, completion)
+        return None
 
     def _check_key(self, request: web.Request) -> web.Response | None:
         if self.api_key is None or request.headers.get("Authorization") == f"Bearer {self.api_key}":
@@ -218,11 +284,35 @@ class ScriptedOpenAI:
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        for chunk in _chunks(body.get("model", self.model), reply, usage, body.get("stream_options") or {}):
+        chunks = _chunks(body.get("model", self.model), reply, usage, body.get("stream_options") or {}, self.strict)
+        for chunk in chunks:
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+def _context_message(style: str, limit: int, used: int, completion: int) -> str:
+    """A context-length refusal as each server words it."""
+    messages = {
+        "openai": (
+            f"This model's maximum context length is {limit} tokens. However, your messages resulted in "
+            f"{used} tokens. Please reduce the length of the messages."
+        ),
+        "vllm": (
+            f"This model's maximum context length is {limit} tokens. However, you requested {used + completion} "
+            f"tokens ({used} in the messages, {completion} in the completion). Please reduce the length of the "
+            "messages or completion."
+        ),
+        "llamacpp": "the request exceeds the available context size, try increasing it",
+        "llama-cpp-python": f"Requested tokens ({used}) exceed context window of {limit}",
+        "ollama": f"prompt too long; exceeded max context length by {used - limit} tokens",
+        "litellm": (
+            "litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: "
+            "OpenAIException - Input is too long for the requested model."
+        ),
+    }
+    return messages[style]
 
 
 def _error_response(err: _Error) -> web.Response:
@@ -249,24 +339,37 @@ def _usage(usage: tuple[int, int]) -> dict[str, int]:
     return {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
 
 
-def _completion(model: str, reply: _Reply, usage: tuple[int, int]) -> dict[str, Any]:
+def _finish_reason(reply: _Reply) -> str:
+    return reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+
+
+def _completion(model: str, reply: _Reply, usage: tuple[int, int], strict: Strictness) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
     if reply.tool_calls:
         message["tool_calls"] = _tool_calls(reply)
-    return {
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": _finish_reason(reply)}
+    completion: dict[str, Any] = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {"index": 0, "message": message, "finish_reason": "tool_calls" if reply.tool_calls else "stop"}
-        ],
+        "choices": [choice],
         "usage": _usage(usage),
     }
+    if strict.sparse:
+        del completion["id"], completion["created"]
+        if reply.finish_reason is None:
+            del choice["finish_reason"]
+        if message["content"] is None:
+            del message["content"]
+        message.setdefault("tool_calls", [])
+    if strict.omit_usage:
+        del completion["usage"]
+    return completion
 
 
 def _chunks(
-    model: str, reply: _Reply, usage: tuple[int, int], options: dict[str, Any]
+    model: str, reply: _Reply, usage: tuple[int, int], options: dict[str, Any], strict: Strictness
 ) -> list[dict[str, Any]]:
     """The reply as ``chat.completion.chunk`` objects: role, content pieces, tool-call pieces."""
     base = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk",
@@ -276,6 +379,8 @@ def _chunks(
         return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
     out = [chunk({"role": "assistant", "content": ""})]
+    if strict.empty_deltas:
+        out += [chunk({}), chunk({"content": None})]
     text = reply.content or ""
     out += [chunk({"content": text[i : i + 8]}) for i in range(0, len(text), 8)]
     for index, call in enumerate(_tool_calls(reply)):
@@ -287,8 +392,8 @@ def _chunks(
             chunk({"tool_calls": [{"index": index, "function": {"arguments": args[i : i + 8]}}]})
             for i in range(0, len(args), 8)
         ]
-    out.append(chunk({}, "tool_calls" if reply.tool_calls else "stop"))
-    if options.get("include_usage"):
+    out.append(chunk({}, _finish_reason(reply)))
+    if options.get("include_usage") and not strict.omit_usage:
         out.append({**base, "choices": [], "usage": _usage(usage)})
     return out
 
