@@ -1,34 +1,53 @@
 """A local terminal as a chat platform: one thread, one message per stdin line.
 
-``/attach PATH [PATH ...]`` attaches files to the next message. Replies go to stdout; images
-and files are saved under the output folder and announced as ``saved: PATH`` lines. When
-stdin is not a terminal there are no prompts and the console exits after answering the last
-line at EOF, so scripts can drive it through a pipe.
+``/attach PATH [PATH ...]`` attaches files to the next message. A line holding only three double
+quotes opens a block and the next such line closes it: the lines between are one message (a pasted
+code block). Replies go to stdout; images and files are saved under the output folder and
+announced as ``saved: PATH`` lines. When stdin is not a terminal there are no prompts and the
+console exits after answering the last line at EOF, so scripts can drive it through a pipe.
+
+Ctrl-C during a turn stops it (as the Stop button does); Ctrl-C again, Ctrl-C at the prompt,
+or Ctrl-D quits. Terminal input is read through the event loop (``add_reader``), never by a
+thread blocked in ``readline``, so quitting never waits for Enter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
+import contextlib
 import functools
 import io
+import logging
 import mimetypes
 import os
+import select
 import shlex
 import shutil
+import signal
+import stat
 import sys
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from bot.dispatcher import Dispatcher
 from bot.events import Attachment, InboundMessage, OpenReader, Reply, ThreadKey
 from bot.safetext import shown
 
+log = logging.getLogger(__name__)
+
 CHUNK = 256 * 1024
 _NAME_MAX_BYTES = 200  # below NAME_MAX (255), leaving room for a "-N" counter
 _MAX_NAME_TRIES = 1000
+BLOCK_FENCE = '"""'
+HELP_LINE = (
+    'Type a question, `/attach FILE`, or `help`; paste several lines between two lines of just `"""`. '
+    "Ctrl-C stops an answer; Ctrl-C at the prompt or Ctrl-D quits."
+)
 
 
 def _disk_name(name: str) -> str:
@@ -80,6 +99,65 @@ def _file_fetcher(path: Path) -> AsyncIterator[bytes]:
     return chunks()
 
 
+def _pollable_fd(stream: TextIO) -> int | None:
+    """The descriptor of ``stream`` when the event loop can wait on it (terminal, pipe, socket)."""
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return None
+    if os.isatty(fd) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return fd
+    return None  # a regular file or /dev/null: epoll refuses them, and a read never waits anyway
+
+
+class _LineReader:
+    """Lines of a text stream, read without blocking the event loop.
+
+    A terminal or pipe is read with ``loop.add_reader`` and ``os.read``, so a pending read is
+    cancelled at once (Ctrl-C at the prompt quits without waiting for Enter). Anything else (a
+    regular file, an in-memory stream) is read in a worker thread, where a read never waits.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._fd = _pollable_fd(stream)
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        self._decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
+        self._buffer = ""
+        self._eof = False
+
+    async def readline(self) -> str:
+        """The next line with its newline; the last, unterminated piece at EOF; then ""."""
+        if self._fd is None:
+            return await asyncio.to_thread(self._stream.readline)
+        while "\n" not in self._buffer and not self._eof:
+            await self._readable(self._fd)
+            chunk = os.read(self._fd, 65536)  # readable: returns at once (a line, on a terminal)
+            self._eof = not chunk
+            self._buffer += self._decoder.decode(chunk, final=self._eof)
+        line, newline, self._buffer = self._buffer.partition("\n")
+        return line + newline
+
+    def pending(self) -> bool:
+        """True when more input is already there (a paste in progress): no prompt is needed."""
+        if self._fd is None:
+            return False
+        if "\n" in self._buffer or self._eof:
+            return True
+        return bool(select.select([self._fd], [], [], 0)[0])
+
+    @staticmethod
+    async def _readable(fd: int) -> None:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)
+
+
 class _ConsoleProgress:
     def __init__(self, console: ConsoleAdapter) -> None:
         self._console = console
@@ -91,7 +169,7 @@ class _ConsoleProgress:
         self._console.status(status)
 
     async def finish(self, ok: bool) -> None:
-        self._console.status("done" if ok else "failed")
+        self._console.status("done" if ok else "stopped" if self._console.stopping else "failed")
 
 
 class ConsoleAdapter:
@@ -106,6 +184,7 @@ class ConsoleAdapter:
         stdin: TextIO = sys.stdin,
         stdout: TextIO = sys.stdout,
         stderr: TextIO = sys.stderr,
+        log_path: Path | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._out_dir = out_dir
@@ -114,36 +193,125 @@ class ConsoleAdapter:
         self._stdout = stdout
         self._stderr = stderr
         self._interactive = stdin.isatty()
+        self._log_path = log_path
+        self._quit = asyncio.Event()
+        self._quitting = False  # the person quit: nothing more is printed
+        self._turn: asyncio.Future[None] | None = None
+        self._stopping = False
+        self._background: set[asyncio.Future[Any]] = set()
 
     async def run(self) -> None:
-        """Read lines until EOF, answering each before reading the next."""
-        pending: list[Attachment] = []
+        """Answer messages until EOF (Ctrl-D) or a quit (Ctrl-C at the prompt, or twice in a turn)."""
+        reader = _LineReader(self._stdin)
         if self._interactive:
-            self._say(f"Threadbook console — thread `{self.key.thread}`. Type a question, `/attach FILE`, or `help`. Ctrl-D quits.")
+            self._say(f"Threadbook console — thread `{self.key.thread}`. {HELP_LINE}")
+            if self._log_path is not None:
+                self._say(f"Log: {self._log_path}")
+        elif self._log_path is not None:  # input from a pipe, answers on a terminal
+            print(f"Log: {self._log_path}", file=self._stderr, flush=True)
+        with self._interrupts():
+            await self._converse(reader)
+        if self._quitting and self._interactive:
+            self._say("")  # the shell's prompt starts on a line of its own, not after "^C"
+
+    async def _converse(self, reader: _LineReader) -> None:
+        pending: list[Attachment] = []
         while True:
-            if self._interactive:
-                self._stdout.write("you> ")
-                self._stdout.flush()
-            line = await asyncio.to_thread(self._stdin.readline)
-            if not line:
-                break
-            line = line.strip()
-            if not line:
-                continue
-            if line.startswith("/attach"):
-                pending.extend(await asyncio.to_thread(self._attachments, line))
+            line = await self._read(reader, "you> ")
+            if line is None:
+                return
+            if line.strip() == BLOCK_FENCE:
+                block: list[str] = []
+                while (more := await self._read(reader, "...> ")) is not None and more.strip() != BLOCK_FENCE:
+                    block.append(more)
+                if self._quit.is_set():
+                    return
+                text = "\n".join(block).strip("\n")  # EOF inside a block sends what came
+            else:
+                text = line.strip()
+                if text.startswith("/attach"):
+                    pending.extend(await asyncio.to_thread(self._attachments, text))
+                    continue
+            if not text.strip():
                 continue
             message = InboundMessage(
                 key=self.key,
                 message_id=uuid.uuid4().hex,
                 user_id="console",
                 user_name="you",
-                text=line,
+                text=text,
                 attachments=tuple(pending),
                 is_dm=True,
             )
             pending = []
-            await self._dispatcher.handle(message, self)
+            self._stopping = False
+            self._turn = asyncio.ensure_future(self._dispatcher.handle(message, self))
+            try:
+                if not await self._unless_quit(self._turn):
+                    return
+            finally:
+                self._turn = None
+
+    async def _read(self, reader: _LineReader, prompt: str) -> str | None:
+        """The next line without its newline; None at EOF or when the person quits."""
+        if self._interactive and not reader.pending():
+            self._stdout.write(prompt)
+            self._stdout.flush()
+        read = asyncio.ensure_future(reader.readline())
+        if not await self._unless_quit(read):
+            return None
+        line = read.result()
+        return line.rstrip("\r\n") if line else None
+
+    async def _unless_quit(self, task: asyncio.Future[Any]) -> bool:
+        """Wait for ``task``; True when it finished, False when the person quit first (it is cancelled)."""
+        quit_wait = asyncio.ensure_future(self._quit.wait())
+        try:
+            if not self._quit.is_set():
+                await asyncio.wait({task, quit_wait}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            quit_wait.cancel()
+            if not task.done() or self._quit.is_set():
+                # A turn cancelled here says nothing (notify is silent once quitting) and
+                # clears its in-flight mark: the person chose to leave, no restart notice is due.
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        return not self._quit.is_set()
+
+    @contextlib.contextmanager
+    def _interrupts(self) -> Iterator[None]:
+        """Route SIGINT to :meth:`_interrupt` while the console runs (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        previous = signal.getsignal(signal.SIGINT)
+        loop.add_signal_handler(signal.SIGINT, self._interrupt)
+        try:
+            yield
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+            # Back to asyncio.run's own handler: a Ctrl-C during shutdown cancels it cleanly.
+            signal.signal(signal.SIGINT, previous)
+
+    def _interrupt(self) -> None:
+        """Ctrl-C: the first during a turn stops it (the Stop button); any other quits."""
+        if self._turn is not None and not self._turn.done() and not self._stopping:
+            self._stopping = True
+            self.status("stopping this answer (Ctrl-C again quits)")
+            stop = asyncio.ensure_future(self._stop_turn())
+            self._background.add(stop)
+            stop.add_done_callback(self._background.discard)
+            return
+        self._quitting = True
+        self._quit.set()
+
+    async def _stop_turn(self) -> None:
+        try:
+            await self._dispatcher.stop(self.key)
+        except Exception:
+            log.exception("could not stop the console's turn")
 
     def _attachments(self, line: str) -> list[Attachment]:
         """(Blocking: checks the files) the attachments named on an ``/attach`` line."""
@@ -163,17 +331,25 @@ class ConsoleAdapter:
             self._say(f"attached: {shown(path.name)} (goes with your next message)")
         return found
 
+    @property
+    def stopping(self) -> bool:
+        """True once Ctrl-C asked the running turn to stop."""
+        return self._stopping
+
     def outbox_for(self, key: ThreadKey) -> ConsoleAdapter | None:
         """This console when ``key`` is its thread (a resumed ``--thread``), else None."""
         return self if key == self.key else None
 
     # Outbox
     async def notify(self, text: str) -> None:
-        """Print a notice."""
-        self._say(text)
+        """Print a notice (nothing once the person quit)."""
+        if not self._quitting:
+            self._say(text)
 
     async def post(self, reply: Reply) -> None:
         """Print the reply text; save images and files under the output folder."""
+        if self._quitting:
+            return
         self._say(reply.text)
         if not (reply.images or reply.files):
             return
@@ -195,7 +371,7 @@ class ConsoleAdapter:
 
     def status(self, text: str) -> None:
         """Show a progress line when a person is watching."""
-        if self._interactive:
+        if self._interactive and not self._quitting:
             print(f"  … {text}", file=self._stderr, flush=True)
 
     def _say(self, text: str) -> None:

@@ -6,9 +6,14 @@ import argparse
 import asyncio
 import logging
 import sys
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 from bot.config import ConfigError, Settings, load_settings
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: The interactive console's log, beside the store (``storage.path``).
+CONSOLE_LOG_NAME = "threadbook-console.log"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,12 +29,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _console(settings: Settings, out: Path, thread: str | None) -> int:
+async def _console(settings: Settings, out: Path, thread: str | None, log_path: Path | None) -> int:
     from adapters.console import ConsoleAdapter
     from bot.app import Core, tell_interrupted
 
     async with Core.open(settings) as core:
-        console = ConsoleAdapter(core.dispatcher, out_dir=out, thread=thread)
+        console = ConsoleAdapter(core.dispatcher, out_dir=out, thread=thread, log_path=log_path)
         # A resumed --thread whose last turn was cut off by an unclean stop hears it first;
         # other threads' leftovers stay for their own resumption or platform.
         await tell_interrupted(core.store, [console])
@@ -37,30 +42,57 @@ async def _console(settings: Settings, out: Path, thread: str | None) -> int:
     return 0
 
 
+def _console_logging(settings: Settings) -> Path | None:
+    """Keep log lines out of the console's conversation; returns the log file, if one is used.
+
+    With answers on a terminal, stderr is the same screen, so every log line (at --log-level)
+    goes to a rotating file beside the store and the console names it once, as ollama and npm
+    do with theirs; what a person must act on is already said in the conversation. Through a
+    pipe, stdout carries only answers and ``saved:`` lines, and stderr keeps WARNING and above
+    for the script's own log.
+    """
+    root = logging.getLogger()
+    if sys.stdout.isatty():
+        path = (settings.storage.path.parent / CONSOLE_LOG_NAME).resolve()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handler = RotatingFileHandler(path, maxBytes=5 * 2**20, backupCount=2, encoding="utf-8")
+        except OSError as exc:
+            print(f"threadbook: cannot write the log {path} ({exc.strerror}); warnings go to stderr", file=sys.stderr)
+        else:
+            handler.setFormatter(logging.Formatter(LOG_FORMAT))
+            for old in root.handlers[:]:
+                root.removeHandler(old)
+            root.addHandler(handler)
+            logging.captureWarnings(True)  # Python's warnings too would print between the answers
+            return path
+    root.setLevel(max(logging.WARNING, root.level))
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     # One line per HTTP request or scheduler job at INFO drowns what the bot itself says.
     for chatty in ("httpx", "httpx2", "apscheduler"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
-    if args.command == "console":
-        # The console's stdout is the conversation; keep library chatter off it and quiet.
-        logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    if args.command == "console":
-        return asyncio.run(_console(settings, args.out, args.thread))
-    from bot.app import run_bot
+    try:
+        if args.command == "console":
+            log_path = _console_logging(settings)
+            return asyncio.run(_console(settings, args.out, args.thread, log_path))
+        from bot.app import run_bot
 
-    return asyncio.run(run_bot(settings))
+        return asyncio.run(run_bot(settings))
+    except KeyboardInterrupt:
+        # Ctrl-C outside the console's own handling (start-up, shutdown): asyncio.run has
+        # already cancelled the work and run its clean-up; no traceback for that.
+        return 130
 
 
 if __name__ == "__main__":
