@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 #: How often a running execution checks that the kernel lives and its workspace is within quota.
 WATCHDOG_INTERVAL_S = 0.25
 SHELL_REPLY_TIMEOUT_S = 2.0
+INTERRUPTED_REPLY_TIMEOUT_S = 0.25
 #: After the shell reply, how long iopub may stay silent before the execution counts as done
 #: (iopub lost messages: the socket dropped one over ``MAX_MESSAGE_BYTES`` and reconnected).
 IOPUB_GRACE_S = 1.0
@@ -76,6 +77,8 @@ class KernelSession:
         self._lock = asyncio.Lock()
         self._lost_state = lost_state
         self._stop_requested_at: float | None = None
+        #: The kernel has announced the current cell (``execute_input``): SIGINT reaches it.
+        self._cell_running = False
         self._closed = False
 
     @property
@@ -168,13 +171,17 @@ class KernelSession:
         replied_at: float | None = None  # when the shell reply came in while iopub was quiet
         quota_notice: str | None = None
         lost_output = False
+        # ipykernel takes SIGINT only once it runs the cell (before that it ignores it, or it
+        # breaks the request's own handling): an interrupt waits for execute_input.
+        self._cell_running = False
         while True:
             now = time.monotonic()
             if interrupted_at is None and self._stop_requested_at is not None:
                 interrupted_at, reason = self._stop_requested_at, "stop"
             if interrupted_at is None and now >= deadline:
                 interrupted_at, reason = now, "timeout"
-                await self._interrupt_quietly(handle)
+                if self._cell_running:
+                    await self._interrupt_quietly(handle)
             if interrupted_at is not None and now >= interrupted_at + self.settings.interrupt_grace_s:
                 outcome = await self._restart_after_stuck(reason)
                 restarted = True
@@ -208,11 +215,18 @@ class KernelSession:
                 if content.get("execution_state") == "idle":
                     break
                 continue
+            if msg_type == "execute_input" and not self._cell_running:
+                self._cell_running = True
+                if interrupted_at is not None or self._stop_requested_at is not None:
+                    await self._interrupt_quietly(handle)  # deferred until the cell runs
             output.handle(msg_type, content)
 
         if outcome is Outcome.OK:
             if replied_at is None:
-                await self._read_shell_reply(handle, msg_id, output)
+                # An interrupt that lands in ipykernel's own code around the cell can cost the
+                # reply (idle still comes): do not wait long for it then.
+                wait = SHELL_REPLY_TIMEOUT_S if interrupted_at is None else INTERRUPTED_REPLY_TIMEOUT_S
+                await self._read_shell_reply(handle, msg_id, output, wait)
             if interrupted_at is not None:
                 outcome = Outcome.INTERRUPTED if reason == "stop" else Outcome.TIMEOUT_INTERRUPTED
             elif output.error is not None:
@@ -295,8 +309,8 @@ class KernelSession:
                     output.execution_count = count
                 return True
 
-    async def _read_shell_reply(self, handle: KernelHandle, msg_id: str, output: OutputCollector) -> None:
-        deadline = time.monotonic() + SHELL_REPLY_TIMEOUT_S
+    async def _read_shell_reply(self, handle: KernelHandle, msg_id: str, output: OutputCollector, wait: float) -> None:
+        deadline = time.monotonic() + wait
         while (remaining := deadline - time.monotonic()) > 0:
             try:
                 reply = await handle.client.get_shell_msg(timeout=remaining)
@@ -343,7 +357,8 @@ class KernelSession:
         if handle is None or self.state != "busy" or self._stop_requested_at is not None:
             return
         self._stop_requested_at = time.monotonic()
-        await self._interrupt_quietly(handle)
+        if self._cell_running:  # else the execution sends it once the kernel runs the cell
+            await self._interrupt_quietly(handle)
 
     async def restart(self) -> None:
         """Replace the kernel with a fresh process in the same workspace (``reset``)."""

@@ -112,6 +112,21 @@ async def test_stop_button_interrupts(pool: KernelPool) -> None:
     assert (await session.execute("1+1")).result == "2"
 
 
+async def test_stop_pressed_as_the_cell_starts_keeps_the_kernel(pool: KernelPool) -> None:
+    """ipykernel ignores SIGINT until a cell runs: an interrupt that arrives just before must
+    not end in a restart (variables lost) after the grace period."""
+    session = await pool.get_or_start("t:early-stop")
+    await session.execute("keep = 41")
+    for delay in (0, 0.001, 0.005, 0, 0.001):
+        task = asyncio.ensure_future(session.execute("import time\nfor _ in range(300): time.sleep(0.1)"))
+        await asyncio.sleep(delay)
+        await session.interrupt()
+        result = await asyncio.wait_for(task, 10)
+        assert result.outcome is Outcome.INTERRUPTED and not result.kernel_restarted, (delay, result.notice)
+        after = await session.execute("print(keep + 1)")
+        assert after.stdout == "42\n", (delay, after)
+
+
 @pytest.mark.parametrize(
     ("code", "how"),
     [("import os; os._exit(1)", "exit code 1"), ("import ctypes; ctypes.string_at(0)", "SIGSEGV")],
