@@ -35,10 +35,11 @@ class Sizes:
     burst: int
     turns: int
     concurrent: int
+    queued: int
 
 
-FULL = Sizes(first=10, burst=20, turns=30, concurrent=100)
-QUICK = Sizes(first=2, burst=3, turns=5, concurrent=5)
+FULL = Sizes(first=10, burst=20, turns=30, concurrent=100, queued=24)
+QUICK = Sizes(first=2, burst=3, turns=5, concurrent=5, queued=4)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ TARGETS = (
     Target("concurrent", "pool", "errors", 0, "100 concurrent threads answered, no error (warm pool)"),
     Target("concurrent", "fork", "errors", 0, "100 concurrent threads answered, no error (fork server)"),
     Target("concurrent", "spawn", "errors", 0, "100 concurrent threads answered, no error (spawn)"),
+    Target("queued", "fork", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (fork server)"),
+    Target("queued", "pool", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (warm pool)"),
 )
 
 
@@ -72,6 +75,7 @@ def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[st
         "burst": lambda mode, root: kernels.burst(mode, root, sizes.burst, sandbox=sandbox),
         "turn_overhead": lambda mode, root: slack.turn_overhead(mode, root, sizes.turns, sandbox=sandbox),
         "concurrent": lambda mode, root: slack.concurrent_threads(mode, root, sizes.concurrent, sandbox=sandbox),
+        "queued": lambda mode, root: slack.queued_threads(mode, root, sizes.queued, sandbox=sandbox),
     }
 
 

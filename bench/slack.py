@@ -33,16 +33,16 @@ def _model(request: dict[str, Any]) -> Any:
 
 @asynccontextmanager
 async def running_bot(
-    mode: str, root: Path, *, warm: int, sandbox: Sandbox = "none"
-) -> AsyncIterator[tuple[FakeSlack, str]]:
-    """Fake Slack, model, Core and Slack adapter with kernels of ``mode``; yields (slack, events url)."""
+    mode: str, root: Path, *, warm: int, sandbox: Sandbox = "none", max_kernels: int = 120
+) -> AsyncIterator[tuple[FakeSlack, str, Core]]:
+    """Fake Slack, model, Core and Slack adapter with kernels of ``mode``; yields (slack, events url, core)."""
     async with FakeSlack() as slack, ScriptedOpenAI() as llm:
         llm.script(*[_model] * 10_000)
         raw = {
             "llm": {"base_url": llm.base_url, "api_key": "k", "model": "fake-model", "request_timeout_s": 60},
             "slack": {"bot_token": slack.bot_token, "signing_secret": slack.signing_secret,
                       "api_url": slack.api_url, "http_host": "127.0.0.1", "http_port": 0},
-            "kernels": {"workspace_root": str(root / "workspaces"), "sandbox": sandbox, "max_kernels": 120,
+            "kernels": {"workspace_root": str(root / "workspaces"), "sandbox": sandbox, "max_kernels": max_kernels,
                         "preload": ["pandas", "numpy", "matplotlib"], "warm_pool": warm if mode == "pool" else 0,
                         "fork_server": mode in ("pool", "fork"), "exec_timeout_s": 120},
             "storage": {"path": str(root / "threadbook.db")},
@@ -54,7 +54,7 @@ async def running_bot(
             adapter = SlackAdapter(settings.slack, core.dispatcher)
             await adapter.start()
             try:
-                yield slack, f"http://127.0.0.1:{adapter.port}/slack/events"
+                yield slack, f"http://127.0.0.1:{adapter.port}/slack/events", core
             finally:
                 await adapter.wait_idle()
                 await adapter.stop()
@@ -72,7 +72,7 @@ async def _turn(slack: FakeSlack, url: str, event: dict[str, Any], timeout: floa
 
 async def turn_overhead(mode: str, root: Path, turns: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
     """Follow-up turns in one thread (its kernel running): event → final reply posted."""
-    async with running_bot(mode, root, warm=1, sandbox=sandbox) as (slack, url):
+    async with running_bot(mode, root, warm=1, sandbox=sandbox) as (slack, url, _):
         first = slack.mention("C1", "start")
         await _turn(slack, url, first, 120)
         times = []
@@ -87,7 +87,7 @@ async def turn_overhead(mode: str, root: Path, turns: int, *, sandbox: Sandbox =
 
 async def concurrent_threads(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
     """``threads`` new threads mentioned at once; every one must be answered without error."""
-    async with running_bot(mode, root, warm=threads, sandbox=sandbox) as (slack, url):
+    async with running_bot(mode, root, warm=threads, sandbox=sandbox) as (slack, url, _):
         events = [slack.mention(f"C{i % 7}", f"go {i}") for i in range(threads)]
         started = time.perf_counter()
         outcomes = await asyncio.gather(
@@ -99,3 +99,27 @@ async def concurrent_threads(mode: str, root: Path, threads: int, *, sandbox: Sa
     result = summary(times) if times else {"n": 0}
     result.update(wall_s=wall, errors=errors)
     return result
+
+
+async def queued_threads(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
+    """``threads`` new threads at once against ``max_kernels = threads // 2``: every one must be
+    answered (those that find no kernel wait in the queue); p50/max are the queue waits."""
+    kernels = max(1, threads // 2)
+    async with running_bot(mode, root, warm=kernels, sandbox=sandbox, max_kernels=kernels) as (slack, url, core):
+        events = [slack.mention(f"C{i % 7}", f"go {i}") for i in range(threads)]
+        started = time.perf_counter()
+        outcomes = await asyncio.gather(*(_turn(slack, url, e, 600) for e in events), return_exceptions=True)
+        wall = time.perf_counter() - started
+        stats = core.pool.queue_stats()
+    errors = sum(1 for o in outcomes if not isinstance(o, tuple) or not o[1])
+    turns = [o[0] for o in outcomes if isinstance(o, tuple)]
+    return {
+        "n": stats.recent_waits,
+        "p50_ms": stats.p50_wait_s * 1000,
+        "p90_ms": None,
+        "max_ms": stats.max_wait_s * 1000,
+        "wall_s": wall,
+        "errors": errors,
+        "turn_max_ms": max(turns, default=0.0) * 1000,
+        "max_kernels": kernels,
+    }

@@ -99,9 +99,18 @@ class Commands:
             kernel = f"{session.state}, {session.executions} executions since start"
             if memory is not None:
                 kernel += f", {human_size(memory)} memory"
+        queue = self._pool.queue_stats()
+        waits = (
+            f"; recent waits: median {queue.p50_wait_s:.1f} s, longest {queue.max_wait_s:.1f} s "
+            f"({queue.recent_waits} threads)"
+            if queue.recent_waits
+            else ""
+        )
+        kernels = f"{len(self._pool.sessions())} of {self._pool.settings.max_kernels} running, {queue.waiting} threads waiting"
         return Reply(
             text=(
                 f"**Kernel:** {kernel}\n"
+                f"**Kernels:** {kernels}{waits}\n"
                 f"**Isolation:** {self._pool.launcher.isolation}\n"
                 f"**Code cells run in this thread:** {cells}\n"
                 f"**Tokens used:** {prompt_tokens + completion_tokens:,} "

@@ -83,6 +83,10 @@ class KernelSettings(_Model):
     exec_timeout_s: float = Field(120.0, gt=0)
     interrupt_grace_s: float = Field(3.0, gt=0)
     max_kernels: int = Field(20, ge=1)
+    #: A new thread waits this long for a kernel when all ``max_kernels`` are in use.
+    queue_timeout_s: float = Field(300.0, gt=0)
+    #: Threads that may wait at once; None: 4 × ``max_kernels``.
+    max_queue: int | None = Field(None, ge=0)
     warm_pool: int = Field(0, ge=0)
     fork_server: bool = False  # fork new kernels from a pre-imported parent (sandboxed when the bot is root)
     sandbox: Literal["auto", "bwrap", "none"] = "auto"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import io
 import logging
@@ -18,7 +19,7 @@ from bot.events import FileOut, ImageOut, InboundMessage, Outbox, Progress, Repl
 from bot.safetext import shown
 from bot.store import Store
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace
-from kernels.result import PoolFullError, UnsafePathError
+from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError, UnsafePathError
 from kernels.safefs import PinnedFile
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,12 @@ MAX_INLINE_IMAGE_BYTES = 8 * 1024 * 1024
 #: A longer answer is cut here (a few chat messages); the whole text comes along as a file.
 MAX_REPLY_CHARS = 6000
 FULL_ANSWER_NAME = "answer.md"
-POOL_FULL_NOTICE = "🚦 All kernels are busy right now. Please try again in a minute."
+QUEUE_FULL_NOTICE = (
+    "🚦 All {kernels} Python kernels are in use and {waiting} threads are already waiting for one; "
+    "please ask again in a few minutes."
+)
+QUEUE_TIMEOUT_NOTICE = "⌛ No Python kernel came free within {timeout:g} s (all {kernels} are in use); please ask again."
+QUEUE_LEFT_NOTICE = "⏹️ Stopped while waiting for a kernel; nothing ran."
 KERNEL_START_NOTICE = "⚠️ I could not start a Python kernel for this thread. Please try again."
 
 
@@ -41,6 +47,8 @@ class _ActiveTurn:
 
     session: KernelSession | None = None
     stopped: bool = False
+    #: Set by Stop: a turn still waiting for a kernel leaves the queue.
+    leave: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -87,6 +95,7 @@ class TurnRunner:
         if turn is None:
             return False
         turn.stopped = True
+        turn.leave.set()
         if turn.session is not None:
             await turn.session.interrupt()
         return True
@@ -136,13 +145,48 @@ class TurnRunner:
             network=self._settings.kernels.network if policy.network is None else policy.network,
             background_processes=policy.background_processes,
         )
-        try:
-            session = await self._pool.get_or_start(str(key), options)
-        except PoolFullError:
-            return Reply(text=POOL_FULL_NOTICE, ok=False)
-        except Exception:
-            log.exception("kernel start failed for %s", key)
-            return Reply(text=KERNEL_START_NOTICE, ok=False)
+        kernels = self._settings.kernels
+
+        async def waiting(ahead: int) -> None:
+            place = "you are next" if ahead == 0 else f"{ahead} ahead of you"
+            await progress.update(f"⏳ Waiting for a free kernel ({place})")
+
+        async with contextlib.AsyncExitStack() as held:
+            try:
+                lease = self._pool.lease(str(key), options, on_wait=waiting, leave=turn.leave)
+                session = await held.enter_async_context(lease)  # held until the turn ends
+            except QueueFullError:
+                waiting_now = self._pool.queue_stats().waiting
+                return Reply(text=QUEUE_FULL_NOTICE.format(kernels=kernels.max_kernels, waiting=waiting_now), ok=False)
+            except QueueTimeoutError:
+                text = QUEUE_TIMEOUT_NOTICE.format(timeout=kernels.queue_timeout_s, kernels=kernels.max_kernels)
+                return Reply(text=text, ok=False)
+            except QueueLeftError:
+                return Reply(text=QUEUE_LEFT_NOTICE, ok=False)
+            except Exception:
+                log.exception("kernel start failed for %s", key)
+                return Reply(text=KERNEL_START_NOTICE, ok=False)
+            reply = await self._converse(
+                message, user_content, workspace, turn, progress, outputs, has_files, session=session, options=options
+            )
+        return reply
+
+    async def _converse(
+        self,
+        message: InboundMessage,
+        user_content: str,
+        workspace: Workspace,
+        turn: _ActiveTurn,
+        progress: Progress,
+        outputs: Outputs,
+        has_files: bool,
+        *,
+        session: KernelSession,
+        options: KernelOptions,
+    ) -> Reply:
+        """The agent loop against the thread's (leased) kernel, then the reply."""
+        key = message.key
+        policy = self._settings.policy_for(key.channel_key)
         turn.session = session
         kernel_is_fresh = session.executions == 0 and await self._store.cell_count(str(key)) > 0
         workspace_files = await workspace.list_files()

@@ -1,22 +1,60 @@
-"""Thread key → kernel session, with a ``max_kernels`` cap and LRU eviction of idle kernels."""
+"""Thread key → kernel session, with a ``max_kernels`` cap, LRU eviction of idle kernels and a
+first-come-first-served queue for new threads when every kernel is in use.
+
+A kernel is *in use* while it executes, starts, or is leased by a turn (:meth:`KernelPool.lease`:
+a turn holds its kernel between executions while the model thinks). A new thread that finds
+no room waits in the queue until a lease ends or a kernel stops, then takes the least recently
+used idle kernel's place; a thread that already has a kernel never waits.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 from bot.config import KernelSettings
 from kernels.forkserver import ForkingLauncher
 from kernels.launcher import KernelLauncher
 from kernels.options import KernelOptions
-from kernels.result import PoolFullError
+from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError
 from kernels.sandbox import make_launcher
 from kernels.session import KernelSession
-from kernels.warm import HandOff, WarmPool
+from kernels.warm import HandOff, WarmKernel, WarmPool
 from kernels.workspace import WorkspaceManager
 
 log = logging.getLogger(__name__)
+
+#: Called with the number of threads ahead whenever a waiting thread's place changes.
+OnWait = Callable[[int], Awaitable[None]]
+#: A waiting thread re-checks for room at least this often (a kernel that finished an
+#: execution outside any lease wakes nobody).
+_RECHECK_S = 0.5
+_WAITS_KEPT = 200
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """One thread's place in the queue."""
+
+    key: str
+    queued_at: float = field(default_factory=time.monotonic)
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """The queue now and the waits of the threads that got a kernel lately."""
+
+    waiting: int
+    recent_waits: int
+    p50_wait_s: float
+    max_wait_s: float
 
 
 class KernelPool:
@@ -37,6 +75,9 @@ class KernelPool:
         )
         self.launcher = launcher or make_launcher(settings)
         self._sessions: dict[str, KernelSession] = {}
+        self._queue: deque[_Ticket] = deque()
+        self._leases: Counter[str] = Counter()
+        self._waits: deque[float] = deque(maxlen=_WAITS_KEPT)
         #: Keys whose kernel ran code and was stopped by the pool (culled, evicted).
         self._lost: set[str] = set()
         self._lock = asyncio.Lock()
@@ -72,34 +113,84 @@ class KernelPool:
         """A snapshot of all sessions."""
         return list(self._sessions.values())
 
-    async def get_or_start(self, key: str, options: KernelOptions = KernelOptions()) -> KernelSession:
+    @property
+    def max_queue(self) -> int:
+        """How many threads may wait for a kernel at once."""
+        configured = self.settings.max_queue
+        return 4 * self.settings.max_kernels if configured is None else configured
+
+    def queue_stats(self) -> QueueStats:
+        """The queue's length and the recent waits (for ``status``)."""
+        waits = list(self._waits)
+        return QueueStats(
+            waiting=len(self._queue),
+            recent_waits=len(waits),
+            p50_wait_s=statistics.median(waits) if waits else 0.0,
+            max_wait_s=max(waits, default=0.0),
+        )
+
+    @asynccontextmanager
+    async def lease(
+        self,
+        key: str,
+        options: KernelOptions = KernelOptions(),
+        *,
+        on_wait: OnWait | None = None,
+        leave: asyncio.Event | None = None,
+    ) -> AsyncIterator[KernelSession]:
+        """The session of ``key`` (see :meth:`get_or_start`), held in use until the block ends:
+        no eviction takes it while its turn waits for the model."""
+        session = await self.get_or_start(key, options, on_wait=on_wait, leave=leave)
+        self._leases[key] += 1
+        try:
+            yield session
+        finally:
+            self._leases[key] -= 1
+            if self._leases[key] <= 0:
+                del self._leases[key]
+            self._wake()
+
+    async def get_or_start(
+        self,
+        key: str,
+        options: KernelOptions = KernelOptions(),
+        *,
+        on_wait: OnWait | None = None,
+        leave: asyncio.Event | None = None,
+    ) -> KernelSession:
         """The session of ``key``, starting a kernel when there is none; either way it counts
         as activity (idle culling and LRU eviction measure from here).
 
-        When ``max_kernels`` are running, the least recently used idle one is shut down;
-        if all are busy, :class:`PoolFullError` is raised.
+        When ``max_kernels`` are running, the least recently used idle one is shut down. When
+        all are in use, the call waits its turn in a first-come-first-served queue (``on_wait``
+        hears how many are ahead); it raises :class:`QueueFullError` when ``max_queue`` threads
+        wait already, :class:`QueueTimeoutError` after ``queue_timeout_s``, and
+        :class:`QueueLeftError` once ``leave`` is set.
         """
-        async with self._lock:
-            session = self._sessions.get(key)
-            if session is not None:
-                # Asking counts as use: the turn that asked runs code once the model answers;
-                # the idle clock restarts so the reaper or an LRU eviction does not take it meanwhile.
-                session.last_activity = time.monotonic()
-            else:
-                warm = await self.warm.take() if self.warm is not None and self.warm.fits(options) else None
-                if warm is None and self._kernel_count() >= self.settings.max_kernels:
-                    if self.warm is None or not await self.warm.shrink():
-                        await self._evict_one()
-                session = KernelSession(
-                    key,
-                    self.workspaces.for_key(key),
-                    self.settings,
-                    launcher=self.launcher if warm is None else HandOff(warm, self.launcher),
-                    options=options,
-                    lost_state=key in self._lost,
-                )
-                self._lost.discard(key)
-                self._sessions[key] = session
+        ticket: _Ticket | None = None
+        session: KernelSession | None = None
+        try:
+            while True:
+                async with self._lock:
+                    session = self._sessions.get(key)
+                    if session is not None:
+                        # Asking counts as use: the turn that asked runs code once the model answers;
+                        # the idle clock restarts so the reaper or an LRU eviction does not take it meanwhile.
+                        session.last_activity = time.monotonic()
+                        break
+                    if ticket is None and self._queue:
+                        ticket = self._enqueue(key)  # others came first
+                    if ticket is None or self._queue[0] is ticket:
+                        room, warm = await self._room(options)
+                        if room:
+                            session = self._new_session(key, options, warm)
+                            break
+                        if ticket is None:
+                            ticket = self._enqueue(key)
+                await self._wait(ticket, on_wait, leave)
+        finally:
+            if ticket is not None:
+                self._dequeue(ticket, served=session is not None and self._sessions.get(key) is session)
         try:
             await session.start()  # outside the pool lock: other threads start in parallel
         except BaseException:
@@ -109,15 +200,79 @@ class KernelPool:
             raise
         return session
 
-    async def _evict_one(self) -> None:
-        idle = [s for s in self._sessions.values() if not s.busy]
+    def _new_session(self, key: str, options: KernelOptions, warm: WarmKernel | None) -> KernelSession:
+        session = KernelSession(
+            key,
+            self.workspaces.for_key(key),
+            self.settings,
+            launcher=self.launcher if warm is None else HandOff(warm, self.launcher),
+            options=options,
+            lost_state=key in self._lost,
+        )
+        self._lost.discard(key)
+        self._sessions[key] = session
+        return session
+
+    async def _room(self, options: KernelOptions) -> tuple[bool, WarmKernel | None]:
+        """(Under the lock) whether a new kernel fits, making room when it can: a warm kernel
+        to hand out, a free slot, a warm kernel given back, or the LRU idle kernel evicted."""
+        warm = await self.warm.take() if self.warm is not None and self.warm.fits(options) else None
+        if warm is not None or self._kernel_count() < self.settings.max_kernels:
+            return True, warm
+        if self.warm is not None and await self.warm.shrink():
+            return True, None
+        idle = [s for s in self._sessions.values() if not s.busy and s.key not in self._leases]
         if not idle:
-            raise PoolFullError(
-                f"all {self.settings.max_kernels} kernels are busy; try again in a moment"
-            )
+            return False, None
         victim = min(idle, key=lambda s: s.last_activity)
         log.info("evicting the least recently used kernel %s (idle %.0f s)", victim.key, victim.idle_seconds())
         await self._stop(victim)
+        return True, None
+
+    def _enqueue(self, key: str) -> _Ticket:
+        if len(self._queue) >= self.max_queue:
+            raise QueueFullError(
+                f"all {self.settings.max_kernels} kernels are in use and {len(self._queue)} threads wait already"
+            )
+        ticket = _Ticket(key)
+        self._queue.append(ticket)
+        log.info("thread %s waits for a kernel (%d in the queue)", key, len(self._queue))
+        return ticket
+
+    def _dequeue(self, ticket: _Ticket, *, served: bool) -> None:
+        if ticket in self._queue:
+            self._queue.remove(ticket)
+        if served:
+            self._waits.append(time.monotonic() - ticket.queued_at)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Tell every waiting thread to look again (room may have come free, places moved)."""
+        for ticket in self._queue:
+            ticket.woken.set()
+
+    async def _wait(self, ticket: _Ticket, on_wait: OnWait | None, leave: asyncio.Event | None) -> None:
+        """Wait until woken, ``_RECHECK_S`` passed, ``leave`` is set or the queue timeout ends."""
+        if ticket not in self._queue:
+            return
+        if on_wait is not None:
+            await on_wait(self._queue.index(ticket))
+        remaining = ticket.queued_at + self.settings.queue_timeout_s - time.monotonic()
+        if remaining <= 0:
+            raise QueueTimeoutError(f"no kernel came free within {self.settings.queue_timeout_s:g} s")
+        if leave is not None and leave.is_set():
+            raise QueueLeftError("stopped while waiting for a kernel")
+        ticket.woken.clear()
+        waiters = [asyncio.ensure_future(ticket.woken.wait())]
+        if leave is not None:
+            waiters.append(asyncio.ensure_future(leave.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=min(remaining, _RECHECK_S), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        if leave is not None and leave.is_set():
+            raise QueueLeftError("stopped while waiting for a kernel")
 
     async def _stop(self, session: KernelSession) -> None:
         if self._sessions.get(session.key) is session:
@@ -127,6 +282,7 @@ class KernelPool:
         await session.shutdown()
         if self.warm is not None:
             self.warm.kick()  # room for a warm kernel again
+        self._wake()
 
     async def cull_idle(self, idle_timeout_s: float) -> list[str]:
         """Shut down kernels idle longer than ``idle_timeout_s`` and not busy; workspaces stay."""
@@ -135,7 +291,7 @@ class KernelPool:
             await asyncio.to_thread(self.warm.touch)
         for session in self.sessions():
             try:
-                if session.busy or session.idle_seconds() <= idle_timeout_s:
+                if session.busy or session.key in self._leases or session.idle_seconds() <= idle_timeout_s:
                     continue
                 await self._stop(session)
                 culled.append(session.key)

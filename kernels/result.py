@@ -112,6 +112,18 @@ class PoolFullError(KernelError):
     """Every kernel slot is taken by a busy kernel; try again later."""
 
 
+class QueueFullError(PoolFullError):
+    """Every kernel is in use and the queue of threads waiting for one is full."""
+
+
+class QueueTimeoutError(PoolFullError):
+    """No kernel came free within ``queue_timeout_s``."""
+
+
+class QueueLeftError(PoolFullError):
+    """The thread stopped waiting for a kernel (the Stop button)."""
+
+
 class QuotaError(KernelError):
     """An upload would exceed the per-file or per-workspace quota."""
 

@@ -167,6 +167,7 @@ async def test_commands_help_files_status_reset(chat: MemoryChat, llm: ScriptedO
     assert "notes.txt" in (await chat.say("files", mentioned=False)).reply.text
     status = (await chat.say("status", mentioned=False)).reply.text
     assert "Code cells run in this thread:** 1" in status and "Tokens used" in status
+    assert "**Kernels:** 1 of 6 running, 0 threads waiting" in status
     assert "**Isolation:** cgroup v" in status or "**Isolation:** rlimits only (no cgroup: " in status
     assert "Fresh kernel" in (await chat.say("reset", mentioned=False)).reply.text
 

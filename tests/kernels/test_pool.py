@@ -11,13 +11,16 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from kernels import KernelPool, PoolFullError, Reaper
+from kernels import KernelPool, Reaper
+from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError
 from tests.kernels.conftest import kernel_processes, kernel_settings
 
 
 @pytest_asyncio.fixture
 async def small_pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
-    pool = KernelPool(kernel_settings(tmp_path, max_kernels=2, idle_timeout_s=0.3, reap_interval_s=0.1))
+    pool = KernelPool(
+        kernel_settings(tmp_path, max_kernels=2, idle_timeout_s=0.3, reap_interval_s=0.1, queue_timeout_s=5, max_queue=2)
+    )
     yield pool
     await pool.shutdown_all()
 
@@ -32,7 +35,7 @@ async def test_same_key_same_session_and_concurrent_sessions(small_pool: KernelP
     assert [r.result for r in one_at_a_time] == ["1", "2"]
 
 
-async def test_full_pool_evicts_lru_idle_and_refuses_when_all_busy(small_pool: KernelPool) -> None:
+async def test_full_pool_evicts_lru_idle_and_queues_when_all_busy(small_pool: KernelPool) -> None:
     a = await small_pool.get_or_start("p:a")
     await a.execute("v = 1")
     b = await small_pool.get_or_start("p:b")
@@ -42,12 +45,56 @@ async def test_full_pool_evicts_lru_idle_and_refuses_when_all_busy(small_pool: K
     running = [asyncio.ensure_future(s.execute("import time; time.sleep(1.5)")) for s in (b, c)]
     while not (b.busy and c.busy):
         await asyncio.sleep(0.01)
-    with pytest.raises(PoolFullError):
-        await small_pool.get_or_start("p:d")
+    waited = time.monotonic()
+    d = await small_pool.get_or_start("p:d")  # waits for b or c to finish, then takes its place
+    assert 1.0 < time.monotonic() - waited < 4 and small_pool.queue_stats().recent_waits == 1
+    assert (await d.execute("1+1")).result == "2"
     await asyncio.gather(*running)
     again = await small_pool.get_or_start("p:a")  # evicts b now; a's variables are gone
     result = await again.execute("'v' in dir()")
     assert result.result == "False" and result.kernel_restarted and "variables" in result.notice
+
+
+async def test_queue_is_first_come_first_served_and_leases_hold_their_kernel(small_pool: KernelPool) -> None:
+    """Two leased kernels (turns waiting for their model): new threads queue in arrival order,
+    each starts when a lease ends; a thread that has a kernel never waits."""
+    order: list[str] = []
+    places: dict[str, list[int]] = {}
+
+    async def ask(key: str) -> None:
+        async def on_wait(ahead: int) -> None:
+            places.setdefault(key, []).append(ahead)
+
+        async with small_pool.lease(key, on_wait=on_wait) as session:
+            order.append(key)
+            await session.execute("1")
+
+    async with small_pool.lease("q:a") as a, small_pool.lease("q:b"):
+        waiting = [asyncio.ensure_future(ask(f"q:{n}")) for n in "cd"]
+        while small_pool.queue_stats().waiting < 2:
+            await asyncio.sleep(0.01)
+        assert (await small_pool.get_or_start("q:a")) is a  # it has its kernel: no queue
+        assert not any(task.done() for task in waiting)
+    await asyncio.gather(*waiting)
+    assert order == ["q:c", "q:d"] and places["q:c"][0] == 0 and places["q:d"][0] == 1
+    assert small_pool.queue_stats().waiting == 0 and small_pool.queue_stats().recent_waits == 2
+
+
+async def test_queue_full_timeout_and_leave(small_pool: KernelPool) -> None:
+    async with small_pool.lease("r:a"), small_pool.lease("r:b"):
+        leave = asyncio.Event()
+        first = asyncio.ensure_future(small_pool.get_or_start("r:c", leave=leave))
+        second = asyncio.ensure_future(small_pool.get_or_start("r:d"))
+        while small_pool.queue_stats().waiting < 2:
+            await asyncio.sleep(0.01)
+        with pytest.raises(QueueFullError):  # max_queue 2
+            await small_pool.get_or_start("r:e")
+        leave.set()  # Stop while waiting
+        with pytest.raises(QueueLeftError):
+            await first
+        with pytest.raises(QueueTimeoutError):  # queue_timeout_s 5
+            await second
+    assert small_pool.queue_stats().waiting == 0 and small_pool.get("r:c") is None
 
 
 async def test_reaper_culls_idle_kernels_and_a_later_execute_works(small_pool: KernelPool) -> None:
