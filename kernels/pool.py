@@ -45,6 +45,7 @@ class _Ticket:
     key: str
     queued_at: float = field(default_factory=time.monotonic)
     woken: asyncio.Event = field(default_factory=asyncio.Event)
+    told: int | None = None  # the place last reported to ``on_wait``
 
 
 @dataclass(frozen=True)
@@ -255,8 +256,10 @@ class KernelPool:
         """Wait until woken, ``_RECHECK_S`` passed, ``leave`` is set or the queue timeout ends."""
         if ticket not in self._queue:
             return
-        if on_wait is not None:
-            await on_wait(self._queue.index(ticket))
+        ahead = self._queue.index(ticket)
+        if on_wait is not None and ahead != ticket.told:
+            ticket.told = ahead
+            await on_wait(ahead)
         remaining = ticket.queued_at + self.settings.queue_timeout_s - time.monotonic()
         if remaining <= 0:
             raise QueueTimeoutError(f"no kernel came free within {self.settings.queue_timeout_s:g} s")
