@@ -52,6 +52,19 @@ class _ActiveTurn:
 
 
 @dataclass
+class _Turn:
+    """One message's turn: what it asks, where it works, and where it reports."""
+
+    message: InboundMessage
+    user_content: str
+    workspace: Workspace
+    active: _ActiveTurn
+    progress: Progress
+    outputs: Outputs
+    has_files: bool
+
+
+@dataclass
 class _RecordingRunner:
     """Runs the agent's code in the thread's kernel, stores each cell, and honours Stop."""
 
@@ -120,7 +133,9 @@ class TurnRunner:
         ok = False
         outputs = Outputs()
         try:
-            reply = await self._turn(message, user_content, workspace, turn, progress, outputs, bool(intake.saved))
+            reply = await self._turn(
+                _Turn(message, user_content, workspace, turn, progress, outputs, has_files=bool(intake.saved))
+            )
             ok = reply.ok
             await outbox.post(reply)
         finally:
@@ -128,17 +143,9 @@ class TurnRunner:
             self._active.pop(key, None)
             await progress.finish(ok)
 
-    async def _turn(
-        self,
-        message: InboundMessage,
-        user_content: str,
-        workspace: Workspace,
-        turn: _ActiveTurn,
-        progress: Progress,
-        outputs: Outputs,
-        has_files: bool = False,
-    ) -> Reply:
-        key = message.key
+    async def _turn(self, t: _Turn) -> Reply:
+        """Get the thread's kernel (waiting in the queue if need be), then converse."""
+        key = t.message.key
         policy = self._settings.policy_for(key.channel_key)
         options = KernelOptions(
             data_dir=policy.data_dir,
@@ -149,11 +156,11 @@ class TurnRunner:
 
         async def waiting(ahead: int) -> None:
             place = "you are next" if ahead == 0 else f"{ahead} ahead of you"
-            await progress.update(f"⏳ Waiting for a free kernel ({place})")
+            await t.progress.update(f"⏳ Waiting for a free kernel ({place})")
 
         async with contextlib.AsyncExitStack() as held:
             try:
-                lease = self._pool.lease(str(key), options, on_wait=waiting, leave=turn.leave)
+                lease = self._pool.lease(str(key), options, on_wait=waiting, leave=t.active.leave)
                 session = await held.enter_async_context(lease)  # held until the turn ends
             except QueueFullError:
                 waiting_now = self._pool.queue_stats().waiting
@@ -166,30 +173,16 @@ class TurnRunner:
             except Exception:
                 log.exception("kernel start failed for %s", key)
                 return Reply(text=KERNEL_START_NOTICE, ok=False)
-            reply = await self._converse(
-                message, user_content, workspace, turn, progress, outputs, has_files, session=session, options=options
-            )
+            reply = await self._converse(t, session, options)
         return reply
 
-    async def _converse(
-        self,
-        message: InboundMessage,
-        user_content: str,
-        workspace: Workspace,
-        turn: _ActiveTurn,
-        progress: Progress,
-        outputs: Outputs,
-        has_files: bool,
-        *,
-        session: KernelSession,
-        options: KernelOptions,
-    ) -> Reply:
+    async def _converse(self, t: _Turn, session: KernelSession, options: KernelOptions) -> Reply:
         """The agent loop against the thread's (leased) kernel, then the reply."""
-        key = message.key
+        key = t.message.key
         policy = self._settings.policy_for(key.channel_key)
-        turn.session = session
+        t.active.session = session
         kernel_is_fresh = session.executions == 0 and await self._store.cell_count(str(key)) > 0
-        workspace_files = await workspace.list_files()
+        workspace_files = await t.workspace.list_files()
         seen = self._pool.launcher.kernel_view(options)  # data_dir and network as the (sandboxed) kernel sees them
         system_prompt = build_system_prompt(
             files=[PromptFile(name=f.name, size=f.size) for f in workspace_files[:MAX_PROMPT_FILES]],
@@ -198,22 +191,22 @@ class TurnRunner:
             kernel_fresh=kernel_is_fresh,
             network=seen.network,
         )
-        runner = _RecordingRunner(session=session, store=self._store, key=str(key), turn=turn)
+        runner = _RecordingRunner(session=session, store=self._store, key=str(key), turn=t.active)
 
         async def on_step(round_no: int, code_line: str) -> None:
-            await progress.update(f"Running step {round_no}: `{code_line[:80]}`")
+            await t.progress.update(f"Running step {round_no}: `{code_line[:80]}`")
 
         started = time.time()
         try:
             result = await self._agent.run_turn(
                 history=await self._store.history(str(key)),
-                user_content=user_content,
+                user_content=t.user_content,
                 runner=runner,
                 system_prompt=system_prompt,
                 model=policy.model,
                 max_rounds=policy.max_rounds,
                 on_step=on_step,
-                has_files=has_files,
+                has_files=t.has_files,
             )
         finally:
             # Also when the turn fails: the cells that ran belong in the store, and a failed
@@ -223,15 +216,15 @@ class TurnRunner:
         # message) enters the history, so the next turn replays only exchanges that worked.
         # Our own notes are stored as notices, which history() never returns to the model.
         if result.new_messages:
-            await self._store.add_messages(str(key), result.new_messages, user_id=message.user_id)
+            await self._store.add_messages(str(key), result.new_messages, user_id=t.message.user_id)
             if result.notice:
                 await self._store.add_notice(str(key), result.notice)
         await self._store.add_usage(
             str(key), policy.model or self._settings.llm.model, result.usage.prompt_tokens, result.usage.completion_tokens
         )
-        await collect_outputs(runner.results, workspace, outputs)
+        await collect_outputs(runner.results, t.workspace, t.outputs)
         log.info("turn in %s: %s after %d cells, %.1fs", key, result.stop_reason, len(runner.results), time.time() - started)
-        return _reply(result, outputs.images, outputs.files)
+        return _reply(result, t.outputs.images, t.outputs.files)
 
 
 def _reply(result: TurnResult, images: list[ImageOut], files: list[FileOut]) -> Reply:
