@@ -196,7 +196,7 @@ def _detect_v2(own: str, mounts: list[_Mount]) -> tuple[CgroupSupport | None, st
         return None, f"cgroup v2: cannot set up {folder / PARENT}: {exc.strerror or exc}"
     _remove_stale(parent)
     hierarchy = Hierarchy(controllers=controllers, parent=parent, own=own)
-    return CgroupSupport(version=2, hierarchies=(hierarchy,), swap_accounted=_exists(parent, "memory.swap.max")), ""
+    return CgroupSupport(version=2, hierarchies=(hierarchy,), swap_accounted=(parent / "memory.swap.max").exists()), ""
 
 
 def _enable_v2(folder: Path, enable: str) -> None:
@@ -223,11 +223,6 @@ def _enable_v2(folder: Path, enable: str) -> None:
     _write(folder / "cgroup.subtree_control", enable)
 
 
-def _exists(folder: Path, name: str) -> bool:
-    """Whether ``folder`` (or a child, for files only children get) has ``name``."""
-    return (folder / name).exists()
-
-
 def _detect_v1(own: dict[str, str], mounts: list[_Mount]) -> tuple[CgroupSupport | None, str]:
     hierarchies: list[Hierarchy] = []
     problems: list[str] = []
@@ -252,7 +247,7 @@ def _detect_v1(own: dict[str, str], mounts: list[_Mount]) -> tuple[CgroupSupport
             problems.append(f"{','.join(controllers)}: cannot create {parent} ({exc.strerror or exc})")
             continue
         if "memory" in controllers:
-            swap = _exists(parent, "memory.memsw.limit_in_bytes")
+            swap = (parent / "memory.memsw.limit_in_bytes").exists()
         _remove_stale(parent)
         hierarchies.append(Hierarchy(controllers=controllers, parent=parent, own=path))
     if not hierarchies:
@@ -459,11 +454,11 @@ class Cgroups:
         if "memory" in controllers:
             if version == 1:
                 _write(folder / "memory.limit_in_bytes", str(self.memory_bytes))
-                if _exists(folder, "memory.memsw.limit_in_bytes"):  # after the limit: memsw >= limit
+                if (folder / "memory.memsw.limit_in_bytes").exists():  # after the limit: memsw >= limit
                     _write(folder / "memory.memsw.limit_in_bytes", str(self.memory_bytes))
             else:
                 _write(folder / "memory.max", str(self.memory_bytes))
-                if _exists(folder, "memory.swap.max"):
+                if (folder / "memory.swap.max").exists():
                     _write(folder / "memory.swap.max", "0")
         if "pids" in controllers:
             _write(folder / "pids.max", str(self.max_processes))

@@ -44,6 +44,7 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
+from kernels.forkjail import KERNEL_OOM_SCORE_ADJ
 from kernels.launcher import (
     KernelHandle,
     KernelLauncher,
@@ -54,7 +55,6 @@ from kernels.launcher import (
 )
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
-from kernels.forkjail import KERNEL_OOM_SCORE_ADJ
 from kernels.sandbox import (
     SHM_INODES,
     SHM_SIZE_MB,

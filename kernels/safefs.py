@@ -27,6 +27,7 @@ import itertools
 import os
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -338,19 +339,29 @@ def _entries(top: int, limit: int) -> Iterator[tuple[str, int, str, os.stat_resu
             os.close(dir_fd)
 
 
-def usage(root: Path | str, *, limit: int = MAX_WALK_ENTRIES) -> tuple[int, int]:
-    """(Blocking) (bytes in regular files, entries looked at) beneath ``root``; the count stops
-    at ``limit + 1``, so a result above ``limit`` means "more entries than that"."""
+@dataclass(frozen=True)
+class Scan:
+    """One walk of a folder: its regular files (relative posix path → lstat), their bytes, and
+    how many entries the walk looked at (``limit + 1`` at most: above ``limit`` means more)."""
+
+    files: dict[str, os.stat_result]
+    bytes: int
+    entries: int
+
+
+def scan(root: Path | str, *, limit: int = MAX_WALK_ENTRIES) -> Scan:
+    """(Blocking) walk ``root`` once (as :func:`walk`) for its files, their size and the entry count."""
+    files: dict[str, os.stat_result] = {}
+    entries = 0
     try:
         top = open_dir(root)
     except (OSError, UnsafePathError):
-        return 0, 0
-    total = entries = 0
-    for _, _, _, st in _entries(top, limit + 1):
+        return Scan(files, 0, 0)
+    for rel, _, _, st in _entries(top, limit + 1):
         entries += 1
         if stat.S_ISREG(st.st_mode):
-            total += st.st_size
-    return total, entries
+            files[rel] = st
+    return Scan(files, sum(st.st_size for st in files.values()), entries)
 
 
 def chown_tree(root: Path | str, uid: int, gid: int, *, limit: int = 1_000_000) -> None:
@@ -362,8 +373,3 @@ def chown_tree(root: Path | str, uid: int, gid: int, *, limit: int = 1_000_000) 
             os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             pass
-
-
-def chown_at(dir_fd: int, name: str, uid: int, gid: int) -> None:
-    """(Blocking) ``lchown`` one entry of a folder fd (a link is changed itself, never its target)."""
-    os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)

@@ -376,7 +376,7 @@ def hand_over(workspace: Path, run_dir: Path, identity: Identity) -> None:
     try:
         os.fchown(run_fd, uid, gid)
         with contextlib.suppress(FileNotFoundError):
-            safefs.chown_at(run_fd, "kernel.json", uid, gid)
+            os.chown("kernel.json", uid, gid, dir_fd=run_fd, follow_symlinks=False)
     finally:
         os.close(run_fd)
 

@@ -156,8 +156,8 @@ class KernelSession:
         handle = self._handle
         assert handle is not None
         client = handle.client
-        before = await asyncio.to_thread(self.workspace.snapshot)
-        used_before = await asyncio.to_thread(safefs.usage, self.workspace.path)
+        scanned = await asyncio.to_thread(self.workspace.scan)  # one walk: the diff's "before" and the quota's
+        before = self.workspace.snapshot(scanned)
         output = OutputCollector(self.settings.max_output_bytes)
         started = time.monotonic()
         msg_id = client.execute(code, store_history=True, allow_stdin=False)
@@ -190,7 +190,7 @@ class KernelSession:
                 if not await handle.is_alive():
                     outcome = Outcome.DIED
                     break
-                if (over := await self._over_quota(used_before)) is not None:
+                if (over := await self._over_quota(scanned)) is not None:
                     outcome, quota_notice = Outcome.DIED, over
                     break
                 next_check = now + WATCHDOG_INTERVAL_S
@@ -268,7 +268,7 @@ class KernelSession:
         result.duration_s = time.monotonic() - started
         return result
 
-    async def _over_quota(self, before: tuple[int, int]) -> str | None:
+    async def _over_quota(self, before: safefs.Scan) -> str | None:
         """The notice when the workspace outgrew its quota (bytes, or entries) during this
         execution, else None. Code that only shrinks an over-full workspace may run.
 
@@ -276,11 +276,11 @@ class KernelSession:
         workspace: checked every watchdog tick while code runs.
         """
         quota = self.workspace.quota_bytes
-        used, entries = await asyncio.to_thread(safefs.usage, self.workspace.path)
-        if entries > MAX_WALK_ENTRIES >= before[1]:
+        now = await asyncio.to_thread(self.workspace.scan)
+        if now.entries > MAX_WALK_ENTRIES >= before.entries:
             return QUOTA_NOTICE.format(used=f"more than {MAX_WALK_ENTRIES:,} files", quota=f"{MAX_WALK_ENTRIES:,} files")
-        if used > quota and used > before[0]:
-            return QUOTA_NOTICE.format(used=_mb(used), quota=_mb(quota))
+        if now.bytes > quota and now.bytes > before.bytes:
+            return QUOTA_NOTICE.format(used=_mb(now.bytes), quota=_mb(quota))
         return None
 
     async def _stop_leftovers(self, handle: KernelHandle) -> str | None:

@@ -174,15 +174,16 @@ class Workspace:
 
     async def usage_bytes(self) -> int:
         """Total size of the regular files in the workspace."""
-        return await asyncio.to_thread(self.usage_bytes_now)
+        return (await asyncio.to_thread(self.scan)).bytes
 
-    def usage_bytes_now(self) -> int:
-        """(Blocking) total size of the regular files in the workspace."""
-        return sum(st.st_size for _, st in safefs.walk(self.path))
+    def scan(self) -> safefs.Scan:
+        """(Blocking) one walk of the workspace: its files, their bytes, the entry count."""
+        return safefs.scan(self.path)
 
-    def snapshot(self) -> Snapshot:
-        """(Blocking) mtime and size of every file, to diff before/after an execution."""
-        return {rel: (st.st_mtime_ns, st.st_size) for rel, st in safefs.walk(self.path)}
+    def snapshot(self, scan: safefs.Scan | None = None) -> Snapshot:
+        """(Blocking without ``scan``) mtime and size of every file, to diff before/after an execution."""
+        files = (scan or self.scan()).files
+        return {rel: (st.st_mtime_ns, st.st_size) for rel, st in files.items()}
 
     def touch(self) -> None:
         """(Blocking) mark the workspace as used now (retention counts from here)."""

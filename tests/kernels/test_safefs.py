@@ -113,9 +113,9 @@ def test_walk_and_usage_are_bounded(tree: Path) -> None:
     for i in range(50):
         (tree / f"f{i}").write_bytes(b"xx")
     assert len(list(safefs.walk(tree, limit=10))) <= 10
-    used, entries = safefs.usage(tree, limit=10)
-    assert entries == 11  # "more than 10"
-    assert safefs.usage(tree)[0] == 8 + 5 + 50 * 2
+    assert safefs.scan(tree, limit=10).entries == 11  # "more than 10"
+    whole = safefs.scan(tree)
+    assert whole.bytes == 8 + 5 + 50 * 2 and sorted(whole.files)[:2] == ["data.csv", "f0"]
 
 
 def test_walk_survives_a_folder_swapped_for_a_link_while_walking(resolver: str, tree: Path) -> None:
