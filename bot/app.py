@@ -56,7 +56,7 @@ class Core:
             agent = Agent(settings.llm)
             stack.push_async_callback(agent.close)
             turns = TurnRunner(settings=settings, store=store, pool=pool, agent=agent)
-            commands = Commands(store=store, pool=pool, export_dir=settings.storage.path.parent / "exports")
+            commands = Commands(store=store, pool=pool)
             dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands)
             yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher)
 

@@ -6,7 +6,6 @@ import asyncio
 import functools
 import io
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from bot.attachments import human_size
 from bot.events import FileOut, InboundMessage, Outbox, Reply
@@ -30,10 +29,9 @@ Commands (send just the word):
 class Commands:
     """Answers ``help``, ``reset``, ``files``, ``export`` and ``status``."""
 
-    def __init__(self, *, store: Store, pool: KernelPool, export_dir: Path) -> None:
+    def __init__(self, *, store: Store, pool: KernelPool) -> None:
         self._store = store
         self._pool = pool
-        self._export_dir = export_dir
         self._table: dict[str, Callable[[InboundMessage], Awaitable[Reply]]] = {
             "help": self._help,
             "reset": self._reset,
@@ -81,8 +79,6 @@ class Commands:
         # Validating and serialising a long thread with charts takes a while: off the event loop.
         data = await asyncio.to_thread(export_notebook, timeline, title=title)
         name = f"threadbook-{message.key.thread.replace('.', '-')}.ipynb"
-        path = self._export_dir / f"{self._pool.workspaces.for_key(key).path.name}.ipynb"
-        await asyncio.to_thread(_write_file, path, data)
         # The notebook is the bot's own bytes, already in memory: adapters read them, not the file.
         notebook = FileOut(name=name, size=len(data), open_reader=functools.partial(io.BytesIO, data))
         return Reply(text=f"📓 Here is this thread as a notebook ({len(timeline)} entries).", files=(notebook,))
@@ -117,8 +113,3 @@ class Commands:
                 f"({prompt_tokens:,} prompt, {completion_tokens:,} completion)"
             )
         )
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)

@@ -226,14 +226,6 @@ class Store:
                 ],
             )
 
-    async def add_notice(self, key: str, text: str) -> None:
-        """Record a notice the bot posted in the thread (an error, a stop or limit note).
-
-        Notices are part of the timeline (``export``) but never of :meth:`history`: they are
-        the bot's words, not the model's, and must not be replayed to it.
-        """
-        await self.add_messages(key, [{"role": NOTICE_ROLE, "content": text}])
-
     async def history(self, key: str) -> list[dict[str, Any]]:
         """The thread's OpenAI-format messages, oldest first (notices left out)."""
         async with self._lock:

@@ -14,10 +14,10 @@ from pathlib import PurePosixPath
 from bot.agent.loop import Agent, TurnResult
 from bot.agent.prompt import PromptFile, build_system_prompt
 from bot.attachments import describe_for_model, ingest
-from bot.config import Settings
+from bot.config import ChannelPolicy, Settings
 from bot.events import FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, ThreadKey
 from bot.safetext import shown
-from bot.store import Store
+from bot.store import NOTICE_ROLE, Store
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace
 from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError, UnsafePathError
 from kernels.safefs import PinnedFile
@@ -46,9 +46,13 @@ class _ActiveTurn:
     """What Stop needs to reach a running turn."""
 
     session: KernelSession | None = None
-    stopped: bool = False
-    #: Set by Stop: a turn still waiting for a kernel leaves the queue.
+    #: Set by Stop: no further code runs, and a turn still waiting for a kernel leaves the queue.
     leave: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether Stop was pressed."""
+        return self.leave.is_set()
 
 
 @dataclass
@@ -107,7 +111,6 @@ class TurnRunner:
         turn = self._active.get(key)
         if turn is None:
             return False
-        turn.stopped = True
         turn.leave.set()
         if turn.session is not None:
             await turn.session.interrupt()
@@ -173,13 +176,12 @@ class TurnRunner:
             except Exception:
                 log.exception("kernel start failed for %s", key)
                 return Reply(text=KERNEL_START_NOTICE, ok=False)
-            reply = await self._converse(t, session, options)
+            reply = await self._converse(t, session, options, policy)
         return reply
 
-    async def _converse(self, t: _Turn, session: KernelSession, options: KernelOptions) -> Reply:
+    async def _converse(self, t: _Turn, session: KernelSession, options: KernelOptions, policy: ChannelPolicy) -> Reply:
         """The agent loop against the thread's (leased) kernel, then the reply."""
         key = t.message.key
-        policy = self._settings.policy_for(key.channel_key)
         t.active.session = session
         kernel_is_fresh = session.executions == 0 and await self._store.cell_count(str(key)) > 0
         workspace_files = await t.workspace.list_files()
@@ -216,9 +218,8 @@ class TurnRunner:
         # message) enters the history, so the next turn replays only exchanges that worked.
         # Our own notes are stored as notices, which history() never returns to the model.
         if result.new_messages:
-            await self._store.add_messages(str(key), result.new_messages, user_id=t.message.user_id)
-            if result.notice:
-                await self._store.add_notice(str(key), result.notice)
+            notice = [{"role": NOTICE_ROLE, "content": result.notice}] if result.notice else []
+            await self._store.add_messages(str(key), [*result.new_messages, *notice], user_id=t.message.user_id)
         await self._store.add_usage(
             str(key), policy.model or self._settings.llm.model, result.usage.prompt_tokens, result.usage.completion_tokens
         )

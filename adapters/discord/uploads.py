@@ -26,7 +26,6 @@ import aiohttp.payload
 import discord
 
 from bot.events import FileOut, ImageOut, OpenReader
-from bot.safetext import shown
 
 MAX_FILES_PER_MESSAGE = 10
 _CHUNK = 1 << 20
@@ -157,13 +156,13 @@ def _plan(images: tuple[ImageOut, ...], files: tuple[FileOut, ...], limit: int) 
     notes: list[str] = []
     spools: list[IO[bytes]] = []
     for image in images:
-        name = shown(image.filename)
+        name = image.filename  # names come escaped from the core (ImageOut, FileOut)
         if len(image.data) <= limit:
             uploads.append(Upload(name=name, size=len(image.data), open_reader=functools.partial(io.BytesIO, image.data)))
         else:
             notes.append(f"🖼️ `{name}` is {_mb(len(image.data))}, over the {_mb(limit)} upload limit.")
     for item in files:
-        name = shown(item.name)
+        name = item.name
         if item.size <= limit:
             uploads.append(Upload(name=name, size=item.size, open_reader=item.open_reader))
             continue

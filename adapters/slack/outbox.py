@@ -15,7 +15,7 @@ from adapters.slack.api import Failure, call
 from adapters.slack.format import escape, to_chunks, to_mrkdwn
 from adapters.slack.uploads import UploadItem, share_files
 from bot.events import Reply, ThreadKey
-from bot.safetext import shown
+from bot.attachments import human_size
 
 STOP_ACTION_ID = "threadbook_stop"
 RECEIVED, DONE, FAILED = "eyes", "white_check_mark", "x"
@@ -120,15 +120,16 @@ class SlackOutbox:
 
     async def _upload(self, reply: Reply) -> None:
         """Stream the reply's images and files to Slack and share them in the thread as one message."""
+        # Names come escaped from the core (FileOut, ImageOut): shown as they are.
         items = [
-            UploadItem(shown(image.filename), shown(image.title), len(image.data), functools.partial(io.BytesIO, image.data))
+            UploadItem(image.filename, image.title, len(image.data), functools.partial(io.BytesIO, image.data))
             for image in reply.images
         ]
         for file in reply.files:
-            name = shown(file.name)
+            name = file.name
             if file.size > MAX_UPLOAD_BYTES:
                 await self.say(
-                    f":package: `{escape(name)}` is over {MAX_UPLOAD_BYTES // 2**20} MB, so it stays in "
+                    f":package: `{escape(name)}` is over {human_size(MAX_UPLOAD_BYTES)}, so it stays in "
                     "this thread's workspace; ask me for a smaller extract or a compressed copy."
                 )
                 continue

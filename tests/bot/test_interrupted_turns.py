@@ -98,7 +98,7 @@ def turns() -> HeldTurns:
 
 @pytest.fixture
 def chat(tmp_path: Path, store: Store, turns: HeldTurns) -> MemoryChat:
-    commands = Commands(store=store, pool=None, export_dir=tmp_path / "exports")  # type: ignore[arg-type]  # help needs no pool
+    commands = Commands(store=store, pool=None)  # type: ignore[arg-type]  # help needs no pool
     dispatcher = Dispatcher(settings=make_settings(tmp_path), store=store, turns=turns, commands=commands)  # type: ignore[arg-type]
     return MemoryChat(dispatcher)
 

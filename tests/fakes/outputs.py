@@ -19,13 +19,15 @@ from pathlib import Path
 import psutil
 
 from bot.events import FileOut
+from bot.safetext import shown
 from kernels.safefs import pin
 
 
 @contextmanager
 def file_out(path: Path, name: str | None = None) -> Iterator[FileOut]:
-    """The :class:`FileOut` for ``path`` (opened and pinned like the core does); closed afterwards."""
-    shown_name = name if name is not None else path.name
+    """The :class:`FileOut` for ``path`` (opened, pinned and named like the core does:
+    :func:`bot.safetext.shown`); closed afterwards."""
+    shown_name = shown(name if name is not None else path.name)
     pinned = pin(os.open(path, os.O_RDONLY | os.O_CLOEXEC), shown_name)
     try:
         yield FileOut(name=shown_name, size=pinned.size, open_reader=pinned.reader)

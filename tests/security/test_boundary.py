@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 from collections.abc import AsyncIterator
 
-import psutil
 import pytest
 
 from bot.agent.observation import format_observation
@@ -22,6 +20,7 @@ from bot.attachments import ingest
 from bot.events import Attachment
 from bot.turn import Outputs, collect_outputs
 from kernels import ExecutionResult, KernelPool, KernelSession, Outcome
+from tests.fakes.outputs import PeakRss
 from tests.security.conftest import CANARY, HostFiles, Outcomes
 from tests.security.test_attacks import TRY, attack, report
 
@@ -178,32 +177,6 @@ os.kill(os.getpid(), 9)
     )
 
 
-class _PeakRss:
-    """Samples this process's RSS every 5 ms in a thread; ``peak`` is the highest seen."""
-
-    def __init__(self) -> None:
-        self._proc = psutil.Process()
-        self.start = self.peak = self._proc.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
-
-    def __enter__(self) -> _PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @property
-    def growth_mib(self) -> float:
-        return (self.peak - self.start) / 2**20
-
-
 async def test_huge_display_output_is_refused_at_the_socket(
     attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
 ) -> None:
@@ -214,12 +187,13 @@ display({'image/png': payload}, raw=True)
 del payload
 print('after')
 """
-    with _PeakRss() as rss:
+    with PeakRss() as rss:
         result = await attacker.execute(code, timeout=30)
     assert result.outcome is Outcome.OK, result
     assert result.images == [] and "output of this execution was lost" in (result.notice or "")
-    print(f"bot peak RSS growth receiving a 120 MiB output: {rss.growth_mib:.1f} MiB")
-    assert rss.growth_mib < 60, f"the bot grew by {rss.growth_mib:.0f} MiB receiving a 120 MiB output"
+    growth = rss.growth / 2**20
+    print(f"bot peak RSS growth receiving a 120 MiB output: {growth:.1f} MiB")
+    assert growth < 60, f"the bot grew by {growth:.0f} MiB receiving a 120 MiB output"
     again = await attacker.execute("print(40 + 2)")
     assert again.stdout == "42\n", again  # iopub was renewed: output flows again
     answer = await neighbour.execute("1+1")

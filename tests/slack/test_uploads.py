@@ -14,6 +14,7 @@ import adapters.slack.outbox as outbox_module
 from adapters.slack.api import make_client
 from adapters.slack.outbox import MAX_UPLOAD_BYTES, SlackOutbox
 from bot.events import FileOut, ImageOut, Reply, ThreadKey
+from bot.safetext import shown
 from tests.fakes.outputs import PeakRss, big_random_file, file_out
 from tests.fakes.slack_server import FakeSlack
 
@@ -60,7 +61,7 @@ async def test_images_and_files_share_in_one_message_with_escaped_names(slack: F
     (tmp_path / "plain.csv").write_bytes(b"a,b\n1,2\n")
     (tmp_path / "evil.bin").write_bytes(b"MZ payload")
     outbox = outbox_for(slack, "C_NAMES")
-    chart = ImageOut(b"\x89PNG fake", "chart\u202egnp")
+    chart = ImageOut(b"\x89PNG fake", shown("chart\u202egnp"))  # the core escapes titles
     with file_out(tmp_path / "plain.csv") as plain, file_out(tmp_path / "evil.bin", "report\u202etxt.exe") as evil:
         await outbox.post(Reply(text="Done.", images=(chart,), files=(plain, evil)))
     assert len(slack.calls_to("files.completeUploadExternal")) == 1  # one shared message for the reply
@@ -82,7 +83,7 @@ async def test_a_file_over_the_cap_is_announced_with_an_escaped_name(
     with file_out(tmp_path / "big", "big\nfake line.bin") as big:
         await outbox.post(Reply(text="Made it.", files=(big,)))
     [_, note] = texts(slack, "C_CAP")
-    assert "`big\\nfake line.bin` is over 0 MB" in note and "\n" not in note.split("`")[1]
+    assert "`big\\nfake line.bin` is over 1.0 KB" in note and "\n" not in note.split("`")[1]
     assert slack.uploads == []
 
 

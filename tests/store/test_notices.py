@@ -6,7 +6,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-from bot.store import _MIGRATIONS, SCHEMA_VERSION, Store
+from bot.store import _MIGRATIONS, NOTICE_ROLE, SCHEMA_VERSION, Store
 
 KEY = "slack:T1:C1:1700000000.000100"
 CALL = {"id": "c1", "type": "function", "function": {"name": "python", "arguments": '{"code": "1"}'}}
@@ -48,7 +48,7 @@ def make_v2_database(path: Path) -> None:
 async def test_notices_are_in_the_timeline_not_the_history(tmp_path: Path) -> None:
     async with await Store.open(tmp_path / "t.db") as store:
         await store.add_messages(KEY, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
-        await store.add_notice(KEY, "_(answer cut off at the length limit)_")
+        await store.add_messages(KEY, [{"role": NOTICE_ROLE, "content": "_(answer cut off at the length limit)_"}])
         assert await store.history(KEY) == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
         timeline = await store.timeline(KEY)
         assert [e.message["role"] for e in timeline] == ["user", "assistant", "notice"]  # type: ignore[union-attr]
