@@ -267,8 +267,8 @@ async def _main(args: argparse.Namespace, selected: list[Question]) -> list[Outc
                                 request_timeout_s=args.request_timeout, max_rounds=args.max_rounds,
                                 extra=dict(args.llm))  # fmt: skip
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-quality-")))
-        return await run(endpoint, selected, root, sandbox=args.sandbox)
-    raise AssertionError("unreachable")
+        results = await run(endpoint, selected, root, sandbox=args.sandbox)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import pandas as pd
 from PIL import Image
@@ -229,8 +229,3 @@ class AllOf:
 
     def describe(self) -> str:
         return " and ".join(c.describe() for c in self.checks)
-
-
-def as_json(verdict: Verdict) -> dict[str, Any]:
-    """A verdict for the JSON results."""
-    return {"passed": verdict.passed, "detail": verdict.detail, "answer_line": verdict.answer_line}

@@ -44,9 +44,8 @@ class UploadItem:
 
 @dataclass(slots=True)
 class UploadOutcome:
-    """What became of a reply's files: shared, unreadable (by name), failed (name → Slack's reason)."""
+    """What became of a reply's files that were not shared: unreadable (by name), failed (name → Slack's reason)."""
 
-    shared: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
 
@@ -103,11 +102,8 @@ async def share_files(client: AsyncWebClient, items: list[UploadItem], *, channe
             thread_ts=thread_ts,
         ),
     )
-    for _, item in uploaded:
-        if isinstance(result, Failure):
-            outcome.failed[item.filename] = result.error
-        else:
-            outcome.shared.append(item.filename)
+    if isinstance(result, Failure):
+        outcome.failed.update((item.filename, result.error) for _, item in uploaded)
     return outcome
 
 

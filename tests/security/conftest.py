@@ -318,14 +318,14 @@ async def net_attacker(
     if spawn.network is None and os.geteuid() != 0:
         # As root the probe must work where slirp4netns is installed; a normal user may lack
         # /dev/net/tun. Recorded for the table, as the kernel then stays offline (one warning).
-        outcomes.source = "fork" if isinstance(launcher, ForkingLauncher) else "spawn"
+        outcomes.source = _expected_source(sandbox_pool)
         outcomes.record(f"`network: true` kernel: `{request.node.originalname}`",
                         f"not run: network kernels stay offline here ({spawn.network_missing})")
         pytest.skip(f"slirp4netns cannot give this bot's kernels network: {spawn.network_missing}")
     key = f"slack:C3:net-{request.node.name}"
     session = await sandbox_pool.get_or_start(key, KernelOptions(network=True))
     assert kernel_source(sandbox_pool, session) == "spawn"
-    outcomes.source = "fork" if isinstance(sandbox_pool.launcher, ForkingLauncher) else "spawn"
+    outcomes.source = _expected_source(sandbox_pool)
     assert session._handle is not None
     provisioner = session._handle.manager.provisioner
     assert isinstance(provisioner, BwrapProvisioner) and provisioner.slirp is not None, (
