@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import io
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -20,6 +21,7 @@ from bot.safetext import shown
 from bot.store import NOTICE_ROLE, Store
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace
 from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError, UnsafePathError
+from kernels import safefs
 from kernels.safefs import PinnedFile
 
 log = logging.getLogger(__name__)
@@ -302,10 +304,7 @@ async def collect_outputs(results: list[ExecutionResult], workspace: Workspace, 
 
     for index, data in enumerate(displayed_images, start=1):
         add_image(data, f"figure-{index}.png", "image/png")
-    for name in changed:
-        found = await asyncio.to_thread(_changed_file, workspace, name)
-        if found is None:
-            continue
+    for name, found in await asyncio.to_thread(_changed_files, workspace, changed):
         base = PurePosixPath(name).name
         if isinstance(found, bytes):
             add_image(found, base, IMAGE_SUFFIXES[PurePosixPath(name).suffix.lower()])
@@ -313,18 +312,30 @@ async def collect_outputs(results: list[ExecutionResult], workspace: Workspace, 
             outputs.add_file(found, base)
 
 
-def _changed_file(workspace: Workspace, name: str) -> PinnedFile | bytes | None:
-    """(Blocking) a changed file, opened without following links: its bytes when it is an image
-    small enough to show inline, else the open file; None when it is gone again or unsafe
-    (a link, a FIFO, a folder)."""
+def _changed_files(workspace: Workspace, names: list[str]) -> list[tuple[str, PinnedFile | bytes]]:
+    """(Blocking) the changed files, opened without following links from one folder
+    descriptor: an image small enough to show inline as its bytes, any other as the open
+    file; files gone again or unsafe (a link, a FIFO, a folder) are left out."""
     try:
-        pinned = workspace.open_file(name)
-    except FileNotFoundError:
-        return None  # deleted again during the turn
+        dir_fd = safefs.open_dir(workspace.path)
     except (UnsafePathError, OSError) as exc:
-        log.warning("not sending changed file %r: %s", name, exc)
-        return None
-    if PurePosixPath(name).suffix.lower() in IMAGE_SUFFIXES and pinned.size <= MAX_INLINE_IMAGE_BYTES:
-        with pinned:
-            return pinned.read()
-    return pinned
+        log.warning("not sending changed files: %s", exc)
+        return []
+    found: list[tuple[str, PinnedFile | bytes]] = []
+    try:
+        for name in names:
+            try:
+                pinned = safefs.open_file_at(dir_fd, name)
+            except FileNotFoundError:
+                continue  # deleted again during the turn
+            except (UnsafePathError, OSError) as exc:
+                log.warning("not sending changed file %r: %s", name, exc)
+                continue
+            if PurePosixPath(name).suffix.lower() in IMAGE_SUFFIXES and pinned.size <= MAX_INLINE_IMAGE_BYTES:
+                with pinned:
+                    found.append((name, pinned.read()))
+            else:
+                found.append((name, pinned))
+    finally:
+        os.close(dir_fd)
+    return found
