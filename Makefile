@@ -1,5 +1,5 @@
-# Threadbook: `make run` starts the bot, `make test` runs the tests.
-# Both create .venv on first use (needs Python >= 3.11).
+# Threadbook: `make run` starts the bot, `make test` runs the tests, `make check` runs
+# strict mypy and the import-layering contracts. All create .venv on first use (needs Python >= 3.11).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +7,7 @@ CONFIG ?= config.yaml
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: run console test bench clean venv
+.PHONY: run console test check bench clean venv
 
 venv: $(VENV)/.installed
 
@@ -26,6 +26,11 @@ console: venv
 
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Strict typing (with pydantic's plugin) and the import layering; both configured in pyproject.toml.
+check: venv
+	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 bench: venv
 	$(PY) -m bench

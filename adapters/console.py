@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from adapters.tasks import BackgroundTasks
 from bot.dispatcher import Dispatcher
 from bot.events import Attachment, InboundMessage, OpenReader, Reply, ThreadKey
 from bot.safetext import shown
@@ -151,7 +152,12 @@ class _LineReader:
     async def _readable(fd: int) -> None:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        loop.add_reader(fd, wake)
         try:
             await ready
         finally:
@@ -198,7 +204,7 @@ class ConsoleAdapter:
         self._quitting = False  # the person quit: nothing more is printed
         self._turn: asyncio.Future[None] | None = None
         self._stopping = False
-        self._background: set[asyncio.Future[Any]] = set()
+        self._background = BackgroundTasks(log, "console")
 
     async def run(self) -> None:
         """Answer messages until EOF (Ctrl-D) or a quit (Ctrl-C at the prompt, or twice in a turn)."""
@@ -300,9 +306,7 @@ class ConsoleAdapter:
         if self._turn is not None and not self._turn.done() and not self._stopping:
             self._stopping = True
             self.status("stopping this answer (Ctrl-C again quits)")
-            stop = asyncio.ensure_future(self._stop_turn())
-            self._background.add(stop)
-            stop.add_done_callback(self._background.discard)
+            self._background.spawn(self._stop_turn(), name="console stop")
             return
         self._quitting = True
         self._quit.set()

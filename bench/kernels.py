@@ -15,8 +15,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from bot.config import KernelSettings
-from kernels import KernelPool
+from kernels.settings import KernelSettings
+from kernels import KernelPool, build_pool
 from kernels.forkserver import ForkingLauncher
 
 MODES = ("spawn", "pool", "fork")
@@ -46,7 +46,7 @@ def settings_for(
 @asynccontextmanager
 async def open_pool(mode: str, root: Path, *, sandbox: Sandbox, warm: int = 0) -> AsyncIterator[KernelPool]:
     """A started pool of ``mode`` (warm kernels ready), shut down on exit."""
-    pool = KernelPool(settings_for(mode, root, sandbox=sandbox, warm=warm))
+    pool = build_pool(settings_for(mode, root, sandbox=sandbox, warm=warm))
     await pool.start()
     try:
         if mode == "fork":

@@ -197,7 +197,9 @@ def _csv(rows: list[list[object]], delimiter: str = ",") -> bytes:
 def _xlsx(sheets: dict[str, list[list[object]]]) -> bytes:
     book = openpyxl.Workbook()
     book.properties.created = book.properties.modified = dt.datetime(YEAR, 1, 1)
-    book.remove(book.active)
+    first = book.active  # a new Workbook starts with one empty sheet; only ours are wanted
+    if first is not None:
+        book.remove(first)
     for title, rows in sheets.items():
         sheet = book.create_sheet(title)
         for row in rows:

@@ -96,7 +96,7 @@ async def concurrent_threads(mode: str, root: Path, threads: int, *, sandbox: Sa
         wall = time.perf_counter() - started
     times = [o[0] for o in outcomes if isinstance(o, tuple)]
     errors = sum(1 for o in outcomes if not isinstance(o, tuple) or not o[1])
-    result = summary(times) if times else {"n": 0}
+    result: dict[str, Any] = summary(times) if times else {"n": 0}
     result.update(wall_s=wall, errors=errors)
     return result
 

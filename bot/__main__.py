@@ -29,19 +29,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _console(settings: Settings, out: Path, thread: str | None, log_path: Path | None) -> int:
-    from adapters.console import ConsoleAdapter
-    from bot.app import Core, tell_interrupted
-
-    async with Core.open(settings) as core:
-        console = ConsoleAdapter(core.dispatcher, out_dir=out, thread=thread, log_path=log_path)
-        # A resumed --thread whose last turn was cut off by an unclean stop hears it first;
-        # other threads' leftovers stay for their own resumption or platform.
-        await tell_interrupted(core.store, [console])
-        await console.run()
-    return 0
-
-
 def _console_logging(settings: Settings) -> Path | None:
     """Keep log lines out of the console's conversation; returns the log file, if one is used.
 
@@ -85,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "console":
             log_path = _console_logging(settings)
-            return asyncio.run(_console(settings, args.out, args.thread, log_path))
+            from bot.app import run_console
+
+            return asyncio.run(run_console(settings, args.out, args.thread, log_path))
         from bot.app import run_bot
 
         return asyncio.run(run_bot(settings))

@@ -1,4 +1,8 @@
-"""Wires the parts together: store, kernel pool, reaper, agent, dispatcher, adapters."""
+"""Wires the parts together: store, kernel pool, reaper, agent, dispatcher, adapters.
+
+The composition root: the only module of ``bot`` that imports ``adapters`` (``make check``
+holds the layering; see ``[tool.importlinter]`` in pyproject.toml).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import signal
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 
 from adapters.base import Adapter, AdapterStartError, ThreadReach
 from bot.agent.loop import Agent
@@ -17,7 +22,7 @@ from bot.dispatcher import INTERRUPTED_NOTICE, Dispatcher
 from bot.events import Outbox, ThreadKey
 from bot.store import Store
 from bot.turn import TurnRunner
-from kernels import KernelPool, Reaper, make_launcher
+from kernels import KernelPool, Reaper, build_launcher
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +51,7 @@ class Core:
             store = await Store.open(settings.storage.path)
             stack.push_async_callback(store.close)
             # Choosing the launcher probes bubblewrap (and slirp4netns) with real processes: off the loop.
-            launcher = await asyncio.to_thread(make_launcher, settings.kernels)
+            launcher = await asyncio.to_thread(build_launcher, settings.kernels)
             pool = KernelPool(settings.kernels, launcher=launcher)
             stack.push_async_callback(pool.shutdown_all)
             await pool.start()
@@ -124,6 +129,19 @@ async def tell_interrupted(store: Store, adapters: Sequence[ThreadReach]) -> int
     if turns or left:
         log.info("interrupted turns: notified %d thread(s); %d kept for later (no adapter here reaches them)", told, len(left))
     return told
+
+
+async def run_console(settings: Settings, out: Path, thread: str | None, log_path: Path | None) -> int:
+    """Chat with the bot in this terminal (or through a pipe) until the input ends. Returns the exit code."""
+    from adapters.console import ConsoleAdapter
+
+    async with Core.open(settings) as core:
+        console = ConsoleAdapter(core.dispatcher, out_dir=out, thread=thread, log_path=log_path)
+        # A resumed --thread whose last turn was cut off by an unclean stop hears it first;
+        # other threads' leftovers stay for their own resumption or platform.
+        await tell_interrupted(core.store, [console])
+        await console.run()
+    return 0
 
 
 async def run_bot(settings: Settings) -> int:

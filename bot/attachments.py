@@ -35,6 +35,7 @@ from bot.events import Attachment
 from bot.safetext import shown
 from kernels.result import KernelError, QuotaError
 from kernels.safefs import PinnedFile
+from kernels.units import human_size as human_size  # re-exported for the adapters (which never import kernels)
 from kernels.workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -176,16 +177,6 @@ def describe_for_model(saved: Sequence[SavedUpload], refused: Sequence[tuple[str
     for name, reason in refused:
         lines.append(f'- Not saved: "{shown(name)}": {reason}')
     return "\n".join(lines)
-
-
-def human_size(size: int) -> str:
-    """``1536`` → ``1.5 KB`` (binary multiples, one decimal)."""
-    units = ("B", "KB", "MB", "GB", "TB")
-    value, unit = float(size), 0
-    while value >= 1024 and unit < len(units) - 1:
-        value /= 1024
-        unit += 1
-    return f"{size} B" if unit == 0 else f"{value:.1f} {units[unit]}"
 
 
 # --- previews (blocking; run in a worker thread) -------------------------------------------

@@ -11,10 +11,12 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from kernels.settings import KernelSettings
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -73,35 +75,6 @@ class DiscordSettings(_Model):
     def enabled(self) -> bool:
         """True when a bot token is configured."""
         return bool(self.token.get_secret_value())
-
-
-class KernelSettings(_Model):
-    """Kernel runtime, sandbox and workspace limits."""
-
-    idle_timeout_s: float = Field(1800.0, gt=0)
-    reap_interval_s: float = Field(60.0, gt=0)
-    exec_timeout_s: float = Field(120.0, gt=0)
-    interrupt_grace_s: float = Field(3.0, gt=0)
-    max_kernels: int = Field(20, ge=1)
-    #: A new thread waits this long for a kernel when all ``max_kernels`` are in use.
-    queue_timeout_s: float = Field(300.0, gt=0)
-    #: Threads that may wait at once; None: 4 × ``max_kernels``.
-    max_queue: int | None = Field(None, ge=0)
-    warm_pool: int = Field(0, ge=0)
-    fork_server: bool = False  # fork new kernels from a pre-imported parent (sandboxed when the bot is root)
-    sandbox: Literal["auto", "bwrap", "none"] = "auto"
-    memory_mb: int = Field(2048, ge=64)
-    cpu_seconds: int = Field(3600, ge=1)
-    max_processes: int = Field(256, ge=8)
-    max_open_files: int = Field(1024, ge=64)
-    max_file_mb: int = Field(1024, ge=1)
-    network: bool = False
-    workspace_root: Path = Path("data/workspaces")
-    retention_days: float = Field(30.0, gt=0)
-    max_upload_mb: float = Field(100.0, gt=0)
-    workspace_quota_mb: float = Field(1024.0, gt=0)
-    max_output_bytes: int = Field(100_000, ge=1000)
-    preload: tuple[str, ...] = ("pandas", "numpy", "matplotlib")
 
 
 class StorageSettings(_Model):

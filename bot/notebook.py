@@ -137,7 +137,8 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
         },
     )
     nbformat.validate(notebook)
-    return nbformat.writes(notebook).encode("utf-8")
+    ipynb: str = nbformat.writes(notebook)
+    return ipynb.encode("utf-8")
 
 
 def _mime_bundle(display: DisplayOutput) -> dict[str, Any]:

@@ -1,11 +1,16 @@
 """Kernel runtime: one Jupyter kernel and one workspace folder per chat thread.
 
-The rest of the bot uses only the names re-exported here.
+The bottom layer: nothing here imports the bot or its adapters. The bot builds a pool with
+:func:`build_pool` (or :func:`build_launcher` and :class:`KernelPool`) from its
+:class:`KernelSettings`; kernels start through one seam, :class:`Launcher` carrying out a
+:class:`LaunchPlan` (:mod:`kernels.launch`).
 """
 
 from __future__ import annotations
 
-from kernels.launcher import KernelHandle, KernelLauncher, ThreadbookProvisioner
+from kernels.launch import Launcher, LaunchPlan
+from kernels.launcher import KernelHandle, KernelLauncher
+from kernels.launchers import build_launcher, build_pool
 from kernels.options import KernelOptions
 from kernels.pool import KernelPool
 from kernels.reaper import Reaper
@@ -21,8 +26,8 @@ from kernels.result import (
     StreamChunk,
     UnsafePathError,
 )
-from kernels.sandbox import make_launcher
 from kernels.session import KernelSession
+from kernels.settings import KernelSettings
 from kernels.workspace import FileInfo, SavedFile, Workspace, WorkspaceManager, sanitize_name
 
 __all__ = [
@@ -34,6 +39,9 @@ __all__ = [
     "KernelHandle",
     "KernelLauncher",
     "KernelOptions",
+    "KernelSettings",
+    "LaunchPlan",
+    "Launcher",
     "KernelPool",
     "KernelSession",
     "KernelStartError",
@@ -43,10 +51,10 @@ __all__ = [
     "Reaper",
     "SavedFile",
     "StreamChunk",
-    "ThreadbookProvisioner",
     "UnsafePathError",
     "Workspace",
     "WorkspaceManager",
-    "make_launcher",
+    "build_launcher",
+    "build_pool",
     "sanitize_name",
 ]

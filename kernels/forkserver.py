@@ -13,7 +13,7 @@ Profiles (one fork server per launcher, see :meth:`ForkingLauncher.supports`):
 
 * unsandboxed (``sandbox: none``): kernels with the default options;
 * bubblewrap, bot running as root: the zygote runs inside one bwrap sandbox
-  (:func:`kernels.sandbox.zygote_prefix`) and each child jails itself in its own
+  (:func:`kernels.sandbox.args.zygote_args`) and each child jails itself in its own
   namespaces and per-workspace uid before any user code (``kernels/forkjail.py``); every
   kernel without network is forked (``network: true`` kernels need slirp4netns: spawned);
 * bubblewrap, bot as a normal user (the Docker image): the zygote is root of an
@@ -45,30 +45,15 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
 from kernels.forkjail import KERNEL_OOM_SCORE_ADJ
-from kernels.launcher import (
-    KernelHandle,
-    KernelLauncher,
-    ThreadbookProvisioner,
-    child_setup,
-    kernel_environment,
-    resource_limits,
-)
+from kernels.launch import LaunchPlan
+from kernels.launcher import KernelHandle, KernelLauncher, ThreadbookProvisioner, child_setup
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
-from kernels.sandbox import (
-    SHM_INODES,
-    SHM_SIZE_MB,
-    TMP_INODES,
-    TMP_SIZE_MB,
-    WORKSPACE,
-    BwrapLauncher,
-    Identity,
-    hand_over,
-    identity_for,
-    python_roots,
-    write_identity_files,
-    zygote_prefix,
-)
+from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, WORKSPACE, zygote_args
+from kernels.sandbox.identity import ZYGOTE as ZYGOTE_IDENTITY
+from kernels.sandbox.identity import write_identity_files
+from kernels.sandbox.launcher import BwrapLauncher
+from kernels.sandbox.support import BwrapSupport
 
 log = logging.getLogger(__name__)
 
@@ -176,18 +161,18 @@ class ForkServer:
 
     async def start(self) -> None:
         """Start the zygote and wait until its imports are done."""
-        run_dir = Path(await asyncio.to_thread(self.launcher._make_run_dir))
+        # The zygote runs as a kernel would (its environment, in-sandbox paths), in its own run dir.
+        plan = self.launcher.spawn.plan(self.launcher.run_root, KernelOptions())
+        run_dir = plan.run_dir
         self._run_dirs.append(run_dir)  # removed by stop(), also when this start fails
+        await asyncio.to_thread(self.launcher.make_run_dir, run_dir)
+        env = dict(plan.environment)
         sandbox = self.launcher.sandbox
         if sandbox is None:
             prefix, mode = [], []
-            env = kernel_environment(
-                workspace=run_dir, run_dir=run_dir, cache_dir=self.launcher.cache_dir, options=KernelOptions()
-            )
         else:
-            await asyncio.to_thread(write_identity_files, run_dir, Identity(uid=65534, gid=65534, host_owner=None))
-            prefix, mode = zygote_prefix(sandbox.support, run_dir=run_dir, code_dir=code_dir()), ["jail"]
-            env = sandbox.environment(workspace=WORKSPACE, run_dir=run_dir, options=KernelOptions())
+            await asyncio.to_thread(write_identity_files, run_dir, ZYGOTE_IDENTITY)
+            prefix, mode = zygote_args(sandbox.support, run_dir=run_dir, code_dir=code_dir(sandbox.support)), ["jail"]
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         with open(run_dir / "zygote.log", "ab") as log_file:
@@ -312,57 +297,44 @@ class ForkServer:
 
 
 class ForkProvisioner(ThreadbookProvisioner):
-    """A provisioner whose process comes from the fork server (same env, limits and kill)."""
+    """A provisioner whose process comes from the fork server (same plan, environment, limits
+    and kill as a spawned kernel's)."""
 
-    server: ForkServer | None = None
-    #: Sandboxed profile: the kernel's jail (see ``kernels/forkjail.py``) and who gets its files.
-    jail: dict[str, Any] | None = None
-    owner: tuple[Path, Path, Identity] | None = None
+    def __init__(self, *, server: ForkServer, jail: dict[str, Any] | None, **kwargs: Any) -> None:
+        """``jail``: the sandboxed profile's namespaces and uid (see ``kernels/forkjail.py``)."""
+        super().__init__(**kwargs)
+        self.server = server
+        self.jail = jail
 
-    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        """Write the connection file (base class), then hand the files to the kernel's uid."""
-        kwargs = await super().pre_launch(**kwargs)
-        if self.owner is not None:
-            await asyncio.to_thread(hand_over, *self.owner)
-        return kwargs
-
-    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
-        """Fork the kernel with ``cmd``'s ipykernel arguments, cwd and (allow-listed) env,
-        then move it (supervisor and kernel) into its cgroup: no user code has run yet, the
-        kernel is ready only later."""
-        assert self.server is not None
-        env = dict(kwargs.get("env") or self.launch_env)
+    async def launch_process(self, cmd: list[str], kwargs: dict[str, Any]) -> Any:
+        """Fork the kernel with ``cmd``'s ipykernel arguments and the plan's cwd, environment
+        and rlimits."""
+        env = dict(kwargs.get("env") or self.plan.environment)
         env.pop("JPY_PARENT_PID", None)  # the lifeline ties the kernel to the bot instead
-        stdout = kwargs.get("stdout")
-        log_path = getattr(stdout, "name", os.devnull)
-        self.cgroup = await self.make_cgroup()
-        try:
-            process = await self.server.fork(
-                argv=fork_argv(cmd, self.server.preload),
-                cwd=str(WORKSPACE) if self.jail is not None else str(kwargs.get("cwd") or os.getcwd()),
-                env=env,
-                log_path=str(log_path),
-                limits=[(int(limit), int(value)) for limit, value in self.limits],
-                jail=self.jail,
-            )
-        except BaseException:
-            await self.remove_cgroup()
-            raise
-        self.process = process
-        self.pid = self.pgid = process.pid  # the child called setsid: it leads its group
-        self.cwd = kwargs.get("cwd")
-        if self.cgroup is not None:
-            try:  # on failure the manager's clean-up kills the process and removes the cgroup
-                await asyncio.to_thread(self.cgroup.add_tree, process.pid)
+        log_path = getattr(kwargs.get("stdout"), "name", os.devnull)
+        return await self.server.fork(
+            argv=fork_argv(cmd, self.server.preload),
+            cwd=str(WORKSPACE) if self.jail is not None else str(self.plan.workspace),
+            env=env,
+            log_path=str(log_path),
+            limits=[(int(limit), int(value)) for limit, value in self.plan.limits.rlimits()],
+            jail=self.jail,
+        )
+
+    async def after_launch(self, kwargs: dict[str, Any]) -> None:
+        """Move the kernel (supervisor and kernel) into its cgroup: no user code has run yet,
+        the kernel is ready only later. Its rlimits were set in the child."""
+        if self.cgroup is not None and self.pid is not None:
+            try:
+                await asyncio.to_thread(self.cgroup.add_tree, self.pid)
             except OSError as exc:
                 raise KernelStartError(f"could not move the forked kernel into its cgroup: {exc}") from exc
-        return self.connection_info
 
 
-def code_dir() -> Path | None:
+def code_dir(support: BwrapSupport) -> Path | None:
     """The folder of ``zygote.py`` when the sandboxed zygote needs it bound (no Python folder holds it)."""
     folder = ZYGOTE.parent.resolve()
-    return None if any(root in folder.parents for root in python_roots()) else folder
+    return None if any(root in folder.parents for root in support.host.python_dirs) else folder
 
 
 def fork_argv(cmd: list[str], preload: list[str]) -> list[str]:
@@ -375,8 +347,35 @@ def fork_argv(cmd: list[str], preload: list[str]) -> list[str]:
     return args
 
 
+def jail_for(plan: LaunchPlan, support: BwrapSupport) -> dict[str, Any]:
+    """(Resolves paths) the ``jail`` of a fork request: what ``kernels/forkjail.py`` builds
+    for ``plan``'s kernel."""
+    assert plan.identity is not None, "a sandboxed plan has an identity"
+    return {
+        "uid": plan.identity.uid,
+        "gid": plan.identity.gid,
+        "run_dir": str(plan.run_dir),
+        "sources": {
+            "workspace": os.path.realpath(plan.workspace),
+            "run_dir": os.path.realpath(plan.run_dir),
+            "data_dir": None if plan.data_dir is None else os.path.realpath(plan.data_dir),
+        },
+        "hide": [] if (folder := code_dir(support)) is None else [str(folder)],
+        "python_dirs": [str(path) for path in support.host.python_dirs],
+        "tmp_mb": TMP_SIZE_MB,
+        "shm_mb": SHM_SIZE_MB,
+        "tmp_inodes": TMP_INODES,
+        "shm_inodes": SHM_INODES,
+        "oom_score_adj": KERNEL_OOM_SCORE_ADJ,
+        "userns": not support.as_root,
+    }
+
+
 class ForkingLauncher(KernelLauncher):
-    """Starts kernels by forking them from a :class:`ForkServer`, spawning when it cannot."""
+    """Starts kernels by forking them from a :class:`ForkServer`, spawning when it cannot.
+
+    Plans come from the wrapped spawn launcher, so a start that cannot fork is spawned with
+    the very same plan."""
 
     def __init__(self, spawn: KernelLauncher) -> None:
         super().__init__(spawn.settings, run_root=spawn.run_root.parent, cgroups=spawn.cgroups)
@@ -403,12 +402,12 @@ class ForkingLauncher(KernelLauncher):
         """Whether the next start can be a fork."""
         return self.server.running
 
-    def fits(self, options: KernelOptions) -> bool:
-        """Whether a kernel for ``options`` may be forked: sandboxed, any kernel without
-        network (those need slirp4netns: spawned); unsandboxed, the default profile only."""
+    def fits(self, plan: LaunchPlan) -> bool:
+        """Whether ``plan``'s kernel may be forked: sandboxed, any kernel without network
+        (those need slirp4netns: spawned); unsandboxed, the default profile only."""
         if self.sandbox is not None:
-            return not options.network
-        return options.for_launch() == KernelOptions(network=self.settings.network)
+            return not plan.network
+        return plan.data_dir is None and plan.network == self.settings.network
 
     def kernel_spec(self) -> KernelSpec:
         """The spawn launcher's kernel spec (interrupt mode included)."""
@@ -418,58 +417,39 @@ class ForkingLauncher(KernelLauncher):
         """``options`` as the spawn launcher's kernels see them."""
         return self.spawn.kernel_view(options)
 
-    def environment(self, *, workspace: Path, run_dir: Path, options: KernelOptions) -> dict[str, str]:
-        """The spawn launcher's environment (in-sandbox paths under bubblewrap)."""
-        return self.spawn.environment(workspace=workspace, run_dir=run_dir, options=options)
+    def plan(self, workspace: Path, options: KernelOptions) -> LaunchPlan:
+        """The spawn launcher's plan (in-sandbox paths and the kernel's uid under bubblewrap)."""
+        return self.spawn.plan(workspace, options)
 
-    def configure_provisioner(
-        self, provisioner: ThreadbookProvisioner, *, workspace: Path, run_dir: Path, options: KernelOptions
-    ) -> None:
-        """Sandboxed profile: the kernel's uid, its ``/etc/passwd`` and its jail."""
-        if self.sandbox is None:
-            return
-        assert isinstance(provisioner, ForkProvisioner)
-        identity = identity_for(workspace, self.sandbox.support)
-        write_identity_files(run_dir, identity)  # tiny files in a fresh run dir
-        data_dir = options.data_dir
-        provisioner.owner = (workspace, run_dir, identity)
-        provisioner.jail = {
-            "uid": identity.uid,
-            "gid": identity.gid,
-            "run_dir": str(run_dir),
-            "sources": {
-                "workspace": os.path.realpath(workspace),
-                "run_dir": os.path.realpath(run_dir),
-                "data_dir": None if data_dir is None else os.path.realpath(data_dir),
-            },
-            "hide": [] if (folder := code_dir()) is None else [str(folder)],
-            "python_dirs": [str(path) for path in python_roots()],
-            "tmp_mb": TMP_SIZE_MB,
-            "shm_mb": SHM_SIZE_MB,
-            "tmp_inodes": TMP_INODES,
-            "shm_inodes": SHM_INODES,
-            "oom_score_adj": KERNEL_OOM_SCORE_ADJ,
-            "userns": not self.sandbox.support.as_root,
-        }
-
-    def make_provisioner(self, manager: AsyncKernelManager, *, env: dict[str, str]) -> ThreadbookProvisioner:
+    def provisioner(self, plan: LaunchPlan, manager: AsyncKernelManager) -> ThreadbookProvisioner:
         """A :class:`ForkProvisioner` wired to this launcher's fork server."""
-        provisioner = ForkProvisioner(kernel_id=manager.kernel_id, kernel_spec=manager.kernel_spec, parent=manager)
-        provisioner.launch_env = env
-        provisioner.limits = resource_limits(self.settings)
-        provisioner.cgroups = self.cgroups
-        provisioner.server = self.server
-        return provisioner
+        return ForkProvisioner(
+            plan=plan,
+            cgroups=self.cgroups,
+            server=self.server,
+            jail=None if self.sandbox is None else jail_for(plan, self.sandbox.support),
+            kernel_id=manager.kernel_id,
+            kernel_spec=manager.kernel_spec,
+            parent=manager,
+        )
 
-    async def start(self, workspace: Path, options: KernelOptions = KernelOptions()) -> KernelHandle:
-        """A forked kernel when the fork server is up and ``options`` fit, else a spawned one."""
-        if self.available and self.fits(options):
+    async def open(self) -> None:
+        """Start the fork server (kernels are spawned until it is up)."""
+        await self.server.launch()
+
+    async def close(self) -> None:
+        """Stop the fork server; it kills the kernels it forked that still run."""
+        await self.server.stop()
+
+    async def start(self, plan: LaunchPlan) -> KernelHandle:
+        """A forked kernel when the fork server is up and ``plan`` fits, else a spawned one."""
+        if self.available and self.fits(plan):
             try:
-                handle = await super().start(workspace, options)
+                handle = await super().start(plan)
                 self.forked += 1
                 return handle
             except KernelStartError:
                 log.warning("forking a kernel failed; spawning one", exc_info=True)
-        handle = await self.spawn.start(workspace, options)
+        handle = await self.spawn.start(plan)
         self.spawned += 1
         return handle

@@ -1,35 +1,28 @@
-"""The one place a kernel process is started.
+"""Local kernels: carry out a :class:`~kernels.launch.LaunchPlan` with ``jupyter_client``.
 
-Seam (how later launchers plug in)
-----------------------------------
-:class:`KernelLauncher` is what sessions and the pool call: ``await launcher.start(workspace,
-options)`` returns a ready :class:`KernelHandle` (manager + connected client + pid).
+:class:`KernelLauncher` is the plain :class:`~kernels.launch.Launcher` (``sandbox: none``)
+and the base of the sandboxed and forked ones. :meth:`KernelLauncher.start` makes the plan's
+run dir, builds an ``AsyncKernelManager`` whose kernel spec comes from
+:meth:`KernelLauncher.kernel_spec` (argv, ``interrupt_mode``) and whose provisioner is made
+for this one plan by :meth:`KernelLauncher.provisioner`, handed to the manager directly
+instead of through an entry point, then connects a client and waits until the kernel answers.
 
-* It builds an ``AsyncKernelManager`` whose kernel spec comes from :meth:`KernelLauncher.kernel_spec`
-  (argv, ``interrupt_mode``) and whose provisioner is an instance of
-  :attr:`KernelLauncher.provisioner_class` (a ``jupyter_client`` ``LocalProvisioner``
-  subclass), handed to the manager directly instead of through an entry point.
-* :class:`ThreadbookProvisioner` owns the process: it replaces the environment with the
-  allow-listed one, lets :meth:`ThreadbookProvisioner.wrap_command` prefix the command,
-  launches off the event loop in a new session (own process group), applies the rlimits,
-  and on kill takes down the whole group plus any descendant that left it.
+:class:`ThreadbookProvisioner` owns the process. It is constructed with the plan and never
+changed afterwards: it replaces the environment with the plan's, hands the workspace and run
+dir to the plan's identity (sandboxed kernels), launches off the event loop in a new session
+(own process group) through :meth:`ThreadbookProvisioner.launch_process` (the sandbox prefixes
+``bwrap``, the fork server forks instead), then :meth:`ThreadbookProvisioner.after_launch`
+(here: the rlimits; the sandbox sets them inside bwrap), and on kill takes down the whole
+group plus any descendant that left it.
 
-The bubblewrap sandbox is a ``KernelLauncher`` subclass with ``transport = "ipc"``
-(sockets in the per-kernel run dir), ``interrupt_mode = "message"`` and a provisioner whose
-``wrap_command`` returns ``["bwrap", ..., *cmd]`` (rlimits then move inside, e.g. a
-``prlimit`` prefix, since the limits set on the bwrap pid do not reach an already-forked
-child). A warm pool or fork-server launcher overrides :meth:`KernelLauncher.start` to hand
-out a pre-started kernel. Remote provisioners (``gateway_provisioners``) fit the same slot.
-
-Limits without a sandbox: memory is ``RLIMIT_DATA`` (heap and private writable mappings,
-not the ~1 GiB of address space an idle kernel maps), CPU seconds are a lifetime backstop,
-``RLIMIT_NPROC`` counts per uid and is ignored for root - so as root a fork bomb is bounded
-only by the execution timeout (interrupt, then kill of the whole process group); the sandbox
-(:mod:`kernels.sandbox`) gives each kernel its own pid namespace and uid. Where the host
-allows it, every kernel also gets its own cgroup (:mod:`kernels.cgroups`: memory for all its
-processes together, pids, CPU weight), entered in the child's ``preexec_fn`` before any of
-its code runs, together with ``oom_score_adj`` 1000 and a new session keyring
-(:func:`child_setup`); what a cell leaves running is killed after it (:mod:`kernels.leftovers`).
+Limits without a sandbox: the rlimits of :meth:`kernels.launch.ResourceLimits.rlimits`;
+``RLIMIT_NPROC`` is ignored for root, so as root a fork bomb is bounded only by the execution
+timeout (interrupt, then kill of the whole process group); the sandbox (:mod:`kernels.sandbox`)
+gives each kernel its own pid namespace and uid. Where the host allows it, every kernel also
+gets its own cgroup (:mod:`kernels.cgroups`: memory for all its processes together, pids, CPU
+weight), entered in the child's ``preexec_fn`` before any of its code runs, together with
+``oom_score_adj`` 1000 and a new session keyring (:func:`child_setup`); what a cell leaves
+running is killed after it (:mod:`kernels.leftovers`).
 """
 
 from __future__ import annotations
@@ -54,15 +47,17 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.manager import AsyncKernelManager
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
-from bot.config import KernelSettings
 from kernels import leftovers, safefs
 from kernels.cgroups import Cgroups, KernelCgroup
 from kernels.forkjail import KERNEL_OOM_SCORE_ADJ, join_session_keyring, set_oom_score_adj
+from kernels.launch import LaunchPlan, ResourceLimits
 from kernels.options import KernelOptions
 from kernels.output import MAX_MESSAGE_BYTES
 from kernels.result import KernelStartError
+from kernels.sandbox.identity import prepare_run_dir
+from kernels.settings import KernelSettings
 
 MPL_INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 #: Variables copied from the bot's environment when set; everything else is dropped.
@@ -71,12 +66,13 @@ _THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "N
 START_TIMEOUT_S = 60.0
 #: The kernel's own stdout/stderr (crash messages such as "Fatal Python error") land here.
 KERNEL_LOG = "kernel.log"
+#: Run dirs are named ``kernel-<kernel id>`` under the launcher's run root.
+RUN_DIR_PREFIX = "kernel-"
 
-Limits = list[tuple[int, int]]
 
-
-def kernel_environment(*, workspace: Path, run_dir: Path, cache_dir: Path, options: KernelOptions) -> dict[str, str]:
-    """The kernel's complete environment: the bot's own variables only where allow-listed."""
+def kernel_environment(*, workspace: Path, run_dir: Path, cache_dir: Path, data_dir: Path | None) -> dict[str, str]:
+    """The kernel's complete environment (paths as the kernel sees them): the bot's own
+    variables only where allow-listed."""
     env = {name: os.environ[name] for name in _INHERITED if name in os.environ}
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", os.defpath)])
@@ -90,21 +86,9 @@ def kernel_environment(*, workspace: Path, run_dir: Path, cache_dir: Path, optio
         PYTHONDONTWRITEBYTECODE="1",
         **{name: "1" for name in _THREAD_VARS},
     )
-    if options.data_dir is not None:
-        env["THREADBOOK_DATA_DIR"] = str(options.data_dir)
+    if data_dir is not None:
+        env["THREADBOOK_DATA_DIR"] = str(data_dir)
     return env
-
-
-def resource_limits(settings: KernelSettings) -> Limits:
-    """The rlimits applied to every kernel process (soft == hard)."""
-    mib = 1024 * 1024
-    return [
-        (resource.RLIMIT_DATA, settings.memory_mb * mib),
-        (resource.RLIMIT_CPU, settings.cpu_seconds),
-        (resource.RLIMIT_NPROC, settings.max_processes),
-        (resource.RLIMIT_FSIZE, settings.max_file_mb * mib),
-        (resource.RLIMIT_NOFILE, settings.max_open_files),
-    ]
 
 
 def child_setup(cgroup: KernelCgroup | None) -> Callable[[], None]:
@@ -127,50 +111,61 @@ def child_setup(cgroup: KernelCgroup | None) -> Callable[[], None]:
     return setup
 
 
-class ThreadbookProvisioner(LocalProvisioner):  # type: ignore[misc]
-    """A ``LocalProvisioner`` with an allow-listed env, rlimits, a per-kernel cgroup and
-    whole-group kill."""
+class ThreadbookProvisioner(LocalProvisioner):
+    """A ``LocalProvisioner`` for one :class:`LaunchPlan`: the plan's environment, identity
+    and rlimits, a per-kernel cgroup and whole-group kill."""
 
-    launch_env: dict[str, str] = {}
-    limits: Limits = []
-    #: Where this kernel's cgroup comes from (None or disabled: rlimits only).
-    cgroups: Cgroups | None = None
-    cgroup: KernelCgroup | None = None
-
-    def wrap_command(self, cmd: list[str]) -> list[str]:
-        """Prefix the kernel command (the sandbox puts ``bwrap ...`` here)."""
-        return cmd
+    def __init__(self, *, plan: LaunchPlan, cgroups: Cgroups | None = None, **kwargs: Any) -> None:
+        """``cgroups``: where this kernel's cgroup comes from (None or disabled: rlimits only);
+        ``kwargs`` go to ``LocalProvisioner`` (``kernel_id``, ``kernel_spec``, ``parent``)."""
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.cgroups = cgroups
+        self.cgroup: KernelCgroup | None = None
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        """Replace whatever environment the manager passes with the allow-listed one."""
-        kwargs["env"] = dict(self.launch_env)
-        return await super().pre_launch(**kwargs)
+        """Replace whatever environment the manager passes with the plan's; write the
+        connection file (base class); hand the kernel's files to its identity."""
+        kwargs["env"] = dict(self.plan.environment)
+        kwargs = await super().pre_launch(**kwargs)
+        if self.plan.identity is not None:
+            await asyncio.to_thread(prepare_run_dir, self.plan)
+        return kwargs
 
     def _finalize_env(self, env: dict[str, str]) -> None:
-        # The base class may add variables; keep exactly the allow-list.
-        for name in set(env) - set(self.launch_env):
+        # The base class may add variables; keep exactly the plan's.
+        for name in set(env) - set(self.plan.environment):
             del env[name]
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
-        """Start the process off the event loop, in its own session and cgroup, then limit it."""
-        popen_kwargs = LocalProvisioner._scrub_kwargs(kwargs)
+        """Start the process in its own session and cgroup, then finish its set-up."""
         self.cgroup = await self.make_cgroup()
-        popen_kwargs["preexec_fn"] = child_setup(self.cgroup)
         try:
-            self.process = await asyncio.to_thread(launch_kernel, self.wrap_command(cmd), **popen_kwargs)
+            self.process = await self.launch_process(cmd, kwargs)
         except BaseException:
             await self.remove_cgroup()
             raise
-        self.pid = self.process.pid
-        self.pgid = self.pid  # launch_kernel uses start_new_session: the kernel leads its group
+        self.pid = self.pgid = self.process.pid  # a new session: the kernel leads its group
         self.cwd = kwargs.get("cwd")
         try:
-            for limit, value in self.limits:
-                resource.prlimit(self.pid, limit, (value, value))
-        except OSError:
-            self.process.kill()
+            await self.after_launch(kwargs)
+        except BaseException:
+            await self.kill()
             raise
         return self.connection_info
+
+    async def launch_process(self, cmd: list[str], kwargs: dict[str, Any]) -> Any:
+        """The kernel process (a ``Popen`` or look-alike), started off the event loop."""
+        popen_kwargs = LocalProvisioner._scrub_kwargs(kwargs)
+        popen_kwargs["preexec_fn"] = child_setup(self.cgroup)
+        return await asyncio.to_thread(launch_kernel, cmd, **popen_kwargs)
+
+    async def after_launch(self, kwargs: dict[str, Any]) -> None:
+        """Set-up once the process exists (here: its rlimits); a failure kills it."""
+        assert self.process is not None
+        pid = self.process.pid
+        for limit, value in self.plan.limits.rlimits():
+            resource.prlimit(pid, limit, (value, value))
 
     async def kill(self, restart: bool = False) -> None:
         """SIGKILL the process group and every descendant, even ones that called setsid."""
@@ -194,7 +189,7 @@ class ThreadbookProvisioner(LocalProvisioner):  # type: ignore[misc]
         if self.cgroups is None or not self.cgroups.enabled:
             return None
         try:
-            return await asyncio.to_thread(self.cgroups.create, self.kernel_id)
+            return await asyncio.to_thread(self.cgroups.create, self.plan.kernel_id)
         except OSError as exc:
             raise KernelStartError(f"could not create the kernel's cgroup: {exc}") from exc
 
@@ -212,7 +207,8 @@ class ThreadbookProvisioner(LocalProvisioner):  # type: ignore[misc]
         while self.process.poll() is None:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
-        return await super().wait()
+        code: int | None = await super().wait()
+        return code
 
 
 def _descendants(pid: int | None) -> list[psutil.Process]:
@@ -224,7 +220,7 @@ def _descendants(pid: int | None) -> list[psutil.Process]:
         return []
 
 
-class _Manager(AsyncKernelManager):  # type: ignore[misc]
+class _Manager(AsyncKernelManager):
     """An ``AsyncKernelManager`` with a spec given in code instead of a kernelspec dir."""
 
     _threadbook_spec: KernelSpec | None = None
@@ -247,13 +243,52 @@ class KernelHandle:
     @property
     def pid(self) -> int | None:
         """The kernel (or sandbox) process id."""
-        provisioner = self.manager.provisioner
-        return getattr(provisioner, "pid", None)
+        return getattr(self.manager.provisioner, "pid", None)
 
     @property
     def cgroup(self) -> KernelCgroup | None:
         """The kernel's cgroup, if it has one."""
         return getattr(self.manager.provisioner, "cgroup", None)
+
+    async def reply(self, msg_id: str, timeout: float) -> dict[str, Any] | None:
+        """The shell reply to request ``msg_id``, waiting at most ``timeout`` seconds (0: only
+        what has arrived already); None when it did not come. Replies to older requests
+        found on the way are dropped."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg: dict[str, Any] = await self.client.get_shell_msg(timeout=max(deadline - time.monotonic(), 0))
+            except Empty:
+                return None
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+
+    async def renew_iopub(self, timeout: float = 5.0) -> bool:
+        """Reconnect iopub after its socket refused an oversized message; False when the new
+        subscription did not come alive within ``timeout``.
+
+        ZMQ treats a message over ``MAXMSGSIZE`` as a protocol error and drops that connection
+        for good, so the channel is replaced by a new one; then ``kernel_info`` is asked until
+        its status message arrives on the new subscription (as at start).
+        """
+        client = self.client
+        old = client._iopub_channel  # jupyter_client has no public way to renew one channel
+        if old is not None:
+            old.close()
+            client._iopub_channel = None
+        client.iopub_channel.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            probe = client.kernel_info()
+            until = time.monotonic() + 0.25
+            while (remaining := until - time.monotonic()) > 0:
+                try:
+                    msg = await client.get_iopub_msg(timeout=remaining)
+                except Empty:
+                    break
+                if msg["parent_header"].get("msg_id") == probe:
+                    return True
+        return False
 
     async def record_infrastructure(self) -> None:
         """Remember the kernel's own processes (call once it is ready, before any user code)."""
@@ -274,6 +309,11 @@ class KernelHandle:
     async def is_alive(self) -> bool:
         """Whether the kernel process is still running."""
         return bool(await self.manager.is_alive())
+
+    async def exit_code(self) -> int | None:
+        """The kernel process's exit code once it has ended (negative: killed by that signal)."""
+        provisioner = self.manager.provisioner
+        return None if provisioner is None else await provisioner.poll()
 
     async def interrupt(self) -> None:
         """Send an interrupt (signal or message, as the kernel spec says)."""
@@ -323,9 +363,9 @@ def _tree_pss(pid: int | None) -> int | None:
 
 
 class KernelLauncher:
-    """Starts ready ipykernel processes for workspaces. Subclass to sandbox or pre-start."""
+    """The plain :class:`~kernels.launch.Launcher`: local ipykernel processes with rlimits
+    and (where the host allows) a cgroup each. Subclasses change how a plan is carried out."""
 
-    provisioner_class: type[ThreadbookProvisioner] = ThreadbookProvisioner
     #: ipc sockets in the per-kernel run dir: no TCP port race when many kernels start at once.
     transport = "ipc"
     interrupt_mode = "signal"
@@ -334,6 +374,7 @@ class KernelLauncher:
         """``cgroups``: where kernels' cgroups come from (default: what this host allows,
         detected once per process)."""
         self.settings = settings
+        self.limits = ResourceLimits.from_settings(settings)
         self.cgroups = cgroups or Cgroups.detected(memory_mb=settings.memory_mb, max_processes=settings.max_processes)
         # Per user: a second bot user on the same host must not trip over the first one's 0700 folder.
         self.run_root = Path(run_root or tempfile.gettempdir()) / f"threadbook-{os.getuid()}"
@@ -355,60 +396,71 @@ class KernelLauncher:
         )
 
     def kernel_view(self, options: KernelOptions) -> KernelOptions:
-        """``options`` as code inside the kernel sees them (the data_dir path, whether there is network)."""
+        """``options`` as code inside the kernel sees them (unsandboxed: as they are)."""
         return options
 
-    def environment(self, *, workspace: Path, run_dir: Path, options: KernelOptions) -> dict[str, str]:
-        """The kernel's environment for one start."""
-        return kernel_environment(workspace=workspace, run_dir=run_dir, cache_dir=self.cache_dir, options=options)
+    def plan(self, workspace: Path, options: KernelOptions) -> LaunchPlan:
+        """One start's plan: host paths, the bot's uid, the host's network."""
+        kernel_id = uuid.uuid4().hex
+        run_dir = self.run_root / f"{RUN_DIR_PREFIX}{kernel_id}"
+        return LaunchPlan(
+            kernel_id=kernel_id,
+            workspace=workspace,
+            run_dir=run_dir,
+            environment=kernel_environment(
+                workspace=workspace, run_dir=run_dir, cache_dir=self.cache_dir, data_dir=options.data_dir
+            ),
+            limits=self.limits,
+            data_dir=options.data_dir,
+            network=options.network,
+            identity=None,
+        )
 
-    def configure_provisioner(
-        self, provisioner: ThreadbookProvisioner, *, workspace: Path, run_dir: Path, options: KernelOptions
-    ) -> None:
-        """Per-start provisioner set-up (the sandbox builds its ``bwrap`` command here)."""
+    def provisioner(self, plan: LaunchPlan, manager: AsyncKernelManager) -> ThreadbookProvisioner:
+        """The provisioner that carries out ``plan`` for ``manager``."""
+        return ThreadbookProvisioner(
+            plan=plan, cgroups=self.cgroups, kernel_id=manager.kernel_id, kernel_spec=manager.kernel_spec, parent=manager
+        )
 
-    def make_provisioner(self, manager: AsyncKernelManager, *, env: dict[str, str]) -> ThreadbookProvisioner:
-        """The provisioner for one kernel start."""
-        provisioner = self.provisioner_class(kernel_id=manager.kernel_id, kernel_spec=manager.kernel_spec, parent=manager)
-        provisioner.launch_env = env
-        provisioner.limits = resource_limits(self.settings)
-        provisioner.cgroups = self.cgroups
-        return provisioner
+    async def open(self) -> None:
+        """Nothing runs in the background of a spawning launcher."""
 
-    async def start(self, workspace: Path, options: KernelOptions = KernelOptions()) -> KernelHandle:
-        """Start a kernel with cwd ``workspace`` and wait until it answers (kernel_info + iopub)."""
-        run_dir = Path(await asyncio.to_thread(self._make_run_dir))
-        manager = _Manager(transport=self.transport, connection_file=str(run_dir / "kernel.json"))
+    async def close(self) -> None:
+        """Nothing runs in the background of a spawning launcher."""
+
+    async def start(self, plan: LaunchPlan) -> KernelHandle:
+        """Start a kernel as ``plan`` says and wait until it answers (kernel_info + iopub)."""
+        await asyncio.to_thread(self.make_run_dir, plan.run_dir)
+        manager = _Manager(transport=self.transport, connection_file=str(plan.run_dir / "kernel.json"))
         if self.transport == "ipc":
-            manager.ip = str(run_dir / "ipc")
+            manager.ip = str(plan.run_dir / "ipc")
         manager._threadbook_spec = self.kernel_spec()
-        manager.kernel_id = uuid.uuid4().hex
+        manager.kernel_id = plan.kernel_id
         client: AsyncKernelClient | None = None
         try:  # from here on a failure removes the run dir and becomes a KernelStartError
-            env = self.environment(workspace=workspace, run_dir=run_dir, options=options)
-            manager.provisioner = self.make_provisioner(manager, env=env)
-            self.configure_provisioner(manager.provisioner, workspace=workspace, run_dir=run_dir, options=options)
-            with open(run_dir / KERNEL_LOG, "ab") as log:  # the kernel keeps its own copy of the fd
-                await manager.start_kernel(cwd=str(workspace), stdout=log, stderr=log)
+            manager.provisioner = self.provisioner(plan, manager)
+            with open(plan.run_dir / KERNEL_LOG, "ab") as log:  # the kernel keeps its own copy of the fd
+                await manager.start_kernel(cwd=str(plan.workspace), stdout=log, stderr=log)
             # A message over the cap is refused by the socket itself, before pyzmq or the
             # session decode a byte of it (the display budget still applies below the cap).
             client = manager.client()
             client.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # the client's own context
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
-            handle = KernelHandle(manager=manager, client=client, run_dir=run_dir)
+            handle = KernelHandle(manager=manager, client=client, run_dir=plan.run_dir)
             await _wait_ready(handle, START_TIMEOUT_S)
             await handle.record_infrastructure()
             return handle
         except BaseException as exc:
-            await _discard(manager, client, run_dir)
+            await _discard(manager, client, plan.run_dir)
             if isinstance(exc, Exception) and not isinstance(exc, KernelStartError):
                 raise KernelStartError(f"could not start a kernel: {exc}") from exc
             raise
 
-    def _make_run_dir(self) -> str:
+    def make_run_dir(self, run_dir: Path) -> None:
+        """(Blocking) make ``run_dir`` (0700, must not exist) and the shared cache folder."""
         self.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.cache_dir / "matplotlib").mkdir(parents=True, exist_ok=True, mode=0o700)
-        return tempfile.mkdtemp(prefix="kernel-", dir=self.run_root)
+        run_dir.mkdir(mode=0o700)
 
 
 async def _discard(manager: AsyncKernelManager, client: AsyncKernelClient | None, run_dir: Path) -> None:
@@ -432,16 +484,12 @@ async def _wait_ready(handle: KernelHandle, timeout: float) -> None:
         if remaining <= 0:
             raise KernelStartError(f"kernel did not answer within {timeout:.0f} s")
         if not await handle.is_alive():
-            code = await handle.manager.provisioner.poll()
-            raise KernelStartError(f"kernel process exited during start (exit code {code})")
+            raise KernelStartError(f"kernel process exited during start (exit code {await handle.exit_code()})")
+        if not replied:
+            replied = await handle.reply(msg_id, min(0.25, remaining)) is not None
+            continue
         try:
-            if not replied:
-                msg = await client.get_shell_msg(timeout=min(0.25, remaining))
-                replied = msg["parent_header"].get("msg_id") == msg_id
-            else:
-                await client.get_iopub_msg(timeout=min(0.25, remaining))
-                return
+            await client.get_iopub_msg(timeout=min(0.25, remaining))
+            return
         except Empty:
-            if replied:
-                client.kernel_info()  # provoke iopub traffic until the subscription is live
-
+            client.kernel_info()  # provoke iopub traffic until the subscription is live

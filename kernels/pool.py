@@ -18,13 +18,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from bot.config import KernelSettings
-from kernels.forkserver import ForkingLauncher
-from kernels.launcher import KernelLauncher
+from kernels.launch import Launcher
 from kernels.options import KernelOptions
 from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError
-from kernels.sandbox import make_launcher
 from kernels.session import KernelSession
+from kernels.settings import KernelSettings
 from kernels.warm import HandOff, WarmKernel, WarmPool
 from kernels.workspace import WorkspaceManager
 
@@ -65,16 +63,18 @@ class KernelPool:
         self,
         settings: KernelSettings,
         *,
+        launcher: Launcher,
         workspaces: WorkspaceManager | None = None,
-        launcher: KernelLauncher | None = None,
     ) -> None:
+        """``launcher``: how kernels start (:func:`kernels.launchers.build_launcher`); the pool
+        opens and closes it (:meth:`start`, :meth:`shutdown_all`)."""
         self.settings = settings
         self.workspaces = workspaces or WorkspaceManager(
             settings.workspace_root,
             max_file_bytes=int(settings.max_upload_mb * 1024 * 1024),
             quota_bytes=int(settings.workspace_quota_mb * 1024 * 1024),
         )
-        self.launcher = launcher or make_launcher(settings)
+        self.launcher = launcher
         self._sessions: dict[str, KernelSession] = {}
         self._queue: deque[_Ticket] = deque()
         self._leases: Counter[str] = Counter()
@@ -82,8 +82,6 @@ class KernelPool:
         #: Keys whose kernel ran code and was stopped by the pool (culled, evicted).
         self._lost: set[str] = set()
         self._lock = asyncio.Lock()
-        if settings.fork_server and ForkingLauncher.supports(self.launcher):
-            self.launcher = ForkingLauncher(self.launcher)
         #: Kernels started ahead for new threads (``warm_pool``); they count toward ``max_kernels``.
         self.warm: WarmPool | None = None
         if settings.warm_pool:
@@ -91,15 +89,15 @@ class KernelPool:
                 self.launcher,
                 root=self.workspaces.root,
                 size=settings.warm_pool,
+                preload=settings.preload,
                 options=KernelOptions(network=settings.network),
                 has_room=lambda: self._kernel_count() < settings.max_kernels,
                 busy=lambda: any(s.state == "busy" for s in self._sessions.values()),
             )
 
     async def start(self) -> None:
-        """Start background work: the fork server, filling the warm pool."""
-        if isinstance(self.launcher, ForkingLauncher):
-            await self.launcher.server.launch()
+        """Start background work: the launcher's (a fork server), filling the warm pool."""
+        await self.launcher.open()
         if self.warm is not None:
             self.warm.start()
 
@@ -319,5 +317,4 @@ class KernelPool:
         for session, outcome in zip(sessions, results):
             if isinstance(outcome, BaseException):
                 log.error("shutting down the kernel of %s failed: %r", session.key, outcome)
-        if isinstance(self.launcher, ForkingLauncher):
-            await self.launcher.server.stop()
+        await self.launcher.close()

@@ -6,7 +6,7 @@ import logging
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from bot.config import KernelSettings
+from kernels.settings import KernelSettings
 from kernels.pool import KernelPool
 
 log = logging.getLogger(__name__)

@@ -200,7 +200,7 @@ class PinnedFile:
 
     def reader(self) -> BinaryIO:
         """A fresh buffered reader from the start (its own position; closing it keeps the file open)."""
-        return io.BufferedReader(_PreadRaw(self.fd, self.size))  # type: ignore[return-value]
+        return io.BufferedReader(_PreadRaw(self.fd, self.size))
 
     def copy_into(self, target_fd: int) -> int:
         """(Blocking) copy the file's first ``size`` bytes to ``target_fd``; returns bytes copied."""
@@ -261,12 +261,6 @@ def open_file(root: Path | str, relative: str) -> PinnedFile:
         return open_file_at(dir_fd, relative)
     finally:
         os.close(dir_fd)
-
-
-def read_file(root: Path | str, relative: str, max_bytes: int) -> bytes:
-    """(Blocking) at most the first ``max_bytes`` of a regular file beneath ``root``."""
-    with open_file(root, relative) as pinned:
-        return pinned.read(max_bytes)
 
 
 def tail_file(root: Path | str, relative: str, max_bytes: int) -> bytes:

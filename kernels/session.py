@@ -18,13 +18,15 @@ import time
 from queue import Empty
 from typing import Any
 
-from bot.config import KernelSettings
 from kernels import safefs
-from kernels.launcher import KernelHandle, KernelLauncher
+from kernels.launch import Launcher
+from kernels.launcher import KernelHandle
 from kernels.options import KernelOptions
 from kernels.output import MAX_MESSAGE_BYTES, OutputCollector
 from kernels.result import ExecutionResult, KernelError, Outcome
 from kernels.safefs import MAX_WALK_ENTRIES
+from kernels.settings import KernelSettings
+from kernels.units import human_size
 from kernels.workspace import Workspace, changed_files
 
 log = logging.getLogger(__name__)
@@ -56,7 +58,7 @@ class KernelSession:
         workspace: Workspace,
         settings: KernelSettings,
         *,
-        launcher: KernelLauncher,
+        launcher: Launcher,
         options: KernelOptions = KernelOptions(),
         lost_state: bool = False,
     ) -> None:
@@ -107,7 +109,7 @@ class KernelSession:
             await self._discard_handle()
         self.state = "starting"
         try:
-            self._handle = await self.launcher.start(self.workspace.path, self.options)
+            self._handle = await self.launcher.start(self.launcher.plan(self.workspace.path, self.options))
         except BaseException:
             self.state = "dead"
             raise
@@ -202,7 +204,7 @@ class KernelSession:
             try:
                 msg = await client.get_iopub_msg(timeout=max(limit - now, 0.001))
             except Empty:
-                if replied_at is None and await self._shell_reply_now(handle, msg_id, output):
+                if replied_at is None and await self._read_shell_reply(handle, msg_id, output, 0):
                     replied_at = time.monotonic()
                 elif replied_at is not None and time.monotonic() >= replied_at + IOPUB_GRACE_S:
                     lost_output = True  # the reply is in but "idle" never came: iopub dropped it
@@ -257,7 +259,8 @@ class KernelSession:
             note = f"{output.dropped_displays} display output(s) were dropped (too much output)."
             result.notice = f"{result.notice} {note}" if result.notice else note
         if lost_output:
-            await _resubscribe(handle)
+            if not await handle.renew_iopub():
+                log.warning("iopub of %s did not come back after dropping an oversized message", self.key)
             result.truncated = True
             result.notice = f"{result.notice} {LOST_OUTPUT_NOTICE}" if result.notice else LOST_OUTPUT_NOTICE
         if outcome is not Outcome.DIED and not restarted and not self.options.background_processes:
@@ -280,7 +283,7 @@ class KernelSession:
         if now.entries > MAX_WALK_ENTRIES >= before.entries:
             return QUOTA_NOTICE.format(used=f"more than {MAX_WALK_ENTRIES:,} files", quota=f"{MAX_WALK_ENTRIES:,} files")
         if now.bytes > quota and now.bytes > before.bytes:
-            return QUOTA_NOTICE.format(used=_mb(now.bytes), quota=_mb(quota))
+            return QUOTA_NOTICE.format(used=human_size(now.bytes), quota=human_size(quota))
         return None
 
     async def _stop_leftovers(self, handle: KernelHandle) -> str | None:
@@ -297,30 +300,13 @@ class KernelSession:
         self.workspace.touch()
         return self.workspace.snapshot()
 
-    async def _shell_reply_now(self, handle: KernelHandle, msg_id: str, output: OutputCollector) -> bool:
-        """Whether our execute_reply is already waiting on shell (taken when it is)."""
-        while True:
-            try:
-                reply = await handle.client.get_shell_msg(timeout=0)
-            except Empty:
-                return False
-            if reply["parent_header"].get("msg_id") == msg_id:
-                if (count := reply["content"].get("execution_count")) is not None:
-                    output.execution_count = count
-                return True
-
-    async def _read_shell_reply(self, handle: KernelHandle, msg_id: str, output: OutputCollector, wait: float) -> None:
-        deadline = time.monotonic() + wait
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                reply = await handle.client.get_shell_msg(timeout=remaining)
-            except Empty:
-                return
-            if reply["parent_header"].get("msg_id") == msg_id:
-                count = reply["content"].get("execution_count")
-                if count is not None:
-                    output.execution_count = count
-                return
+    async def _read_shell_reply(self, handle: KernelHandle, msg_id: str, output: OutputCollector, wait: float) -> bool:
+        """Wait up to ``wait`` s (0: only look) for our execute_reply and take its execution
+        count; whether it came."""
+        reply = await handle.reply(msg_id, wait)
+        if reply is not None and (count := reply["content"].get("execution_count")) is not None:
+            output.execution_count = count
+        return reply is not None
 
     async def _interrupt_quietly(self, handle: KernelHandle) -> None:
         try:
@@ -337,8 +323,7 @@ class KernelSession:
         return Outcome.INTERRUPTED if reason == "stop" else Outcome.TIMEOUT_RESTARTED
 
     async def _death_notice(self, handle: KernelHandle) -> str:
-        code = await handle.manager.provisioner.poll() if handle.manager.provisioner else None
-        how = _exit_text(code)
+        how = _exit_text(await handle.exit_code())
         if await handle.out_of_memory():
             how = f"{how}, stopped by its memory limit ({self.settings.memory_mb} MiB for all its processes together)"
         tail = [line for line in (await handle.log_tail()).splitlines() if "Fatal Python error" in line]
@@ -387,37 +372,6 @@ class KernelSession:
     def pid(self) -> int | None:
         """The kernel process id, if one runs."""
         return None if self._handle is None else self._handle.pid
-
-
-async def _resubscribe(handle: KernelHandle, timeout: float = 5.0) -> None:
-    """Reconnect iopub after its socket refused an oversized message.
-
-    ZMQ treats a message over ``MAXMSGSIZE`` as a protocol error and drops that connection
-    for good, so the channel is replaced by a new one; then ``kernel_info`` is asked until
-    its status message arrives on the new subscription (as at start).
-    """
-    client = handle.client
-    old = client._iopub_channel  # jupyter_client has no public way to renew one channel
-    if old is not None:
-        old.close()
-        client._iopub_channel = None
-    client.iopub_channel.start()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        probe = client.kernel_info()
-        until = time.monotonic() + 0.25
-        while (remaining := until - time.monotonic()) > 0:
-            try:
-                msg = await client.get_iopub_msg(timeout=remaining)
-            except Empty:
-                break
-            if msg["parent_header"].get("msg_id") == probe:
-                return
-    log.warning("iopub did not come back within %.0f s after dropping an oversized message", timeout)
-
-
-def _mb(size: int) -> str:
-    return f"{size / 2**20:,.0f} MB"
 
 
 def _text_plain(data: dict[str, Any] | None) -> str | None:

@@ -31,9 +31,9 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from queue import Empty
 
-from kernels.launcher import KernelHandle, KernelLauncher
+from kernels.launch import LaunchPlan, Launcher
+from kernels.launcher import KernelHandle
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
 
@@ -53,20 +53,13 @@ async def run_silently(handle: KernelHandle, code: str, timeout: float = _REPLY_
     Silent executions do not advance the execution count, so the thread's first cell is
     still ``[1]``. Raises :class:`KernelStartError` when the code fails or times out.
     """
-    client = handle.client
-    msg_id = client.execute(code, silent=True, store_history=False, allow_stdin=False)
-    deadline = time.monotonic() + timeout
-    while (remaining := deadline - time.monotonic()) > 0:
-        try:
-            reply = await client.get_shell_msg(timeout=remaining)
-        except Empty:
-            break
-        if reply["parent_header"].get("msg_id") == msg_id:
-            content = reply["content"]
-            if content.get("status") != "ok":
-                raise KernelStartError(f"warm-up failed: {content.get('ename')}: {content.get('evalue')}")
-            return
-    raise KernelStartError(f"warm-up did not answer within {timeout:g} s")
+    msg_id = handle.client.execute(code, silent=True, store_history=False, allow_stdin=False)
+    reply = await handle.reply(msg_id, timeout)
+    if reply is None:
+        raise KernelStartError(f"warm-up did not answer within {timeout:g} s")
+    content = reply["content"]
+    if content.get("status") != "ok":
+        raise KernelStartError(f"warm-up failed: {content.get('ename')}: {content.get('evalue')}")
 
 
 def warm_up_code(preload: tuple[str, ...]) -> str:
@@ -129,28 +122,48 @@ def adopt_folder(folder: Path, workspace: Path) -> None:
     raise KernelStartError(f"{workspace} kept changing while a warm kernel was handed over")
 
 
-class HandOff(KernelLauncher):
-    """A one-shot launcher for one session: its first start adopts a warm kernel.
+class HandOff:
+    """A one-shot :class:`~kernels.launch.Launcher` for one session: its first start adopts a
+    warm kernel.
 
     Later starts of the same session (after a death or a restart) go to ``fallback``, as
-    does the first one when the warm kernel turns out to be unusable.
+    does the first one when the warm kernel turns out to be unusable. Plans are
+    ``fallback``'s: only a plan's workspace matters to an adoption.
     """
 
-    def __init__(self, warm: WarmKernel, fallback: KernelLauncher) -> None:
-        super().__init__(fallback.settings, run_root=fallback.run_root.parent)
+    def __init__(self, warm: WarmKernel, fallback: Launcher) -> None:
         self._warm: WarmKernel | None = warm
         self.fallback = fallback
 
-    async def start(self, workspace: Path, options: KernelOptions = KernelOptions()) -> KernelHandle:
-        """The warm kernel, now in ``workspace``; a fresh one from ``fallback`` after that."""
+    @property
+    def isolation(self) -> str:
+        """The fallback's isolation (the warm kernel was started by it)."""
+        return self.fallback.isolation
+
+    def kernel_view(self, options: KernelOptions) -> KernelOptions:
+        """``options`` as the fallback's kernels see them."""
+        return self.fallback.kernel_view(options)
+
+    def plan(self, workspace: Path, options: KernelOptions) -> LaunchPlan:
+        """The fallback's plan."""
+        return self.fallback.plan(workspace, options)
+
+    async def start(self, plan: LaunchPlan) -> KernelHandle:
+        """The warm kernel, now in ``plan.workspace``; a fresh one from ``fallback`` after that."""
         warm, self._warm = self._warm, None
         if warm is not None:
             try:
-                return await warm.adopt(workspace)
+                return await warm.adopt(plan.workspace)
             except Exception:
                 log.warning("a warm kernel could not be handed over; starting one", exc_info=True)
                 await warm.discard()
-        return await self.fallback.start(workspace, options)
+        return await self.fallback.start(plan)
+
+    async def open(self) -> None:
+        """Nothing to start: the fallback's background work belongs to the pool."""
+
+    async def close(self) -> None:
+        """Nothing to stop."""
 
 
 class WarmPool:
@@ -158,17 +171,20 @@ class WarmPool:
 
     def __init__(
         self,
-        launcher: KernelLauncher,
+        launcher: Launcher,
         *,
         root: Path,
         size: int,
+        preload: tuple[str, ...] = (),
         options: KernelOptions = KernelOptions(),
         has_room: Callable[[], bool] = lambda: True,
         busy: Callable[[], bool] = lambda: False,
     ) -> None:
-        """``has_room()``: may one more kernel start (the ``max_kernels`` cap);
+        """``preload``: the modules a warm kernel imports before it is handed out;
+        ``has_room()``: may one more kernel start (the ``max_kernels`` cap);
         ``busy()``: is some thread's code running (refills wait for it, at most ``MAX_DEFER_S``)."""
         self.launcher = launcher
+        self.warm_up = warm_up_code(preload)
         self.folder_root = Path(root) / WARM_DIR
         self.size = size
         self.options = options
@@ -189,11 +205,6 @@ class WarmPool:
     def count(self) -> int:
         """Warm kernels that are ready or starting (what counts toward ``max_kernels``)."""
         return len(self._ready) + self._starting - self._doomed
-
-    @property
-    def ready(self) -> int:
-        """Warm kernels ready to hand out."""
-        return len(self._ready)
 
     def start(self) -> None:
         """Begin filling the pool in the background."""
@@ -300,8 +311,8 @@ class WarmPool:
         failed = False
         try:
             await asyncio.to_thread(folder.mkdir, parents=True, mode=0o700)
-            warm = WarmKernel(await self.launcher.start(folder, self.options), folder)
-            await run_silently(warm.handle, warm_up_code(self.launcher.settings.preload))
+            warm = WarmKernel(await self.launcher.start(self.launcher.plan(folder, self.options)), folder)
+            await run_silently(warm.handle, self.warm_up)
         except Exception:
             log.warning("starting a warm kernel failed", exc_info=True)
             failed = True

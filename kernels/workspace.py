@@ -168,10 +168,6 @@ class Workspace:
         """
         return safefs.open_file(self.path, relative)
 
-    async def read_bytes(self, relative: str, max_bytes: int) -> bytes:
-        """At most the first ``max_bytes`` of a regular file of the workspace (same refusals)."""
-        return await asyncio.to_thread(safefs.read_file, self.path, relative, max_bytes)
-
     async def usage_bytes(self) -> int:
         """Total size of the regular files in the workspace."""
         return (await asyncio.to_thread(self.scan)).bytes

@@ -6,7 +6,7 @@ Run as ``python -P kernels/zygote.py PRELOAD_JSON LIFELINE_FD [jail]`` by
 spawned kernel would have plus the preloaded modules.
 
 With ``jail`` (the sandboxed profile; the zygote then runs inside bubblewrap, see
-:func:`kernels.sandbox.zygote_prefix`) every request carries a ``"jail"`` object (uid, gid,
+:func:`kernels.sandbox.args.zygote_args`) every request carries a ``"jail"`` object (uid, gid,
 host paths of the workspace, run dir and data dir, tmpfs sizes) and the child enters its own
 namespaces and uid before any user code (:mod:`kernels.forkjail`); the fork is answered only
 once the kernel process has dropped its privileges, or with the error that stopped it.
@@ -155,8 +155,8 @@ def _run_kernel(request: dict[str, Any], lifeline: int | None) -> int:
     from ipykernel.kernelapp import IPKernelApp
 
     app = IPKernelApp.instance()
-    app.initialize(request["argv"])
-    app.start()
+    app.initialize(request["argv"])  # type: ignore[no-untyped-call]  # ipykernel is untyped
+    app.start()  # type: ignore[no-untyped-call]
     return 0
 
 

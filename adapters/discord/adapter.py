@@ -36,6 +36,7 @@ from adapters.discord.inbound import (
     to_inbound,
 )
 from adapters.discord.outbox import Conversation, DiscordOutbox
+from adapters.tasks import BackgroundTasks
 from bot.config import DiscordSettings
 from bot.events import ThreadKey
 
@@ -88,7 +89,7 @@ class DiscordAdapter:
         self._client: _Client | None = None
         self._connection: asyncio.Task[None] | None = None
         self._cdn: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks(log, "Discord")
         self._undo_endpoints: Callable[[], None] | None = None
         self._stopping = False
 
@@ -138,10 +139,7 @@ class DiscordAdapter:
     async def stop(self) -> None:
         """Cancel running turns, disconnect, restore discord.py's endpoints."""
         self._stopping = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         if self._client is not None:
             await self._client.close()
         if self._connection is not None:
@@ -167,9 +165,7 @@ class DiscordAdapter:
         """Take a new message off the gateway: drop what never starts a turn, run the rest as a task."""
         if self._stopping or is_bot_author(message) or message.type not in _USER_MESSAGE_TYPES:
             return
-        task = asyncio.create_task(self._handle(message), name=f"discord-message-{message.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._handle(message), name=f"discord-message-{message.id}")
 
     async def _handle(self, message: discord.Message) -> None:
         try:

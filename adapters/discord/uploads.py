@@ -25,6 +25,7 @@ from typing import IO, BinaryIO
 import aiohttp.payload
 import discord
 
+from bot.attachments import human_size
 from bot.events import FileOut, ImageOut, OpenReader
 
 MAX_FILES_PER_MESSAGE = 10
@@ -160,7 +161,7 @@ def _plan(images: tuple[ImageOut, ...], files: tuple[FileOut, ...], limit: int) 
         if len(image.data) <= limit:
             uploads.append(Upload(name=name, size=len(image.data), open_reader=functools.partial(io.BytesIO, image.data)))
         else:
-            notes.append(f"🖼️ `{name}` is {_mb(len(image.data))}, over the {_mb(limit)} upload limit.")
+            notes.append(f"🖼️ `{name}` is {human_size(len(image.data))}, over the {human_size(limit)} upload limit.")
     for item in files:
         name = item.name
         if item.size <= limit:
@@ -175,10 +176,10 @@ def _plan(images: tuple[ImageOut, ...], files: tuple[FileOut, ...], limit: int) 
             size = spool.seek(0, io.SEEK_END)
             spools.append(spool)
             uploads.append(Upload(name=f"{name}.zip", size=size, open_reader=functools.partial(_reopen, spool)))
-            notes.append(f"🗜️ `{name}` is {_mb(item.size)}, so it comes zipped ({_mb(size)}).")
+            notes.append(f"🗜️ `{name}` is {human_size(item.size)}, so it comes zipped ({human_size(size)}).")
         else:
             notes.append(
-                f"📄 `{name}` is {_mb(item.size)}, over the {_mb(limit)} upload limit even zipped; "
+                f"📄 `{name}` is {human_size(item.size)}, over the {human_size(limit)} upload limit even zipped; "
                 "it stays in this thread's workspace."
             )
     return UploadPlan(batches=_batches(uploads, limit), notes=notes, spools=spools)
@@ -234,7 +235,3 @@ def _batches(uploads: list[Upload], limit: int) -> list[list[Upload]]:
     if current:
         batches.append(current)
     return batches
-
-
-def _mb(size: int) -> str:
-    return f"{size / 2**20:.1f} MB" if size >= 2**20 else f"{max(1, round(size / 1024))} KB"

@@ -10,9 +10,8 @@ dispatcher's.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -27,6 +26,7 @@ from adapters.slack.api import Failure, call, make_client
 from adapters.slack.files import FileDownloader
 from adapters.slack.inbound import to_inbound
 from adapters.slack.outbox import STOP_ACTION_ID, SlackOutbox, stopping_text
+from adapters.tasks import BackgroundTasks
 from bot.config import SlackSettings
 from bot.events import ThreadKey
 
@@ -50,7 +50,7 @@ class SlackAdapter:
         self._dispatcher = dispatcher
         self._token = settings.bot_token.get_secret_value()
         self._client = make_client(self._token, settings.api_url)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks(log, "Slack")
         self._team_id = ""
         self._bot_user_id = ""
         #: One connection pool for Web API calls and file downloads (slack_sdk opens a new
@@ -103,10 +103,7 @@ class SlackAdapter:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         if self._http is not None:
             await self._http.close()
             self._http = self._client.session = None
@@ -121,8 +118,7 @@ class SlackAdapter:
 
     async def wait_idle(self) -> None:
         """Wait until every turn started so far has finished (for tests and graceful shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._tasks.drain()
 
     def _build_app(self) -> AsyncApp:
         app = AsyncApp(
@@ -176,7 +172,7 @@ class SlackAdapter:
         if not (message.mentioned or message.is_dm or self._settings.reply_without_mention):
             return
         outbox = SlackOutbox(self._client, key=message.key, message_ts=str(event["ts"]), user_id=message.user_id)
-        self._spawn(self._dispatcher.handle(message, outbox), f"slack turn {message.message_id}")
+        self._tasks.spawn(self._dispatcher.handle(message, outbox), name=f"slack turn {message.message_id}")
 
     async def _on_stop(self, ack: Any, body: Mapping[str, Any], action: Mapping[str, Any]) -> None:
         await ack()
@@ -198,21 +194,11 @@ class SlackAdapter:
                     blocks=[],
                 ),
             )
-        self._spawn(self._stop_turn(key), f"slack stop {key}")
+        self._tasks.spawn(self._stop_turn(key), name=f"slack stop {key}")
 
     async def _stop_turn(self, key: ThreadKey) -> None:
         if not await self._dispatcher.stop(key):
             log.info("Slack: Stop clicked in %s but no turn was running", key)
-
-    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(work, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._finished)
-
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("Slack: %s failed", task.get_name(), exc_info=task.exception())
 
 
 def _bolt_logger() -> logging.Logger:

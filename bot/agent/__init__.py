@@ -6,7 +6,7 @@ must know about its workspace; ``format_observation`` is what the model sees of 
 
 from bot.agent.history import trim_history
 from bot.agent.llm import ContextLengthError, LLMClient, LLMError, Usage
-from bot.agent.loop import CUT_OFF_NOTE, PYTHON_TOOL, Agent, CellRun, CodeRunner, StopReason, TurnResult
+from bot.agent.loop import CUT_OFF_NOTE, PYTHON_TOOL, Agent, CodeRunner, StopReason, TurnResult
 from bot.agent.observation import format_observation
 from bot.agent.prompt import PromptFile, build_system_prompt
 
@@ -14,7 +14,6 @@ __all__ = [
     "CUT_OFF_NOTE",
     "PYTHON_TOOL",
     "Agent",
-    "CellRun",
     "CodeRunner",
     "ContextLengthError",
     "LLMClient",

@@ -85,11 +85,6 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
-    @property
-    def total_tokens(self) -> int:
-        """Prompt plus completion tokens."""
-        return self.prompt_tokens + self.completion_tokens
-
     def add(self, other: Usage) -> None:
         """Add ``other`` into this one."""
         self.prompt_tokens += other.prompt_tokens
@@ -218,7 +213,7 @@ def _backoff(exc: openai.OpenAIError, attempt: int) -> float:
             continue
         if 0 <= wait <= _RETRY_AFTER_CAP_S:
             return wait
-    return min(_BACKOFF_S * 2**attempt, _BACKOFF_CAP_S) * random.uniform(0.75, 1.0)
+    return min(_BACKOFF_S * 2.0**attempt, _BACKOFF_CAP_S) * random.uniform(0.75, 1.0)
 
 
 class _Unreadable(Exception):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -89,15 +88,6 @@ class CodeRunner(Protocol):
 
 
 @dataclass
-class CellRun:
-    """One code execution during a turn."""
-
-    code: str
-    result: ExecutionResult
-    started_at: float
-
-
-@dataclass
 class TurnResult:
     """What one user message produced."""
 
@@ -105,7 +95,6 @@ class TurnResult:
     #: The model-visible transcript (user message first) to store and replay next turn;
     #: empty when a model request failed.
     new_messages: list[dict[str, Any]]
-    cells: list[CellRun]
     usage: Usage
     stop_reason: StopReason
     #: Our own words at the end of ``text`` (error, limit or stop note, cut-off note), if any:
@@ -194,7 +183,6 @@ class _Turn:
     replayed: int  # messages[1 : 1 + replayed] are earlier turns' history
     question: str
     has_files: bool
-    cells: list[CellRun] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     fitted: dict[str, int] = field(default_factory=dict)  # the Agent's: model → history budget that fits
     rounds: int = 0
@@ -319,14 +307,11 @@ class _Turn:
                 await self.on_step(self.rounds, first_line(code))
             except Exception:  # progress is cosmetic; a failed status edit must not end the turn
                 log.exception("on_step callback failed")
-        started = time.time()
         try:
-            result = await self.runner.execute(code)
+            return await self.runner.execute(code)
         except KernelError as exc:
             log.warning("kernel failed during a turn: %r", exc)
             return exc
-        self.cells.append(CellRun(code=code, result=result, started_at=started))
-        return result
 
     async def _wrap_up(self) -> TurnResult:
         """Ask once, with tools off, for a summary of what the runs found."""
@@ -374,7 +359,6 @@ class _Turn:
         return TurnResult(
             text=text,
             new_messages=self.new_messages,
-            cells=self.cells,
             usage=self.usage,
             stop_reason=stop_reason,
             notice=notice,
@@ -429,7 +413,9 @@ def text_tool_call(text: str) -> str:
 def _code_of_call(item: object) -> str | None:
     if not isinstance(item, dict):
         return None
-    function = item.get("function") if isinstance(item.get("function"), dict) else item
+    function = item.get("function")
+    if not isinstance(function, dict):
+        function = item
     arguments = function.get("arguments", function.get("parameters"))
     if isinstance(arguments, str):
         try:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bot.safetext import shown
+from kernels.units import human_size
 
 _BASE = """\
 You are Threadbook, a data analysis assistant in a chat thread. You have a persistent \
@@ -33,11 +34,10 @@ how you got it if useful. Do not repeat the code unless asked."""
 
 @dataclass(frozen=True, slots=True)
 class PromptFile:
-    """A workspace file to tell the model about, with an optional preview."""
+    """A workspace file to tell the model about (upload previews go in the user's message)."""
 
     name: str
     size: int | None = None
-    preview: str = ""
 
 
 def build_system_prompt(
@@ -50,9 +50,9 @@ def build_system_prompt(
 ) -> str:
     """The system prompt for one turn.
 
-    ``files`` are the workspace files the model should know about (uploads with their
-    previews); ``data_dir`` is a read-only folder the channel offers; ``kernel_fresh`` says
-    the kernel was restarted or reaped since the thread's last turn, so variables are gone.
+    ``files`` are the workspace files the model should know about; ``data_dir`` is a
+    read-only folder the channel offers; ``kernel_fresh`` says the kernel was restarted or
+    reaped since the thread's last turn, so variables are gone.
     """
     network_line = "" if network else "\n- There is no internet access from the kernel."
     sections = [_BASE.format(network=network_line)]
@@ -71,20 +71,5 @@ def build_system_prompt(
 
 
 def _describe(file: PromptFile) -> str:
-    size = f" ({_human_size(file.size)})" if file.size is not None else ""
-    line = f"- `{shown(file.name)}`{size}"
-    if file.preview.strip():
-        preview = "\n".join("  " + row for row in file.preview.strip().splitlines())
-        line += ":\n" + preview
-    return line
-
-
-def _human_size(size: int) -> str:
-    if size < 1024:
-        return f"{size} bytes"
-    value = size / 1024
-    for unit in ("KB", "MB"):
-        if value < 1024:
-            return f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GB"
+    size = f" ({human_size(file.size)})" if file.size is not None else ""
+    return f"- `{shown(file.name)}`{size}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bot.agent import CodeRunner
 from bot.config import LLMSettings
 from kernels.result import ExecutionResult
 from tests.fakes.openai_server import ScriptedOpenAI
@@ -23,17 +24,35 @@ def llm_settings(server: ScriptedOpenAI, **overrides: Any) -> LLMSettings:
 
 
 class PreparedRunner:
-    """A CodeRunner test double that returns prepared results in order and records the code."""
+    """A CodeRunner test double that returns prepared results in order and records the code
+    it was given and the results it returned (as the bot's own runner collects them)."""
 
     def __init__(self, *results: ExecutionResult) -> None:
         self._results = list(results)
         self.codes: list[str] = []
+        self.results: list[ExecutionResult] = []
 
     async def execute(self, code: str, timeout: float | None = None) -> ExecutionResult:
         self.codes.append(code)
         if not self._results:
             raise AssertionError(f"unexpected execution: {code!r}")
-        return self._results.pop(0)
+        result = self._results.pop(0)
+        self.results.append(result)
+        return result
+
+
+class RecordingRunner:
+    """A CodeRunner that runs code on another one (a real kernel session) and keeps every
+    result, as the bot's turn runner does (``bot.turn``)."""
+
+    def __init__(self, runner: CodeRunner) -> None:
+        self._runner = runner
+        self.results: list[ExecutionResult] = []
+
+    async def execute(self, code: str, timeout: float | None = None) -> ExecutionResult:
+        result = await self._runner.execute(code, timeout)
+        self.results.append(result)
+        return result
 
 
 def assert_valid_transcript(messages: list[dict[str, Any]]) -> None:

@@ -84,7 +84,9 @@ async def test_tool_calls_written_as_text_are_run(strict: ScriptedOpenAI, agent:
 
 async def test_json_in_prose_is_not_run(strict: ScriptedOpenAI, agent: Agent) -> None:
     strict.script(answer('Send {"name": "python", "arguments": {"code": "1"}} to the API.'))
-    assert (await ask(agent, "how do I call it?")).cells == []
+    runner = PreparedRunner()
+    result = await ask(agent, "how do I call it?", runner)
+    assert result.ok and runner.codes == []
 
 
 async def test_sparse_replies_without_usage() -> None:
@@ -95,15 +97,17 @@ async def test_sparse_replies_without_usage() -> None:
             result = await ask(agent, "count it", PreparedRunner(printed("1\n")))
         finally:
             await agent.close()
-    assert result.text == "one" and result.usage.total_tokens == 0 and server.rejected == []
+    assert result.text == "one" and server.rejected == []
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (0, 0)
 
 
 async def test_a_failed_request_leaves_nothing_to_store(strict: ScriptedOpenAI, agent: Agent) -> None:
     strict.script(tool_call("print(1)"), error(500), error(500))
-    result = await ask(agent, "go", PreparedRunner(printed("1\n")))
+    runner = PreparedRunner(printed("1\n"))
+    result = await ask(agent, "go", runner)
     assert result.stop_reason == "llm_error" and result.new_messages == []
     assert result.text == result.notice == "The language model had a server error (HTTP 500); please try again."
-    assert len(result.cells) == 1  # the code did run; the cell is kept, the exchange is not
+    assert runner.codes == ["print(1)"]  # the code did run (the runner keeps its cell); the exchange is not kept
 
 
 def long_history(exchanges: int, size: int = 400) -> list[dict[str, Any]]:

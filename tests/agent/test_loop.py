@@ -59,8 +59,9 @@ async def turn(agent: Agent, runner: PreparedRunner, text: str = "question", **k
 
 async def test_plain_answer(scripted_openai: ScriptedOpenAI, make_agent: MakeAgent) -> None:
     scripted_openai.script(answer("Just words, no code."))
-    result = await turn(make_agent(), PreparedRunner(), "hi")
-    assert (result.text, result.stop_reason, result.ok, result.cells) == ("Just words, no code.", "answer", True, [])
+    runner = PreparedRunner()
+    result = await turn(make_agent(), runner, "hi")
+    assert (result.text, result.stop_reason, result.ok, runner.codes) == ("Just words, no code.", "answer", True, [])
     body = scripted_openai.requests[0]
     assert body["messages"][0] == {"role": "system", "content": SYSTEM}
     assert [t["function"]["name"] for t in body["tools"]] == ["python"]
@@ -82,7 +83,7 @@ async def test_tool_call_observation_reaches_the_model(scripted_openai: Scripted
     assert runner.codes == ["# add them\nprint(2 + 2)"]
     assert steps == [(1, "# add them")]
     assert "stdout:\n4" in result.text
-    assert [c.code for c in result.cells] == runner.codes
+    assert [r.stdout for r in runner.results] == ["4\n"]  # the runner keeps the result the model saw
     assert [m["role"] for m in result.new_messages] == ["user", "assistant", "tool", "assistant"]
     assert {r["model"] for r in scripted_openai.requests} == {"special-model"}
 
@@ -162,8 +163,9 @@ async def test_fenced_python_without_tool_call_is_executed(
 
 async def test_other_fences_are_just_text(scripted_openai: ScriptedOpenAI, make_agent: MakeAgent) -> None:
     scripted_openai.script(answer("Run this yourself:\n```bash\nls\n```"))
-    result = await turn(make_agent(), PreparedRunner())
-    assert result.text == "Run this yourself:\n```bash\nls\n```" and result.cells == []
+    runner = PreparedRunner()
+    result = await turn(make_agent(), runner)
+    assert result.text == "Run this yourself:\n```bash\nls\n```" and runner.codes == []
 
 
 async def test_interrupted_ends_the_turn(scripted_openai: ScriptedOpenAI, make_agent: MakeAgent) -> None:
@@ -180,10 +182,11 @@ async def test_llm_failure_mid_turn_keeps_a_valid_transcript(
     scripted_openai: ScriptedOpenAI, make_agent: MakeAgent
 ) -> None:
     scripted_openai.script(tool_call("print(1)"), error(500), error(500))
-    result = await turn(make_agent(max_retries=1), PreparedRunner(printed("1\n")))
+    runner = PreparedRunner(printed("1\n"))
+    result = await turn(make_agent(max_retries=1), runner)
     assert result.stop_reason == "llm_error"
     assert result.text == "The language model had a server error (HTTP 500); please try again."
-    assert len(result.cells) == 1
+    assert runner.codes == ["print(1)"]
 
 
 async def test_kernel_failure_is_reported(scripted_openai: ScriptedOpenAI, make_agent: MakeAgent) -> None:

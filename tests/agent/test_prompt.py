@@ -19,7 +19,7 @@ def test_default_prompt_states_the_workspace_rules() -> None:
 def test_files_data_dir_fresh_kernel_and_channel_prompt() -> None:
     prompt = build_system_prompt(
         files=[
-            PromptFile("sales.csv", 2048, "columns: month (object), amount (int64)\nrows: 12"),
+            PromptFile("sales.csv", 2048),
             PromptFile("notes.txt", 12),
             PromptFile("big.parquet", 5 * 2**20),
         ],
@@ -28,8 +28,8 @@ def test_files_data_dir_fresh_kernel_and_channel_prompt() -> None:
         kernel_fresh=True,
         network=True,
     )
-    assert "- `sales.csv` (2.0 KB):\n  columns: month (object), amount (int64)\n  rows: 12" in prompt
-    assert "- `notes.txt` (12 bytes)" in prompt and "- `big.parquet` (5.0 MB)" in prompt
+    assert "- `sales.csv` (2.0 KB)\n" in prompt
+    assert "- `notes.txt` (12 B)" in prompt and "- `big.parquet` (5.0 MB)" in prompt
     assert "`/srv/data`" in prompt and "read-only" in prompt.lower()
     assert "variables from earlier in this thread are gone" in prompt
     assert prompt.endswith("Instructions for this channel:\nAnswer in French.")

@@ -11,8 +11,8 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from bot.config import KernelSettings
-from kernels import KernelPool
+from kernels.settings import KernelSettings
+from kernels import KernelPool, build_pool
 
 
 def kernel_settings(root: Path, **overrides: Any) -> KernelSettings:
@@ -47,6 +47,6 @@ def kernel_processes() -> list[psutil.Process]:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pool(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[KernelPool]:
     root = tmp_path_factory.mktemp("kernels")
-    kernel_pool = KernelPool(kernel_settings(root, exec_timeout_s=2, max_file_mb=20))
+    kernel_pool = build_pool(kernel_settings(root, exec_timeout_s=2, max_file_mb=20))
     yield kernel_pool
     await kernel_pool.shutdown_all()

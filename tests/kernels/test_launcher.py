@@ -1,21 +1,22 @@
-"""KernelLauncher start-up failures: typed error, nothing left behind."""
+"""KernelLauncher: plans are complete and frozen; start-up failures are typed and leave nothing behind."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+from jupyter_client.manager import AsyncKernelManager
 
-from kernels import KernelLauncher, KernelOptions, KernelStartError, ThreadbookProvisioner
+from kernels import KernelLauncher, KernelOptions, KernelStartError, LaunchPlan
+from kernels.launcher import ThreadbookProvisioner
 from tests.kernels.conftest import kernel_settings
 
 
 class _BrokenSetUp(KernelLauncher):
     """A launcher whose per-start set-up fails (as a sandbox's can: unwritable run dir, ...)."""
 
-    def configure_provisioner(
-        self, provisioner: ThreadbookProvisioner, *, workspace: Path, run_dir: Path, options: KernelOptions
-    ) -> None:
+    def provisioner(self, plan: LaunchPlan, manager: AsyncKernelManager) -> ThreadbookProvisioner:
         raise OSError("no space left for the identity files")
 
 
@@ -24,5 +25,20 @@ async def test_failed_set_up_is_a_start_error_and_leaves_no_run_dir(tmp_path: Pa
     workspace = tmp_path / "ws"
     workspace.mkdir()
     with pytest.raises(KernelStartError, match="no space left"):
-        await launcher.start(workspace)
+        await launcher.start(launcher.plan(workspace, KernelOptions()))
     assert list(launcher.run_root.glob("kernel-*")) == []
+
+
+def test_a_plan_is_complete_frozen_and_starts_nothing(tmp_path: Path) -> None:
+    launcher = KernelLauncher(kernel_settings(tmp_path, memory_mb=640), run_root=tmp_path / "run")
+    data = tmp_path / "data"
+    plan = launcher.plan(tmp_path / "ws", KernelOptions(data_dir=data))
+    assert plan.run_dir.parent == launcher.run_root and plan.kernel_id in plan.run_dir.name
+    assert not plan.run_dir.exists() and not launcher.run_root.exists()  # planning touched nothing
+    assert plan.environment["HOME"] == str(tmp_path / "ws") and plan.environment["THREADBOOK_DATA_DIR"] == str(data)
+    assert plan.limits.memory_mb == 640 and plan.identity is None and plan.data_dir == data
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.workspace = tmp_path  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        plan.environment["OPENAI_API_KEY"] = "sk-leak"  # type: ignore[index]
+    assert launcher.plan(tmp_path / "ws", KernelOptions()).kernel_id != plan.kernel_id

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kernels import KernelLauncher, KernelOptions, KernelPool
+from kernels import KernelLauncher, KernelOptions, KernelPool, build_pool
 from kernels.cgroups import Cgroups, detected
 from kernels.forkserver import ForkingLauncher
 from tests.kernels.conftest import kernel_settings
@@ -42,7 +42,7 @@ def _kill(pids: list[int]) -> None:
 
 
 async def test_leftovers_are_killed_when_the_cell_returns(tmp_path: Path) -> None:
-    pool = KernelPool(kernel_settings(tmp_path))
+    pool = build_pool(kernel_settings(tmp_path))
     pids: list[int] = []
     try:
         session = await pool.get_or_start("t:leftovers")
@@ -64,7 +64,7 @@ async def test_leftovers_are_killed_when_the_cell_returns(tmp_path: Path) -> Non
 
 
 async def test_a_channel_may_allow_background_processes(tmp_path: Path) -> None:
-    pool = KernelPool(kernel_settings(tmp_path))
+    pool = build_pool(kernel_settings(tmp_path))
     pids: list[int] = []
     try:
         session = await pool.get_or_start("t:background", KernelOptions(background_processes=True))
@@ -103,7 +103,7 @@ async def test_without_cgroups_the_process_tree_is_used(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(detected()[0] is None, reason=f"no per-kernel cgroups here: {detected()[1]}")
 async def test_kernels_start_in_their_cgroup_with_a_high_oom_score(tmp_path: Path) -> None:
-    pool = KernelPool(kernel_settings(tmp_path, memory_mb=512, max_processes=64))
+    pool = build_pool(kernel_settings(tmp_path, memory_mb=512, max_processes=64))
     folders: tuple[Path, ...] = ()
     try:
         session = await pool.get_or_start("t:cgroup")
@@ -123,6 +123,6 @@ def test_background_processes_do_not_change_how_kernels_start(tmp_path: Path) ->
     """A forked (or warm) kernel started for the default options serves a channel that allows
     background processes: only the session acts on it."""
     launcher = ForkingLauncher(KernelLauncher(kernel_settings(tmp_path)))
-    assert launcher.fits(KernelOptions(background_processes=True))
-    assert not launcher.fits(KernelOptions(network=True, background_processes=True))
+    assert launcher.fits(launcher.plan(tmp_path, KernelOptions(background_processes=True)))
+    assert not launcher.fits(launcher.plan(tmp_path, KernelOptions(network=True, background_processes=True)))
     assert KernelOptions(background_processes=True).for_launch() == KernelOptions()

@@ -11,14 +11,14 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from kernels import KernelPool, Reaper
+from kernels import KernelPool, Reaper, build_pool
 from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError
 from tests.kernels.conftest import kernel_processes, kernel_settings
 
 
 @pytest_asyncio.fixture
 async def small_pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
-    pool = KernelPool(
+    pool = build_pool(
         kernel_settings(tmp_path, max_kernels=2, idle_timeout_s=0.3, reap_interval_s=0.1, queue_timeout_s=5, max_queue=2)
     )
     yield pool
@@ -128,7 +128,7 @@ async def test_reaper_spares_busy_kernels(small_pool: KernelPool) -> None:
 
 
 async def test_shutdown_all_leaves_no_kernel_processes(tmp_path: Path) -> None:
-    pool = KernelPool(kernel_settings(tmp_path, max_kernels=3))
+    pool = build_pool(kernel_settings(tmp_path, max_kernels=3))
     sessions = await asyncio.gather(*(pool.get_or_start(f"p:{i}") for i in range(3)))
     started = await sessions[0].execute("import subprocess; subprocess.Popen(['sleep', '60']).pid")
     child = psutil.Process(int(started.result))

@@ -25,10 +25,13 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from bot.config import KernelSettings
-from kernels import KernelOptions, KernelPool, KernelSession, KernelStartError
+from kernels.settings import KernelSettings
+from kernels import KernelOptions, KernelPool, KernelSession, KernelStartError, build_pool
 from kernels.forkserver import ForkingLauncher, ForkProvisioner
-from kernels.sandbox import BwrapLauncher, BwrapProvisioner, detect_support, probe
+from kernels.launch import ResourceLimits
+from kernels.sandbox.launcher import BwrapLauncher, BwrapProvisioner
+from kernels.sandbox.probe import probe
+from kernels.sandbox.support import detect_support
 from tests.security.report import write_table
 
 CANARY = f"tb-canary-{uuid.uuid4().hex}"
@@ -44,7 +47,7 @@ SOURCES = ("spawn", "fork")
 
 def _sandbox_skip_reason() -> str | None:
     try:
-        probe(detect_support())
+        probe(detect_support(), ResourceLimits.from_settings(KernelSettings()))
     except KernelStartError as exc:
         return f"this machine cannot create the kernel sandbox's namespaces: {exc}"
     return None
@@ -222,7 +225,7 @@ async def sandbox_pool(
         workspace_quota_mb=64,
         fork_server=fork,
     )
-    kernel_pool = KernelPool(settings)
+    kernel_pool = build_pool(settings)
     await kernel_pool.start()
     if fork:
         launcher = kernel_pool.launcher

@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 from kernels import ExecutionResult, KernelSession, Outcome, UnsafePathError
-from kernels.sandbox import SHM_INODES, TMP_INODES
+from kernels.sandbox.args import SHM_INODES, TMP_INODES
 from kernels.slirp import DNS, GATEWAY, GUEST, host_networks
 from tests.security.conftest import CANARY, BotKey, HostFiles, Outcomes, cgroup_folders, read_key
 
@@ -155,7 +155,7 @@ print(json.dumps(out))
     assert all(CANARY not in value and value.startswith("FileNotFoundError") for value in data.values()), data
     for name in targets:  # the bot itself never follows a planted link either
         with pytest.raises(UnsafePathError):
-            await attacker.workspace.read_bytes(f"{name}-link", 1000)
+            attacker.workspace.open_file(f"{name}-link")
     outcomes.record("read the bot's config and SQLite DB (absolute path, `../` path, planted symlink)",
                     "FileNotFoundError: not in the sandbox's file system; the bot refuses to follow the "
                     "planted symlink (UnsafePathError)")

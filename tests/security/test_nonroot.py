@@ -42,7 +42,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kernels.sandbox import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, USERNS_UID, find_bwrap
+from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB
+from kernels.sandbox.identity import USERNS_UID
+from kernels.sandbox.support import find_bwrap
 from tests.security.conftest import ROWS_FILE_VAR
 from tests.security.report import write_table
 
@@ -362,10 +364,10 @@ async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[s
     """(In the unprivileged child) start two thread kernels through a real ``KernelPool`` with
     ``sandbox: bwrap`` (``source`` fork: with the fork server), run :data:`KERNEL_CHECKS` in
     each, shut everything down."""
-    from bot.config import KernelSettings
-    from kernels import KernelOptions, KernelPool
+    from kernels import KernelOptions, build_pool
     from kernels.forkserver import ForkingLauncher, ForkProvisioner
-    from kernels.sandbox import BwrapLauncher, python_roots
+    from kernels.sandbox.launcher import BwrapLauncher
+    from kernels.settings import KernelSettings
 
     paths = Layout.under(root)
     settings = KernelSettings(
@@ -375,9 +377,9 @@ async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[s
     logged: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("kernels.sandbox").addHandler(handler)
-    logging.getLogger("kernels.sandbox").setLevel(logging.INFO)
-    pool = KernelPool(settings)
+    logging.getLogger("kernels").addHandler(handler)
+    logging.getLogger("kernels").setLevel(logging.INFO)
+    pool = build_pool(settings)
     launcher = pool.launcher.spawn if isinstance(pool.launcher, ForkingLauncher) else pool.launcher
     assert isinstance(launcher, BwrapLauncher), type(launcher)
     version = subprocess.run([launcher.support.bwrap, "--version"], capture_output=True, text=True).stdout.strip()
@@ -386,7 +388,7 @@ async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[s
         "uid_mode": "root + setpriv" if launcher.support.as_root else "user namespace",
         "disable_userns": launcher.support.disable_userns, "tmpfs_size": launcher.support.tmpfs_size,
         "bwrap_version": version,
-        "python_roots": [str(p) for p in python_roots()],
+        "python_roots": [str(p) for p in launcher.support.host.python_dirs],
         "isolation": launcher.isolation, "isolation_logged": [line for line in logged if "isolation" in line],
     }
     await pool.start()

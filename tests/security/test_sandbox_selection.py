@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from bot.config import KernelSettings
 from kernels import KernelLauncher, KernelOptions, KernelStartError
-from kernels.sandbox import DATA, BwrapLauncher, make_launcher
+from kernels.launchers import spawn_launcher
+from kernels.sandbox.args import DATA
+from kernels.sandbox.launcher import BwrapLauncher
+from kernels.settings import KernelSettings
 from tests.security.conftest import NO_SLIRP, SKIP_REASON
 
 MISSING = "/nonexistent/bwrap"
@@ -22,7 +24,7 @@ def settings(tmp_path: Path, mode: str) -> KernelSettings:
 
 
 def test_none_is_the_plain_launcher(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    launcher = make_launcher(settings(tmp_path, "none"))
+    launcher = spawn_launcher(settings(tmp_path, "none"))
     assert type(launcher) is KernelLauncher and not caplog.records
     options = KernelOptions(data_dir=tmp_path, network=True)
     assert launcher.kernel_view(options) == options
@@ -30,7 +32,7 @@ def test_none_is_the_plain_launcher(tmp_path: Path, caplog: pytest.LogCaptureFix
 
 def test_auto_falls_back_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        launcher = make_launcher(settings(tmp_path, "auto"), bwrap=MISSING)
+        launcher = spawn_launcher(settings(tmp_path, "auto"), bwrap=MISSING)
     assert type(launcher) is KernelLauncher
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "sandbox off" in warnings[0].getMessage()
@@ -39,13 +41,13 @@ def test_auto_falls_back_with_one_warning(tmp_path: Path, caplog: pytest.LogCapt
 
 def test_bwrap_refuses_to_start_without_it(tmp_path: Path) -> None:
     with pytest.raises(KernelStartError, match="kernels.sandbox is 'bwrap' but .*nonexistent/bwrap"):
-        make_launcher(settings(tmp_path, "bwrap"), bwrap=MISSING)
+        spawn_launcher(settings(tmp_path, "bwrap"), bwrap=MISSING)
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 def test_auto_uses_bwrap_when_it_works(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        launcher = make_launcher(settings(tmp_path, "auto"))
+        launcher = spawn_launcher(settings(tmp_path, "auto"))
     assert isinstance(launcher, BwrapLauncher) and not caplog.records
     assert launcher.transport == "ipc" and launcher.kernel_spec().interrupt_mode == "message"
     # The model is told the in-sandbox data path, and network only where slirp4netns gives it.
@@ -61,7 +63,7 @@ async def test_network_without_slirp_stays_offline_with_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A fresh machine without slirp4netns: the bot starts, network: true kernels run offline, one warning."""
-    launcher = make_launcher(settings(tmp_path, "bwrap"), slirp4netns="/nonexistent/slirp4netns")
+    launcher = spawn_launcher(settings(tmp_path, "bwrap"), slirp4netns="/nonexistent/slirp4netns")
     assert isinstance(launcher, BwrapLauncher) and launcher.network is None
     assert launcher.kernel_view(KernelOptions(network=True)) == KernelOptions(network=False)
     interfaces = "import socket; print(sorted(n for _, n in socket.if_nameindex()))"
@@ -70,7 +72,9 @@ async def test_network_without_slirp_stays_offline_with_one_warning(
         workspace.mkdir()
     seen: list[dict[str, Any]] = []
     with caplog.at_level(logging.WARNING):
-        handles = await asyncio.gather(*(launcher.start(ws, KernelOptions(network=True)) for ws in workspaces))
+        plans = [launcher.plan(ws, KernelOptions(network=True)) for ws in workspaces]
+        assert [plan.network for plan in plans] == [False, False]
+        handles = await asyncio.gather(*(launcher.start(plan) for plan in plans))
     try:
         for handle in handles:
             reply = await handle.client.execute_interactive(interfaces, timeout=10, output_hook=seen.append)

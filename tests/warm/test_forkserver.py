@@ -13,7 +13,7 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from kernels import KernelOptions, KernelPool, Outcome
+from kernels import KernelOptions, KernelPool, Outcome, build_pool
 from kernels.forkserver import ForkingLauncher
 from tests.kernels.conftest import kernel_settings
 from tests.security.conftest import SKIP_REASON as SANDBOX_SKIP
@@ -21,7 +21,7 @@ from tests.security.conftest import SKIP_REASON as SANDBOX_SKIP
 
 @pytest_asyncio.fixture
 async def forking_pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
-    pool = KernelPool(kernel_settings(tmp_path, fork_server=True, preload=("numpy", "matplotlib"), exec_timeout_s=5))
+    pool = build_pool(kernel_settings(tmp_path, fork_server=True, preload=("numpy", "matplotlib"), exec_timeout_s=5))
     await pool.start()
     assert isinstance(pool.launcher, ForkingLauncher) and pool.launcher.available
     yield pool
@@ -97,7 +97,7 @@ async def test_dead_fork_server_falls_back_to_spawn_and_comes_back(forking_pool:
 async def jailed_pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
     if os.geteuid() != 0 or SANDBOX_SKIP:
         pytest.skip(SANDBOX_SKIP or "the sandboxed fork server needs the bot to run as root")
-    pool = KernelPool(kernel_settings(tmp_path, sandbox="bwrap", fork_server=True, preload=("numpy",), exec_timeout_s=5))
+    pool = build_pool(kernel_settings(tmp_path, sandbox="bwrap", fork_server=True, preload=("numpy",), exec_timeout_s=5))
     await pool.start()
     assert isinstance(pool.launcher, ForkingLauncher) and pool.launcher.sandbox is not None
     assert pool.launcher.available

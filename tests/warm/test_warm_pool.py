@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from kernels import KernelOptions, KernelPool
+from kernels import KernelOptions, KernelPool, build_pool
 from kernels.warm import WARM_DIR
 from tests.kernels.conftest import kernel_processes, kernel_settings
 
 
 @pytest_asyncio.fixture
 async def warm_pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
-    pool = KernelPool(kernel_settings(tmp_path, warm_pool=2, max_kernels=3, preload=("matplotlib",)))
+    pool = build_pool(kernel_settings(tmp_path, warm_pool=2, max_kernels=3, preload=("matplotlib",)))
     await pool.start()
     assert pool.warm is not None
     await pool.warm.wait_ready(timeout=30)
@@ -50,7 +50,7 @@ async def test_hand_out_is_fast_sees_uploads_and_refills(warm_pool: KernelPool) 
     assert plot.ok and [d.png() is not None for d in plot.displays] == [True]
 
     await warm.wait_ready(timeout=30)  # refilled behind the hand-out, within max_kernels (1 + 2)
-    assert warm.ready == 2
+    assert warm.count == 2  # ready ones only: nothing is starting any more
 
 
 async def test_threads_with_warm_kernels_are_isolated_and_capped(warm_pool: KernelPool) -> None:
@@ -72,7 +72,7 @@ async def test_threads_with_warm_kernels_are_isolated_and_capped(warm_pool: Kern
 
 
 async def test_shutdown_leaves_no_process_and_no_warm_folder(tmp_path: Path) -> None:
-    pool = KernelPool(kernel_settings(tmp_path, warm_pool=2, max_kernels=4))
+    pool = build_pool(kernel_settings(tmp_path, warm_pool=2, max_kernels=4))
     await pool.start()
     assert pool.warm is not None
     await pool.warm.wait_ready(1, timeout=30)  # one ready, likely one still starting
@@ -85,7 +85,7 @@ async def test_shutdown_leaves_no_process_and_no_warm_folder(tmp_path: Path) -> 
 
 
 async def test_a_warm_kernel_that_died_is_never_handed_out_and_is_cleaned_up(tmp_path: Path) -> None:
-    pool = KernelPool(kernel_settings(tmp_path, warm_pool=1, max_kernels=2))
+    pool = build_pool(kernel_settings(tmp_path, warm_pool=1, max_kernels=2))
     await pool.start()
     assert pool.warm is not None
     await pool.warm.wait_ready(1, timeout=30)

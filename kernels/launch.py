@@ -1,0 +1,149 @@
+"""The launch seam: one frozen :class:`LaunchPlan` per kernel start, one :class:`Launcher` protocol.
+
+Whoever needs a kernel (a session, the warm pool) asks the launcher for a plan and hands it
+back to :meth:`Launcher.start`::
+
+    plan = launcher.plan(workspace, options)   # pure: decides everything, starts nothing
+    handle = await launcher.start(plan)        # the only step that touches processes
+
+A plan says everything about one start - the thread's folder, where the kernel's sockets and
+log live, its complete environment, its limits, its network, its read-only data folder and
+who it runs as - so the kinds of launcher differ only in how they carry a plan out:
+
+* :class:`kernels.launcher.KernelLauncher` spawns a local ``ipykernel`` with ``jupyter_client``;
+* :class:`kernels.sandbox.BwrapLauncher` spawns it inside bubblewrap (the plan then holds
+  in-sandbox paths and the kernel's uid);
+* :class:`kernels.forkserver.ForkingLauncher` forks it from a pre-imported zygote, falling
+  back to its spawn launcher *with the same plan*;
+* :class:`kernels.warm.HandOff` gives a session a kernel started ahead of time;
+* a remote launcher (a Jupyter gateway) implements the same five members.
+
+Which launcher a deployment gets, and what wraps what, is decided in one place:
+:func:`kernels.launchers.build_launcher`.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Protocol
+
+from kernels.options import KernelOptions
+from kernels.settings import KernelSettings
+
+if TYPE_CHECKING:
+    from kernels.launcher import KernelHandle
+
+MiB = 1024 * 1024
+#: (resource, soft == hard value) pairs, as ``prlimit`` and the fork server take them.
+RLimits = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class ResourceLimits:
+    """The per-kernel limits of the settings (rlimits; the cgroup takes memory and pids too)."""
+
+    memory_mb: int
+    cpu_seconds: int
+    max_processes: int
+    max_file_mb: int
+    max_open_files: int
+
+    @classmethod
+    def from_settings(cls, settings: KernelSettings) -> ResourceLimits:
+        """The limits ``kernels:`` configures."""
+        return cls(
+            memory_mb=settings.memory_mb,
+            cpu_seconds=settings.cpu_seconds,
+            max_processes=settings.max_processes,
+            max_file_mb=settings.max_file_mb,
+            max_open_files=settings.max_open_files,
+        )
+
+    def rlimits(self) -> RLimits:
+        """The rlimits of every kernel process (soft == hard).
+
+        Memory is ``RLIMIT_DATA`` (heap and private writable mappings, not the ~1 GiB of
+        address space an idle kernel maps); CPU seconds are a lifetime backstop;
+        ``RLIMIT_NPROC`` counts per uid and is ignored for root.
+        """
+        return (
+            (resource.RLIMIT_DATA, self.memory_mb * MiB),
+            (resource.RLIMIT_CPU, self.cpu_seconds),
+            (resource.RLIMIT_NPROC, self.max_processes),
+            (resource.RLIMIT_FSIZE, self.max_file_mb * MiB),
+            (resource.RLIMIT_NOFILE, self.max_open_files),
+        )
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a sandboxed kernel runs as, and who owns its files on the host."""
+
+    uid: int
+    gid: int
+    #: Owner (uid, gid) the workspace and run dir are handed to before the start (a root
+    #: bot's per-workspace uid); None when the kernel's uid maps to the bot's own.
+    host_owner: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything one kernel start needs, decided before anything starts."""
+
+    #: A unique id (the kernel's cgroup and the run dir's name carry it).
+    kernel_id: str
+    #: The thread's folder on the host: the kernel's working directory (``/workspace`` inside
+    #: the sandbox) and its ``HOME``.
+    workspace: Path
+    #: A folder (made by the start, removed when the kernel stops) for the connection file,
+    #: the kernel's sockets, its log and, sandboxed, its ``/etc/passwd``.
+    run_dir: Path
+    #: The kernel's complete environment, paths as the kernel sees them.
+    environment: Mapping[str, str]
+    limits: ResourceLimits
+    #: A host folder offered read-only (``THREADBOOK_DATA_DIR`` in ``environment`` says where
+    #: the kernel sees it), or None.
+    data_dir: Path | None
+    #: Whether the kernel gets network (only what the launcher can really give).
+    network: bool
+    #: Who the kernel runs as inside the sandbox; None: unsandboxed, the bot's own uid.
+    identity: Identity | None
+
+    def __post_init__(self) -> None:
+        # Frozen all the way down: nobody adds a variable to a plan after it was made.
+        object.__setattr__(self, "environment", MappingProxyType(dict(self.environment)))
+
+
+class Launcher(Protocol):
+    """What the kernel pool, its sessions and the warm pool need from a kind of launcher."""
+
+    @property
+    def isolation(self) -> str:
+        """One line saying which isolation kernels get (start-up log, ``status``)."""
+        ...
+
+    def kernel_view(self, options: KernelOptions) -> KernelOptions:
+        """``options`` as code inside the kernel sees them (where ``data_dir`` is, whether
+        there really is network)."""
+        ...
+
+    def plan(self, workspace: Path, options: KernelOptions) -> LaunchPlan:
+        """The plan of one start of a kernel for ``workspace`` (no I/O, nothing started)."""
+        ...
+
+    async def start(self, plan: LaunchPlan) -> KernelHandle:
+        """Start a kernel as ``plan`` says and wait until it answers; raises
+        :class:`kernels.result.KernelStartError` and leaves nothing behind when it cannot."""
+        ...
+
+    async def open(self) -> None:
+        """Start background work the launcher needs (a fork server); never raises for it."""
+        ...
+
+    async def close(self) -> None:
+        """Stop that background work; kernels started from this launcher are not touched."""
+        ...

@@ -1,0 +1,85 @@
+"""The one place that decides which :class:`~kernels.launch.Launcher` a deployment gets.
+
+``kernels.sandbox`` picks bubblewrap or the plain launcher (``auto`` probes once and falls
+back with one warning; ``bwrap`` raises :class:`KernelStartError` when the sandbox cannot run),
+slirp4netns is probed for ``network: true`` kernels, and ``kernels.fork_server`` wraps the
+result in a :class:`~kernels.forkserver.ForkingLauncher`. Whoever builds a
+:class:`~kernels.pool.KernelPool` calls :func:`build_launcher` and hands its result over.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from kernels.forkserver import ForkingLauncher
+from kernels.launch import ResourceLimits
+from kernels.launcher import KernelLauncher
+from kernels.pool import KernelPool
+from kernels.result import KernelStartError
+from kernels.sandbox.launcher import BwrapLauncher
+from kernels.sandbox.probe import probe, probe_network
+from kernels.sandbox.support import BwrapSupport, detect_support
+from kernels.settings import KernelSettings
+from kernels.slirp import SlirpSupport, detect_slirp
+
+log = logging.getLogger(__name__)
+
+
+def build_launcher(
+    settings: KernelSettings,
+    *,
+    run_root: Path | None = None,
+    bwrap: str | None = None,
+    slirp4netns: str | None = None,
+) -> KernelLauncher:
+    """(Blocking: probes) the launcher ``settings`` ask for, fork server included.
+
+    ``bwrap`` and ``slirp4netns`` override where the binaries are looked for (default:
+    :func:`kernels.sandbox.support.find_bwrap`, ``PATH``). Logs which resource isolation
+    kernels get (per-kernel cgroups or rlimits only, :mod:`kernels.cgroups`).
+    """
+    launcher = spawn_launcher(settings, run_root=run_root, bwrap=bwrap, slirp4netns=slirp4netns)
+    log.info("kernel isolation: %s", launcher.isolation)
+    if settings.fork_server and ForkingLauncher.supports(launcher):
+        return ForkingLauncher(launcher)
+    return launcher
+
+
+def spawn_launcher(
+    settings: KernelSettings, *, run_root: Path | None = None, bwrap: str | None = None, slirp4netns: str | None = None
+) -> KernelLauncher:
+    """(Blocking: probes) the launcher that spawns kernels as ``settings.sandbox`` asks."""
+    if settings.sandbox == "none":
+        return KernelLauncher(settings, run_root=run_root)
+    limits = ResourceLimits.from_settings(settings)
+    try:
+        support = detect_support(bwrap)
+        probe(support, limits)
+    except KernelStartError as exc:
+        if settings.sandbox == "bwrap":
+            raise KernelStartError(f"kernels.sandbox is 'bwrap' but {exc}") from exc
+        log.warning("kernel sandbox off (kernels run with resource limits only): %s", exc)
+        return KernelLauncher(settings, run_root=run_root)
+    log.info("kernel sandbox: bubblewrap (%s, %s)", support.bwrap, "root + setpriv" if support.as_root else "user namespace")
+    network, missing = _network_support(support, limits, slirp4netns)
+    if network is not None:
+        log.info("network: true kernels: slirp4netns (%s)", network.slirp4netns)
+    return BwrapLauncher(settings, support=support, network=network, network_missing=missing, run_root=run_root)
+
+
+def _network_support(
+    support: BwrapSupport, limits: ResourceLimits, slirp4netns: str | None
+) -> tuple[SlirpSupport | None, str]:
+    """slirp4netns for ``network: true`` kernels, probed once, or None and why not."""
+    try:
+        network = detect_slirp(slirp4netns)
+        probe_network(support, network, limits)
+    except KernelStartError as exc:
+        return None, str(exc)
+    return network, ""
+
+
+def build_pool(settings: KernelSettings, *, run_root: Path | None = None) -> KernelPool:
+    """(Blocking: probes) a kernel pool with the launcher ``settings`` ask for."""
+    return KernelPool(settings, launcher=build_launcher(settings, run_root=run_root))

@@ -1,0 +1,155 @@
+"""The sandboxed launcher: a plan carried out as ``bwrap ... -- python -m ipykernel_launcher``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+from jupyter_client.manager import AsyncKernelManager
+
+from kernels.launch import LaunchPlan
+from kernels.launcher import KernelLauncher, ThreadbookProvisioner, kernel_environment
+from kernels.options import KernelOptions
+from kernels.sandbox.args import CACHE, DATA, WORKSPACE, sandbox_args
+from kernels.sandbox.identity import identity_for
+from kernels.sandbox.support import BwrapSupport
+from kernels.settings import KernelSettings
+from kernels.slirp import Slirp, SlirpSupport, attach
+
+log = logging.getLogger(__name__)
+
+NETWORK_WARNING = (
+    "a channel asked for network: true, but its kernels run without network: %s "
+    "(slirp4netns gives a sandboxed kernel network without exposing the host's loopback)"
+)
+
+
+class BwrapProvisioner(ThreadbookProvisioner):
+    """Launches the kernel inside bwrap; kills the sandbox's init first so no bwrap is left a zombie."""
+
+    def __init__(self, *, prefix: list[str], network: SlirpSupport | None, **kwargs: Any) -> None:
+        """``prefix``: the plan's bwrap command (:func:`kernels.sandbox.args.sandbox_args`);
+        ``network``: slirp4netns, for a plan with network."""
+        super().__init__(**kwargs)
+        self.prefix = prefix
+        self.network = network
+        self.slirp: Slirp | None = None
+
+    async def launch_process(self, cmd: list[str], kwargs: dict[str, Any]) -> Any:
+        """``bwrap ... -- prlimit ... -- [setpriv ... --] python -m ipykernel_launcher ...``."""
+        return await super().launch_process([*self.prefix, *cmd], kwargs)
+
+    async def after_launch(self, kwargs: dict[str, Any]) -> None:
+        """The rlimits are set inside the sandbox; a kernel with network returns only once
+        ``tap0`` is configured."""
+        if self.network is not None and self.process is not None:
+            self.slirp = await asyncio.to_thread(attach, self.network, self.process, log=kwargs.get("stderr"))
+
+    async def kill(self, restart: bool = False) -> None:
+        """SIGKILL bwrap's child (pid 1 of the kernel's pid namespace: the kernel takes every
+        process in it along), let the outer bwrap exit and be reaped, then kill what is left."""
+        if self.process is not None and self.process.poll() is None:
+            for child in await asyncio.to_thread(_children, self.pid):
+                try:
+                    child.kill()
+                except psutil.Error:
+                    pass
+            await asyncio.to_thread(_wait_exit, self.process, 1.0)
+        await super().kill(restart=restart)
+        await self._stop_slirp()
+
+    async def cleanup(self, restart: bool = False) -> None:
+        """Also end slirp4netns if the kernel died on its own."""
+        await self._stop_slirp()
+        await super().cleanup(restart=restart)
+
+    async def _stop_slirp(self) -> None:
+        slirp, self.slirp = self.slirp, None
+        if slirp is not None:
+            await asyncio.to_thread(slirp.stop)
+
+
+def _children(pid: int | None) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children() if pid is not None else []
+    except psutil.Error:
+        return []
+
+
+def _wait_exit(process: Any, timeout: float) -> None:
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+class BwrapLauncher(KernelLauncher):
+    """A :class:`KernelLauncher` whose kernels run in the bubblewrap sandbox."""
+
+    transport = "ipc"
+    interrupt_mode = "message"
+
+    def __init__(
+        self,
+        settings: KernelSettings,
+        *,
+        support: BwrapSupport,
+        network: SlirpSupport | None = None,
+        network_missing: str = "slirp4netns was not probed",
+        run_root: Path | None = None,
+    ) -> None:
+        """``network``: how ``network: true`` kernels get it; None keeps them offline (one
+        warning quoting ``network_missing``)."""
+        super().__init__(settings, run_root=run_root)
+        self.support = support
+        self.network = network
+        self.network_missing = network_missing
+        self._network_warned = False
+
+    def kernel_view(self, options: KernelOptions) -> KernelOptions:
+        """Inside: ``data_dir`` is ``/data``; network only where asked and slirp4netns works."""
+        return KernelOptions(
+            data_dir=DATA if options.data_dir is not None else None,
+            network=options.network and self.network is not None,
+        )
+
+    def plan(self, workspace: Path, options: KernelOptions) -> LaunchPlan:
+        """In-sandbox paths (``HOME=/workspace``, ``/data``, caches in ``/tmp``), the kernel's
+        own uid, network only where slirp4netns can give it (one warning where it cannot)."""
+        if options.network and self.network is None and not self._network_warned:
+            self._network_warned = True
+            log.warning(NETWORK_WARNING, self.network_missing)
+        view = self.kernel_view(options)
+        plain = super().plan(workspace, options)
+        env = kernel_environment(workspace=WORKSPACE, run_dir=plain.run_dir, cache_dir=CACHE, data_dir=view.data_dir)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
+        env["XDG_CACHE_HOME"] = str(CACHE)  # font and other caches stay out of the workspace
+        return LaunchPlan(
+            kernel_id=plain.kernel_id,
+            workspace=workspace,
+            run_dir=plain.run_dir,
+            environment=env,
+            limits=self.limits,
+            data_dir=options.data_dir,
+            network=view.network,
+            identity=identity_for(workspace, as_root=self.support.as_root),
+        )
+
+    def provisioner(self, plan: LaunchPlan, manager: AsyncKernelManager) -> ThreadbookProvisioner:
+        """A :class:`BwrapProvisioner` with the plan's bwrap command."""
+        return BwrapProvisioner(
+            plan=plan,
+            cgroups=self.cgroups,
+            prefix=sandbox_args(self.support, plan),
+            network=self.network if plan.network else None,
+            kernel_id=manager.kernel_id,
+            kernel_spec=manager.kernel_spec,
+            parent=manager,
+        )
+
