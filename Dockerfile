@@ -1,5 +1,5 @@
 # Threadbook: slim Python, bubblewrap for the kernel sandbox (slirp4netns + iproute2 for
-# network: true channels), non-root user.
+# network: true channels), non-root user; kernels run from /app/.venv-kernel.
 # Config and data are volumes: /app/config.yaml (read-only) and /app/data.
 FROM python:3.12-slim
 
@@ -16,6 +16,9 @@ COPY kernels ./kernels
 COPY adapters ./adapters
 COPY bench ./bench
 RUN pip install --no-cache-dir . && mkdir -p /app/data && chown threadbook:threadbook /app/data
+# The kernels' own environment (kernels.python's default): the bot's libraries are not in it.
+RUN uv venv --no-python-downloads --python /usr/local/bin/python3 /app/.venv-kernel \
+    && uv pip install --no-cache --compile-bytecode --python /app/.venv-kernel/bin/python -r kernels/requirements.txt ./kernels/runtime
 COPY config.yaml ./config.yaml
 
 USER threadbook

@@ -1,21 +1,34 @@
 # Threadbook: `make run` starts the bot, `make test` runs the tests, `make check` runs
-# strict mypy and the import-layering contracts. All create .venv on first use (needs Python >= 3.11).
+# strict mypy and the import-layering contracts. All create .venv (the bot) and .venv-kernel
+# (what kernels run: kernels/requirements.txt, installed with uv) on first use (needs Python >= 3.11).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+KERNEL_VENV ?= .venv-kernel
+KERNEL_RUNTIME := $(wildcard kernels/runtime/pyproject.toml kernels/runtime/threadbook_kernel/*.py)
 CONFIG ?= config.yaml
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: run console test check bench clean venv
+.PHONY: run console test check bench clean venv kernel-env
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(KERNEL_VENV)/.installed
+
+kernel-env: $(KERNEL_VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then echo "error: Threadbook needs Python >= 3.11 (python3.11 or newer on PATH)." >&2; exit 1; fi
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV) || { echo "error: could not create $(VENV); install the venv module (Debian: apt-get install python3-venv)." >&2; exit 1; }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+# The kernel environment, separate from the bot's: the bot's libraries are not importable in a kernel.
+$(KERNEL_VENV)/.installed: kernels/requirements.txt $(KERNEL_RUNTIME) $(VENV)/.installed
+	$(PY) -m uv venv --quiet --allow-existing --no-python-downloads --python "$$(command -v $(PYTHON))" $(KERNEL_VENV)
+	$(PY) -m uv pip install --quiet --compile-bytecode --python $(KERNEL_VENV)/bin/python --reinstall-package threadbook-kernel \
+		-r kernels/requirements.txt ./kernels/runtime \
+		|| { echo "error: could not build the kernel environment $(KERNEL_VENV) (needs PyPI, or UV_INDEX_URL / UV_FIND_LINKS)." >&2; exit 1; }
 	@touch $@
 
 run: venv
@@ -30,10 +43,11 @@ test: venv
 # Strict typing (with pydantic's plugin) and the import layering; both configured in pyproject.toml.
 check: venv
 	$(PY) -m mypy
+	cd kernels/runtime && MYPYPATH=. $(CURDIR)/$(PY) -m mypy --config-file /dev/null --strict --ignore-missing-imports --python-version 3.11 -p threadbook_kernel
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 bench: venv
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(KERNEL_VENV) *.egg-info .pytest_cache

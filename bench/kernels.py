@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from kernels.settings import KernelSettings
+from kernels.settings import KernelSettings, PackageSettings
 from kernels import KernelPool, build_pool
 from kernels.forkserver import ForkingLauncher
 
@@ -40,6 +40,7 @@ def settings_for(
         warm_pool=warm if mode == "pool" else 0,
         fork_server=mode in ("pool", "fork"),
         exec_timeout_s=60,
+        packages=PackageSettings(dir=root / "packages"),
     )
 
 

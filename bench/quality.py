@@ -82,7 +82,8 @@ def settings_for(endpoint: Endpoint, root: Path, sandbox: str) -> Settings:
     raw = {
         "llm": llm,
         "kernels": {"workspace_root": str(root / "workspaces"), "sandbox": sandbox, "warm_pool": 1, "fork_server": True,
-                    "preload": ["pandas", "numpy", "matplotlib"], "exec_timeout_s": 120, "max_kernels": 4},
+                    "preload": ["pandas", "numpy", "matplotlib"], "exec_timeout_s": 120, "max_kernels": 4,
+                    "packages": {"dir": str(root / "packages")}},
         "storage": {"path": str(root / "threadbook.db")},
     }  # fmt: skip
     return parse_settings(raw, env={})

@@ -22,7 +22,7 @@ from bot.dispatcher import INTERRUPTED_NOTICE, Dispatcher
 from bot.events import Outbox, ThreadKey
 from bot.store import Store
 from bot.turn import TurnRunner
-from kernels import KernelPool, Reaper, build_launcher
+from kernels import KernelPool, PackageInstaller, Reaper, build_launcher
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,11 @@ class Core:
             stack.push_async_callback(reaper.stop)
             agent = Agent(settings.llm)
             stack.push_async_callback(agent.close)
-            turns = TurnRunner(settings=settings, store=store, pool=pool, agent=agent)
+            # One installer for the process: its lock serialises every thread's installs.
+            packages = PackageInstaller(
+                settings.kernels.packages, python=launcher.python, target=launcher.packages_dir
+            )
+            turns = TurnRunner(settings=settings, store=store, pool=pool, agent=agent, packages=packages)
             commands = Commands(store=store, pool=pool)
             dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands)
             yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from kernels.result import DisplayOutput, ExecutionResult
 
+#: MIME types whose data nbformat stores as JSON (any other type holds text).
+_JSON_MIME = re.compile(r"^application/(.*\+)?json$")
 #: Who the assistant is in exported notebooks.
 ASSISTANT_LABEL = "Threadbook"
 
@@ -142,10 +145,19 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
 
 
 def _mime_bundle(display: DisplayOutput) -> dict[str, Any]:
-    return {
-        mime: base64.b64encode(value).decode("ascii") if isinstance(value, bytes) else value
-        for mime, value in display.data.items()
-    }
+    """The bundle as the kernel sent it: every MIME type kept, binary ones base64-encoded."""
+    return {mime: _payload(mime, value) for mime, value in display.data.items()}
+
+
+def _payload(mime: str, value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, str) or _JSON_MIME.match(mime):
+        return value
+    # nbformat takes structured data only under a JSON type (``…+json``); any other type (Altair
+    # 6 says ``application/vnd.vegalite.v6.json``) keeps its data as JSON text so the
+    # notebook stays valid.
+    return json.dumps(value)
 
 
 def _plain(node: Any) -> Any:

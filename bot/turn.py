@@ -14,12 +14,13 @@ from pathlib import PurePosixPath
 
 from bot.agent.loop import Agent, TurnResult
 from bot.agent.prompt import PromptFile, build_system_prompt
-from bot.attachments import describe_for_model, ingest
+from bot.attachments import IngestResult, add_previews, describe_for_model, ingest
 from bot.config import ChannelPolicy, Settings
 from bot.events import FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, ThreadKey
 from bot.safetext import shown
 from bot.store import NOTICE_ROLE, Store
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace
+from kernels.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
 from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError, UnsafePathError
 from kernels import safefs
 from kernels.safefs import PinnedFile
@@ -30,6 +31,7 @@ MAX_IMAGES = 10
 MAX_FILES = 10
 MAX_PROMPT_FILES = 50
 IMAGE_SUFFIXES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
+_FIGURE_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg"}
 MAX_INLINE_IMAGE_BYTES = 8 * 1024 * 1024
 #: A longer answer is cut here (a few chat messages); the whole text comes along as a file.
 MAX_REPLY_CHARS = 6000
@@ -68,26 +70,67 @@ class _Turn:
     progress: Progress
     outputs: Outputs
     has_files: bool
+    #: This message's uploads: saved before the kernel is leased, previewed by it once leased.
+    uploads: IngestResult = field(default_factory=IngestResult)
 
 
 @dataclass
 class _RecordingRunner:
-    """Runs the agent's code in the thread's kernel, stores each cell, and honours Stop."""
+    """Runs the agent's code in the thread's kernel, stores each cell, and honours Stop.
+
+    Code that fails on a module that is not installed gets its package installed on demand
+    (when ``packages`` allows it) and runs once more; the result's notice tells the model,
+    ``notes`` collects what the thread is told.
+    """
 
     session: KernelSession
     store: Store
     key: str
     turn: _ActiveTurn
+    packages: PackageInstaller | None = None
+    progress: Progress | None = None
     results: list[ExecutionResult] = field(default_factory=list)
+    #: Lines for the reply (packages installed, installs that failed).
+    notes: list[str] = field(default_factory=list)
     _writes: list[asyncio.Task[None]] = field(default_factory=list)
+    #: Missing modules already dealt with in this turn: each is installed (and re-run) once.
+    _provided: dict[str, PackageOutcome] = field(default_factory=dict)
 
     async def execute(self, code: str, timeout: float | None = None) -> ExecutionResult:
         """Run ``code`` unless Stop was pressed; record the result and store the cell."""
         if self.turn.stopped:
             return ExecutionResult(outcome=Outcome.INTERRUPTED, notice="Stopped by the user before running.")
+        result = await self._run(code, timeout)
+        module = missing_module(result.error) if self.packages is not None and result.outcome is Outcome.ERROR else None
+        if module is None or self.packages is None:
+            return self._record(code, result)
+        if (earlier := self._provided.get(module)) is not None:
+            # Once per module and turn: an import that still fails after an install is the model's to read.
+            if not earlier.rerun:
+                _add_notice(result, earlier.model_note())
+            return self._record(code, result)
+        if self.progress is not None and self.packages.allowed(distribution_for(module)):
+            await self.progress.update(f"📦 Installing `{distribution_for(module)}`…")
+        outcome = self._provided[module] = await self.packages.provide(module)
+        if (note := outcome.thread_note()) is not None and note not in self.notes:
+            self.notes.append(note)
+        if not outcome.rerun or self.turn.stopped:
+            _add_notice(result, outcome.model_note())
+            if self.turn.stopped:
+                result.outcome = Outcome.INTERRUPTED
+            return self._record(code, result)
+        self._record(code, result)  # the failed run stays in the thread's notebook, as it happened
+        again = await self._run(code, timeout)
+        _add_notice(again, outcome.model_note())
+        return self._record(code, again)
+
+    async def _run(self, code: str, timeout: float | None) -> ExecutionResult:
         result = await self.session.execute(code, timeout)
         if self.turn.stopped and result.outcome is not Outcome.INTERRUPTED:
             result.outcome = Outcome.INTERRUPTED
+        return result
+
+    def _record(self, code: str, result: ExecutionResult) -> ExecutionResult:
         self.results.append(result)
         # Stored while the model reads the result (the store keeps the order of its writes).
         self._writes.append(asyncio.create_task(self.store.add_cell(self.key, code, result)))
@@ -101,8 +144,12 @@ class _RecordingRunner:
 class TurnRunner:
     """Runs agent turns; knows which turn is running in which thread (for Stop)."""
 
-    def __init__(self, *, settings: Settings, store: Store, pool: KernelPool, agent: Agent) -> None:
+    def __init__(
+        self, *, settings: Settings, store: Store, pool: KernelPool, agent: Agent, packages: PackageInstaller | None = None
+    ) -> None:
+        """``packages``: installs missing modules on demand (None: never)."""
         self._settings = settings
+        self._packages = packages
         self._store = store
         self._pool = pool
         self._agent = agent
@@ -126,9 +173,7 @@ class TurnRunner:
         for name, reason in intake.refused:
             await outbox.notify(f"📎 `{shown(name)}` was not added: {reason}")
         user_content = message.text.strip()
-        if intake.saved:
-            user_content = f"{user_content}\n\n{describe_for_model(intake.saved, intake.refused)}".strip()
-        if not user_content:
+        if not user_content and not intake.saved:
             return
 
         turn = _ActiveTurn()
@@ -139,7 +184,7 @@ class TurnRunner:
         outputs = Outputs()
         try:
             reply = await self._turn(
-                _Turn(message, user_content, workspace, turn, progress, outputs, has_files=bool(intake.saved))
+                _Turn(message, user_content, workspace, turn, progress, outputs, bool(intake.saved), intake)
             )
             ok = reply.ok
             await outbox.post(reply)
@@ -186,6 +231,9 @@ class TurnRunner:
         key = t.message.key
         t.active.session = session
         kernel_is_fresh = session.executions == 0 and await self._store.cell_count(str(key)) > 0
+        if t.uploads.saved:  # previews are computed by the thread's (sandboxed) kernel, never here
+            saved = await add_previews(t.uploads.saved, session)
+            t.user_content = f"{t.user_content}\n\n{describe_for_model(saved, t.uploads.refused)}".strip()
         workspace_files = await t.workspace.list_files()
         seen = self._pool.launcher.kernel_view(options)  # data_dir and network as the (sandboxed) kernel sees them
         system_prompt = build_system_prompt(
@@ -195,7 +243,9 @@ class TurnRunner:
             kernel_fresh=kernel_is_fresh,
             network=seen.network,
         )
-        runner = _RecordingRunner(session=session, store=self._store, key=str(key), turn=t.active)
+        runner = _RecordingRunner(
+            session=session, store=self._store, key=str(key), turn=t.active, packages=self._packages, progress=t.progress
+        )
 
         async def on_step(round_no: int, code_line: str) -> None:
             await t.progress.update(f"Running step {round_no}: `{code_line[:80]}`")
@@ -227,11 +277,15 @@ class TurnRunner:
         )
         await collect_outputs(runner.results, t.workspace, t.outputs)
         log.info("turn in %s: %s after %d cells, %.1fs", key, result.stop_reason, len(runner.results), time.time() - started)
-        return _reply(result, t.outputs.images, t.outputs.files)
+        return _reply(result, t.outputs.images, t.outputs.files, runner.notes)
 
 
-def _reply(result: TurnResult, images: list[ImageOut], files: list[FileOut]) -> Reply:
-    notes = []
+def _add_notice(result: ExecutionResult, note: str) -> None:
+    result.notice = f"{result.notice} {note}" if result.notice else note
+
+
+def _reply(result: TurnResult, images: list[ImageOut], files: list[FileOut], extra: list[str] | None = None) -> Reply:
+    notes = list(extra or [])
     if len(images) > MAX_IMAGES:
         notes.append(f"_{len(images) - MAX_IMAGES} more images were made; showing the first {MAX_IMAGES}._")
     if len(files) > MAX_FILES:
@@ -285,10 +339,10 @@ async def collect_outputs(results: list[ExecutionResult], workspace: Workspace, 
     following links (:mod:`kernels.safefs`) and sent from those descriptors.
     """
     changed: list[str] = []
-    displayed_images: list[bytes] = []
+    displayed_images: list[tuple[bytes, str]] = []
     for result in results:
         saved_images = [n for n in result.changed_files if PurePosixPath(n).suffix.lower() in IMAGE_SUFFIXES]
-        displayed = result.images
+        displayed = result.chat_images
         if saved_images and len(displayed) <= len(saved_images):
             displayed = []
         displayed_images.extend(displayed)
@@ -302,8 +356,8 @@ async def collect_outputs(results: list[ExecutionResult], workspace: Workspace, 
             seen.add(digest)
             outputs.images.append(ImageOut(data=data, title=shown(title), mime=mime))
 
-    for index, data in enumerate(displayed_images, start=1):
-        add_image(data, f"figure-{index}.png", "image/png")
+    for index, (data, mime) in enumerate(displayed_images, start=1):
+        add_image(data, f"figure-{index}{_FIGURE_SUFFIXES.get(mime, '.png')}", mime)
     for name, found in await asyncio.to_thread(_changed_files, workspace, changed):
         base = PurePosixPath(name).name
         if isinstance(found, bytes):

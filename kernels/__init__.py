@@ -12,6 +12,7 @@ from kernels.launch import Launcher, LaunchPlan
 from kernels.launcher import KernelHandle, KernelLauncher
 from kernels.launchers import build_launcher, build_pool
 from kernels.options import KernelOptions
+from kernels.packages import PackageInstaller, PackageOutcome
 from kernels.pool import KernelPool
 from kernels.reaper import Reaper
 from kernels.result import (
@@ -46,6 +47,8 @@ __all__ = [
     "KernelSession",
     "KernelStartError",
     "Outcome",
+    "PackageInstaller",
+    "PackageOutcome",
     "PoolFullError",
     "QuotaError",
     "Reaper",

@@ -46,6 +46,7 @@ from typing import Any
 HOST_VIEW = "/.threadbook-host"
 WORKSPACE = "/workspace"
 DATA = "/data"
+PACKAGES = "/packages"
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -193,7 +194,7 @@ def build(jail: dict[str, Any]) -> None:
     """(Supervisor, root, pid 1 of its pid namespace) set up the kernel's namespaces and file system.
 
     ``jail``: ``run_dir`` (the path the kernel uses), ``sources`` (host paths, resolved, of
-    ``workspace``, ``run_dir`` and ``data_dir``, the last one may be None), ``hide`` (bound
+    ``workspace``, ``run_dir``, ``data_dir`` and ``packages_dir``, the last two may be None), ``hide`` (bound
     folders of the zygote to detach), ``python_dirs`` (the read-only Python folders, bound
     again when they live under the fresh ``/tmp``), ``tmp_mb``, ``shm_mb`` and the inode
     caps ``tmp_inodes``, ``shm_inodes``.
@@ -221,6 +222,8 @@ def build(jail: dict[str, Any]) -> None:
     _bind(os.path.join(run_dir, "group"), "/etc/group")
     if sources.get("data_dir"):
         _bind(_host(sources["data_dir"]), DATA)
+    if sources.get("packages_dir"):
+        _bind(_host(sources["packages_dir"]), PACKAGES)
     _check(_libc.umount2(b"/proc", MNT_DETACH), "umount /proc")
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")

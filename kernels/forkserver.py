@@ -46,7 +46,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from kernels.forkjail import KERNEL_OOM_SCORE_ADJ
 from kernels.launch import LaunchPlan
-from kernels.launcher import KernelHandle, KernelLauncher, ThreadbookProvisioner, child_setup
+from kernels.launcher import KERNEL_SETUP, KernelHandle, KernelLauncher, ThreadbookProvisioner, child_setup
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
 from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, WORKSPACE, zygote_args
@@ -177,7 +177,7 @@ class ForkServer:
         self._ready = loop.create_future()
         with open(run_dir / "zygote.log", "ab") as log_file:
             self._proc = await asyncio.create_subprocess_exec(
-                *prefix, sys.executable, "-P", str(ZYGOTE), json.dumps(self.preload), str(self._lifeline_r), *mode,
+                *prefix, str(self.launcher.python.executable), "-P", str(ZYGOTE), json.dumps(self.preload), str(self._lifeline_r), *mode,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log_file,
                 env=env, cwd=run_dir, pass_fds=(self._lifeline_r,), start_new_session=True,
                 limit=1 << 20, preexec_fn=child_setup(None),  # its own session keyring, a high OOM score
@@ -341,9 +341,8 @@ def fork_argv(cmd: list[str], preload: list[str]) -> list[str]:
     """The ``IPKernelApp`` arguments of a kernel command, with exec_lines for a forked child."""
     args = cmd[cmd.index("ipykernel_launcher") + 1 :]
     args = [arg for arg in args if not arg.startswith("--IPKernelApp.exec_lines=")]
-    lines = ["%matplotlib inline"] if "matplotlib" in preload else []
-    if lines:
-        args.append(f"--IPKernelApp.exec_lines={lines!r}")
+    lines = [KERNEL_SETUP, *(["%matplotlib inline"] if "matplotlib" in preload else [])]
+    args.append(f"--IPKernelApp.exec_lines={lines!r}")
     return args
 
 
@@ -359,6 +358,7 @@ def jail_for(plan: LaunchPlan, support: BwrapSupport) -> dict[str, Any]:
             "workspace": os.path.realpath(plan.workspace),
             "run_dir": os.path.realpath(plan.run_dir),
             "data_dir": None if plan.data_dir is None else os.path.realpath(plan.data_dir),
+            "packages_dir": None if plan.packages_dir is None else os.path.realpath(plan.packages_dir),
         },
         "hide": [] if (folder := code_dir(support)) is None else [str(folder)],
         "python_dirs": [str(path) for path in support.host.python_dirs],
@@ -378,7 +378,7 @@ class ForkingLauncher(KernelLauncher):
     the very same plan."""
 
     def __init__(self, spawn: KernelLauncher) -> None:
-        super().__init__(spawn.settings, run_root=spawn.run_root.parent, cgroups=spawn.cgroups)
+        super().__init__(spawn.settings, run_root=spawn.run_root.parent, cgroups=spawn.cgroups, python=spawn.python)
         if not self.supports(spawn):
             raise ValueError(f"no fork-server profile for {type(spawn).__name__}")
         self.spawn = spawn

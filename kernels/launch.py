@@ -110,6 +110,9 @@ class LaunchPlan:
     data_dir: Path | None
     #: Whether the kernel gets network (only what the launcher can really give).
     network: bool
+    #: The shared folder of packages installed on demand, offered read-only and appended to
+    #: the kernel's ``sys.path`` (``THREADBOOK_PACKAGES_DIR`` says where the kernel sees it).
+    packages_dir: Path | None
     #: Who the kernel runs as inside the sandbox; None: unsandboxed, the bot's own uid.
     identity: Identity | None
 

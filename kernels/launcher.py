@@ -52,6 +52,7 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from kernels import leftovers, safefs
 from kernels.cgroups import Cgroups, KernelCgroup
 from kernels.forkjail import KERNEL_OOM_SCORE_ADJ, join_session_keyring, set_oom_score_adj
+from kernels.interpreter import KernelPython, inspect_interpreter
 from kernels.launch import LaunchPlan, ResourceLimits
 from kernels.options import KernelOptions
 from kernels.output import MAX_MESSAGE_BYTES
@@ -68,14 +69,20 @@ START_TIMEOUT_S = 60.0
 KERNEL_LOG = "kernel.log"
 #: Run dirs are named ``kernel-<kernel id>`` under the launcher's run root.
 RUN_DIR_PREFIX = "kernel-"
+#: Where the kernel finds the shared packages folder (``threadbook_kernel.setup`` appends it to ``sys.path``).
+PACKAGES_ENV = "THREADBOOK_PACKAGES_DIR"
+#: Run first in every kernel, spawned or forked: the kernel-side set-up (``kernels/runtime``).
+KERNEL_SETUP = "__import__('threadbook_kernel').setup()"
 
 
-def kernel_environment(*, workspace: Path, run_dir: Path, cache_dir: Path, data_dir: Path | None) -> dict[str, str]:
+def kernel_environment(
+    *, python: KernelPython, workspace: Path, run_dir: Path, cache_dir: Path, data_dir: Path | None,
+    packages_dir: Path | None,
+) -> dict[str, str]:
     """The kernel's complete environment (paths as the kernel sees them): the bot's own
     variables only where allow-listed."""
     env = {name: os.environ[name] for name in _INHERITED if name in os.environ}
-    venv_bin = str(Path(sys.executable).parent)
-    env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH", os.defpath)])
+    env["PATH"] = os.pathsep.join([str(python.bin_dir), env.get("PATH", os.defpath)])
     env.setdefault("LANG", "C.UTF-8")
     env.update(
         HOME=str(workspace),
@@ -84,10 +91,15 @@ def kernel_environment(*, workspace: Path, run_dir: Path, cache_dir: Path, data_
         IPYTHONDIR=str(run_dir / "ipython"),
         PYTHONUNBUFFERED="1",
         PYTHONDONTWRITEBYTECODE="1",
+        # pandas imports pyarrow, whose jemalloc starts a background thread at load: a
+        # fork server with two threads refuses to fork (KERNELS.md pitfall 7).
+        JE_ARROW_MALLOC_CONF="background_thread:false",
         **{name: "1" for name in _THREAD_VARS},
     )
     if data_dir is not None:
         env["THREADBOOK_DATA_DIR"] = str(data_dir)
+    if packages_dir is not None:
+        env[PACKAGES_ENV] = str(packages_dir)
     return env
 
 
@@ -370,11 +382,22 @@ class KernelLauncher:
     transport = "ipc"
     interrupt_mode = "signal"
 
-    def __init__(self, settings: KernelSettings, *, run_root: Path | None = None, cgroups: Cgroups | None = None) -> None:
-        """``cgroups``: where kernels' cgroups come from (default: what this host allows,
-        detected once per process)."""
+    def __init__(
+        self,
+        settings: KernelSettings,
+        *,
+        run_root: Path | None = None,
+        cgroups: Cgroups | None = None,
+        python: KernelPython | None = None,
+    ) -> None:
+        """(Blocking the first time) ``cgroups``: where kernels' cgroups come from (default:
+        what this host allows, detected once per process); ``python``: the kernel interpreter
+        (default: ``settings.python``, inspected once)."""
         self.settings = settings
+        self.python = python or inspect_interpreter(settings.python)
         self.limits = ResourceLimits.from_settings(settings)
+        self.packages_dir = Path(os.path.abspath(settings.packages.dir))
+        self.packages_dir.mkdir(parents=True, exist_ok=True)
         self.cgroups = cgroups or Cgroups.detected(memory_mb=settings.memory_mb, max_processes=settings.max_processes)
         # Per user: a second bot user on the same host must not trip over the first one's 0700 folder.
         self.run_root = Path(run_root or tempfile.gettempdir()) / f"threadbook-{os.getuid()}"
@@ -386,11 +409,14 @@ class KernelLauncher:
         return self.cgroups.describe()
 
     def kernel_spec(self) -> KernelSpec:
-        """The ipykernel command line (history in memory only, modules from ``preload`` imported)."""
-        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--HistoryManager.hist_file=:memory:"]
-        if self.settings.preload:
-            lines = ", ".join(repr(f"__import__({module!r})") for module in self.settings.preload)
-            argv.append(f"--IPKernelApp.exec_lines=[{lines}]")
+        """The ipykernel command line of the kernel interpreter (history in memory only, the
+        kernel-side set-up run, modules from ``preload`` imported)."""
+        argv = [
+            str(self.python.executable), "-m", "ipykernel_launcher", "-f", "{connection_file}",
+            "--HistoryManager.hist_file=:memory:",
+        ]  # fmt: skip
+        lines = [KERNEL_SETUP, *(f"__import__({module!r})" for module in self.settings.preload)]
+        argv.append(f"--IPKernelApp.exec_lines={lines!r}")
         return KernelSpec(
             argv=argv, display_name="Threadbook Python", language="python", interrupt_mode=self.interrupt_mode
         )
@@ -408,11 +434,13 @@ class KernelLauncher:
             workspace=workspace,
             run_dir=run_dir,
             environment=kernel_environment(
-                workspace=workspace, run_dir=run_dir, cache_dir=self.cache_dir, data_dir=options.data_dir
-            ),
+                python=self.python, workspace=workspace, run_dir=run_dir, cache_dir=self.cache_dir,
+                data_dir=options.data_dir, packages_dir=self.packages_dir,
+            ),  # fmt: skip
             limits=self.limits,
             data_dir=options.data_dir,
             network=options.network,
+            packages_dir=self.packages_dir,
             identity=None,
         )
 

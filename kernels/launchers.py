@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 from kernels.forkserver import ForkingLauncher
+from kernels.interpreter import inspect_interpreter
 from kernels.launch import ResourceLimits
 from kernels.launcher import KernelLauncher
 from kernels.pool import KernelPool
@@ -50,22 +51,25 @@ def spawn_launcher(
     settings: KernelSettings, *, run_root: Path | None = None, bwrap: str | None = None, slirp4netns: str | None = None
 ) -> KernelLauncher:
     """(Blocking: probes) the launcher that spawns kernels as ``settings.sandbox`` asks."""
+    python = inspect_interpreter(settings.python)
     if settings.sandbox == "none":
-        return KernelLauncher(settings, run_root=run_root)
+        return KernelLauncher(settings, run_root=run_root, python=python)
     limits = ResourceLimits.from_settings(settings)
     try:
-        support = detect_support(bwrap)
-        probe(support, limits)
+        support = detect_support(python, bwrap)
+        probe(support, python, limits)
     except KernelStartError as exc:
         if settings.sandbox == "bwrap":
             raise KernelStartError(f"kernels.sandbox is 'bwrap' but {exc}") from exc
         log.warning("kernel sandbox off (kernels run with resource limits only): %s", exc)
-        return KernelLauncher(settings, run_root=run_root)
+        return KernelLauncher(settings, run_root=run_root, python=python)
     log.info("kernel sandbox: bubblewrap (%s, %s)", support.bwrap, "root + setpriv" if support.as_root else "user namespace")
     network, missing = _network_support(support, limits, slirp4netns)
     if network is not None:
         log.info("network: true kernels: slirp4netns (%s)", network.slirp4netns)
-    return BwrapLauncher(settings, support=support, network=network, network_missing=missing, run_root=run_root)
+    return BwrapLauncher(
+        settings, support=support, network=network, network_missing=missing, run_root=run_root, python=python
+    )
 
 
 def _network_support(

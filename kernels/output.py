@@ -1,13 +1,15 @@
 """Collects one execution's iopub outputs within a fixed memory budget.
 
 Text streams keep a head and a tail of ``max_bytes`` in total and mark the cut; rich
-display outputs keep the first and last ones within ``max_display_bytes``. Memory stays
+display outputs keep the first and last ones within ``max_display_bytes`` (each rich
+payload whole, up to a quarter of it). Memory stays
 bounded however much the kernel prints, because the middle is dropped while receiving.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections import deque
 from typing import Any
@@ -93,18 +95,33 @@ def _merge(chunks: list[StreamChunk]) -> list[StreamChunk]:
     return merged
 
 
-def _bundle(data: dict[str, Any], metadata: dict[str, Any] | None, max_text: int) -> tuple[DisplayOutput, int]:
-    """Decode binary MIME types; cut overlong text payloads. Returns the output and its size."""
+def _bundle(
+    data: dict[str, Any], metadata: dict[str, Any] | None, max_text: int, max_rich: int
+) -> tuple[DisplayOutput, int]:
+    """Decode binary MIME types; cut overlong ``text/plain``; keep other payloads whole (a cut
+    SVG, HTML page or chart spec is broken, and the notebook export keeps them as sent) up to
+    ``max_rich`` each, and leave out larger ones. Returns the output and its size."""
     decoded: dict[str, Any] = {}
     size = 0
     for mime, value in data.items():
         if mime in _BINARY_MIME and isinstance(value, str):
             value = base64.b64decode(value)
-        elif isinstance(value, str) and len(value) > max_text:
+        elif mime == "text/plain" and isinstance(value, str) and len(value) > max_text:
             value = value[: max_text // 2] + cut_marker(len(value) - max_text) + value[-max_text // 2 :]
+        payload = len(value) if isinstance(value, (str, bytes)) else _json_size(value)
+        if payload > max_rich and mime not in _BINARY_MIME and mime != "text/plain":
+            continue  # too large to keep whole; its PNG, if any, stays
         decoded[mime] = value
-        size += len(value) if isinstance(value, (str, bytes)) else 64
+        size += payload
     return DisplayOutput(decoded, dict(metadata or {})), size
+
+
+def _json_size(value: Any) -> int:
+    """About how many bytes a JSON payload (a chart spec) holds."""
+    try:
+        return len(json.dumps(value, separators=(",", ":")))
+    except (TypeError, ValueError):
+        return 64
 
 
 class OutputCollector:
@@ -113,6 +130,7 @@ class OutputCollector:
     def __init__(self, max_bytes: int, max_display_bytes: int = MAX_DISPLAY_BYTES) -> None:
         self.max_bytes = max_bytes
         self.max_display_bytes = max_display_bytes
+        self._max_rich = max(max_bytes, max_display_bytes // 4)
         self.result: DisplayOutput | None = None
         self.error: ErrorInfo | None = None
         self.execution_count: int | None = None
@@ -149,7 +167,7 @@ class OutputCollector:
             self._update_display(content)
         elif msg_type == "execute_result":
             self._maybe_clear()
-            self.result, _ = _bundle(content.get("data", {}), content.get("metadata"), self.max_bytes)
+            self.result, _ = _bundle(content.get("data", {}), content.get("metadata"), self.max_bytes, self._max_rich)
             self.execution_count = content.get("execution_count", self.execution_count)
         elif msg_type == "error":
             self._maybe_clear()
@@ -168,7 +186,7 @@ class OutputCollector:
 
     def _display(self, content: dict[str, Any]) -> None:
         display_id = (content.get("transient") or {}).get("display_id")
-        output, size = _bundle(content.get("data", {}), content.get("metadata"), self.max_bytes)
+        output, size = _bundle(content.get("data", {}), content.get("metadata"), self.max_bytes, self._max_rich)
         half = self.max_display_bytes // 2
         if size > half:
             self.dropped_displays += 1  # one output bigger than the whole budget half
@@ -186,7 +204,7 @@ class OutputCollector:
 
     def _update_display(self, content: dict[str, Any]) -> None:
         display_id = (content.get("transient") or {}).get("display_id")
-        output, size = _bundle(content.get("data", {}), content.get("metadata"), self.max_bytes)
+        output, size = _bundle(content.get("data", {}), content.get("metadata"), self.max_bytes, self._max_rich)
         for i, (shown_id, _) in enumerate(self._head):
             if display_id is not None and shown_id == display_id:
                 self._head[i] = (display_id, output)

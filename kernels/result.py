@@ -31,6 +31,10 @@ class StreamChunk:
     text: str
 
 
+#: Image types a chat shows inline, best first (the kernel adds a PNG to charts and SVG).
+CHAT_IMAGE_MIMES = ("image/png", "image/jpeg")
+
+
 @dataclass(frozen=True, slots=True)
 class DisplayOutput:
     """A display_data / execute_result bundle, MIME type → payload.
@@ -43,7 +47,17 @@ class DisplayOutput:
 
     def png(self) -> bytes | None:
         """The PNG bytes of this output, if it has any."""
-        value = self.data.get("image/png")
+        return self._binary("image/png")
+
+    def image(self) -> tuple[bytes, str] | None:
+        """The best image of this output for a chat, with its MIME type: PNG, else JPEG."""
+        for mime in CHAT_IMAGE_MIMES:
+            if (data := self._binary(mime)) is not None:
+                return data, mime
+        return None
+
+    def _binary(self, mime: str) -> bytes | None:
+        value = self.data.get(mime)
         if isinstance(value, str):
             return base64.b64decode(value)
         return value if isinstance(value, bytes) else None
@@ -90,9 +104,14 @@ class ExecutionResult:
 
     @property
     def images(self) -> list[bytes]:
-        """PNG images from display outputs and the execute_result, in order."""
+        """Images (PNG, else JPEG) from display outputs and the execute_result, in order."""
+        return [data for data, _ in self.chat_images]
+
+    @property
+    def chat_images(self) -> list[tuple[bytes, str]]:
+        """(bytes, MIME type) of each output's best chat image (:meth:`DisplayOutput.image`), in order."""
         outputs = [*self.displays, *([self.result_data] if self.result_data else [])]
-        return [png for out in outputs if (png := out.png()) is not None]
+        return [image for out in outputs if (image := out.image()) is not None]
 
     @property
     def ok(self) -> bool:

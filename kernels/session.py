@@ -154,6 +154,71 @@ class KernelSession:
                 result.notice = " ".join(filter(None, [LOST_STATE_NOTICE, result.notice]))
             return result
 
+    async def evaluate(self, expression: str, timeout: float) -> str | None:
+        """The ``text/plain`` of ``expression`` evaluated in the kernel's namespace, run
+        silently: no cell, no output, no execution count, no leftover-process sweep. None when
+        it raised, took longer than ``timeout`` (it is interrupted then), or the kernel died or
+        could not be started.
+
+        For the bot's own questions to a kernel (upload previews), which must not show up as
+        the thread's cells. A kernel that dies, or ignores the interrupt for
+        ``interrupt_grace_s``, is discarded as :meth:`execute` does: the next execution
+        starts a fresh one and says that variables were lost.
+        """
+        async with self._lock:
+            try:
+                await self._ensure_kernel()
+            except Exception:
+                log.warning("no kernel to evaluate in for %s", self.key, exc_info=True)
+                return None
+            handle = self._handle
+            assert handle is not None
+            try:
+                return await self._evaluate(handle, expression, timeout)
+            finally:
+                self.last_activity = time.monotonic()
+
+    async def _evaluate(self, handle: KernelHandle, expression: str, timeout: float) -> str | None:
+        msg_id = handle.client.execute(
+            "", silent=True, store_history=False, user_expressions={"value": expression}, allow_stdin=False
+        )
+        deadline = time.monotonic() + timeout
+        interrupted_at: float | None = None
+        while True:
+            now = time.monotonic()
+            if interrupted_at is None and now >= deadline:
+                interrupted_at = now
+                await self._interrupt_quietly(handle)
+            if interrupted_at is not None and now >= interrupted_at + self.settings.interrupt_grace_s:
+                log.warning("kernel of %s ignored the interrupt of an evaluation: discarding it", self.key)
+                await self._lose_kernel()
+                return None
+            until = deadline if interrupted_at is None else interrupted_at + self.settings.interrupt_grace_s
+            reply = await handle.reply(msg_id, max(min(until - now, WATCHDOG_INTERVAL_S), 0.001))
+            if reply is not None:
+                break
+            if not await handle.is_alive():
+                log.warning("kernel of %s died during an evaluation", self.key)
+                await self._lose_kernel()
+                return None
+        if interrupted_at is not None:
+            return None
+        content = reply["content"]
+        value = (content.get("user_expressions") or {}).get("value") or {}
+        if content.get("status") != "ok" or value.get("status") != "ok":
+            log.info("evaluation in the kernel of %s failed: %s", self.key, value.get("evalue") or content.get("evalue"))
+            return None
+        text = (value.get("data") or {}).get("text/plain")
+        return text if isinstance(text, str) else None
+
+    async def _lose_kernel(self) -> None:
+        """Discard a dead or stuck kernel; the next execution starts a fresh one and, if the
+        lost one had run code, says its variables were lost."""
+        if self.executions:
+            self._lost_state = True
+        await self._discard_handle()
+        self.state = "dead"
+
     async def _run(self, code: str, timeout: float) -> ExecutionResult:
         handle = self._handle
         assert handle is not None

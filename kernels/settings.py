@@ -12,6 +12,23 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class PackageSettings(BaseModel):
+    """Packages installed on demand into one shared folder every kernel sees read-only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Distributions that may be installed on demand; empty: none.
+    allow: tuple[str, ...] = ()
+    #: Empty: the installer's default index.
+    index_url: str = ""
+    #: Folders or URLs of wheels, for offline installs.
+    find_links: tuple[str, ...] = ()
+    #: True: install only from ``find_links``.
+    no_index: bool = False
+    dir: Path = Path("data/packages")
+    timeout_s: float = Field(120.0, gt=0)
+
+
 class KernelSettings(BaseModel):
     """Kernel runtime, sandbox and workspace limits (the ``kernels:`` section of the config)."""
 
@@ -41,3 +58,7 @@ class KernelSettings(BaseModel):
     workspace_quota_mb: float = Field(1024.0, gt=0)
     max_output_bytes: int = Field(100_000, ge=1000)
     preload: tuple[str, ...] = ("pandas", "numpy", "matplotlib")
+    #: The kernel interpreter: an environment of its own (``make kernel-env`` builds this one
+    #: from ``kernels/requirements.txt``), never the bot's.
+    python: Path = Path(".venv-kernel/bin/python")
+    packages: PackageSettings = Field(default_factory=PackageSettings)

@@ -31,6 +31,7 @@ from typing import IO, Any
 import psutil
 
 from kernels.result import KernelStartError
+from kernels.sandbox.support import usage_text
 
 TAP = "tap0"
 MTU = 65520
@@ -70,11 +71,7 @@ def detect_slirp(slirp4netns: str | None = None) -> SlirpSupport:
         raise KernelStartError("nsenter (util-linux) not found: it adds the kernel's blocking routes")
     if ip is None:
         raise KernelStartError("ip (iproute2) not found: it adds the kernel's blocking routes")
-    try:
-        usage = subprocess.run([slirp4netns, "--help"], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise KernelStartError(f"slirp4netns at {slirp4netns} does not run: {exc}") from exc
-    help_text = usage.stdout + usage.stderr
+    help_text = usage_text(slirp4netns, "slirp4netns", SETUP_TIMEOUT_S)
     if "--disable-host-loopback" not in help_text:
         raise KernelStartError(f"slirp4netns at {slirp4netns} lacks --disable-host-loopback (too old)")
     hardening = tuple(flag for flag in _HARDENING if flag in help_text)

@@ -51,11 +51,9 @@ def format_observation(result: ExecutionResult) -> str:
     if result.result is not None:
         label = f"Out[{result.execution_count}]" if result.execution_count else "result"
         parts.append(f"{label}:\n" + truncate_middle(result.result, RESULT_CHARS))
-    texts = [
-        d.data["text/plain"]
-        for d in result.displays
-        if isinstance(d.data.get("text/plain"), str) and not any(m.startswith("image/") for m in d.data)
-    ]
+    # A display sent as an image is counted below; any other is read as its text, which the
+    # kernel makes readable for HTML and LaTeX and where a chart could not be rendered.
+    texts = [d.data["text/plain"] for d in result.displays if isinstance(d.data.get("text/plain"), str) and d.image() is None]
     if texts:
         parts.append("displayed:\n" + truncate_middle("\n".join(texts), DISPLAY_CHARS))
     if result.error is not None:

@@ -18,6 +18,7 @@ from kernels.sandbox.support import CA_CERTS, BwrapSupport
 
 WORKSPACE = Path("/workspace")
 DATA = Path("/data")
+PACKAGES = Path("/packages")
 TMP_SIZE_MB = 256
 SHM_SIZE_MB = 64
 #: Inode caps of the private tmpfs: 300k empty files would otherwise cost ~300 MiB of kernel memory.
@@ -83,6 +84,8 @@ def sandbox_args(support: BwrapSupport, plan: LaunchPlan) -> list[str]:
     _system_view(args, run_dir=plan.run_dir, network=plan.network)
     if plan.data_dir is not None:
         args.bind(plan.data_dir, DATA)
+    if plan.packages_dir is not None:
+        args.bind(plan.packages_dir, PACKAGES)
     args.bind(plan.run_dir, plan.run_dir, writable=True)
     args.bind(plan.workspace, WORKSPACE, writable=True)
     if not support.as_root:
@@ -107,7 +110,7 @@ def zygote_args(support: BwrapSupport, *, run_dir: Path, code_dir: Path | None) 
     The kernels' system view, no network, its own ipc, uts and cgroup namespaces (the host's
     pid namespace, so kernels outlive a zygote that dies), root with its capabilities (each
     forked child builds its own namespaces and drops them, see :mod:`kernels.forkjail`),
-    ``/workspace`` and ``/data`` as mount points, and the host's ``/`` read-only at
+    ``/workspace``, ``/data`` and ``/packages`` as mount points, and the host's ``/`` read-only at
     :data:`kernels.forkjail.HOST_VIEW` for the children to bind their own folders from (each
     detaches it before any user code). ``code_dir``: where ``zygote.py`` lives when no Python
     folder already holds it (bound read-only; children detach it too).
@@ -125,7 +128,7 @@ def zygote_args(support: BwrapSupport, *, run_dir: Path, code_dir: Path | None) 
     args.bind(run_dir, run_dir, writable=True)
     if code_dir is not None:
         args.bind(code_dir, code_dir)
-    for mount_point in (WORKSPACE, DATA):
+    for mount_point in (WORKSPACE, DATA, PACKAGES):
         args.parents(mount_point)
         args.add("--perms", "0755", "--dir", str(mount_point))
     args.bind("/", HOST_VIEW)

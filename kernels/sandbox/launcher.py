@@ -6,17 +6,17 @@ import asyncio
 import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import psutil
 from jupyter_client.manager import AsyncKernelManager
 
+from kernels.interpreter import KernelPython
 from kernels.launch import LaunchPlan
 from kernels.launcher import KernelLauncher, ThreadbookProvisioner, kernel_environment
 from kernels.options import KernelOptions
-from kernels.sandbox.args import CACHE, DATA, WORKSPACE, sandbox_args
+from kernels.sandbox.args import CACHE, DATA, PACKAGES, WORKSPACE, sandbox_args
 from kernels.sandbox.identity import identity_for
 from kernels.sandbox.support import BwrapSupport
 from kernels.settings import KernelSettings
@@ -103,10 +103,11 @@ class BwrapLauncher(KernelLauncher):
         network: SlirpSupport | None = None,
         network_missing: str = "slirp4netns was not probed",
         run_root: Path | None = None,
+        python: KernelPython | None = None,
     ) -> None:
         """``network``: how ``network: true`` kernels get it; None keeps them offline (one
         warning quoting ``network_missing``)."""
-        super().__init__(settings, run_root=run_root)
+        super().__init__(settings, run_root=run_root, python=python)
         self.support = support
         self.network = network
         self.network_missing = network_missing
@@ -127,8 +128,11 @@ class BwrapLauncher(KernelLauncher):
             log.warning(NETWORK_WARNING, self.network_missing)
         view = self.kernel_view(options)
         plain = super().plan(workspace, options)
-        env = kernel_environment(workspace=WORKSPACE, run_dir=plain.run_dir, cache_dir=CACHE, data_dir=view.data_dir)
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
+        env = kernel_environment(
+            python=self.python, workspace=WORKSPACE, run_dir=plain.run_dir, cache_dir=CACHE, data_dir=view.data_dir,
+            packages_dir=PACKAGES,
+        )  # fmt: skip
+        env["PATH"] = os.pathsep.join([str(self.python.bin_dir), "/usr/local/bin", "/usr/bin", "/bin"])
         env["XDG_CACHE_HOME"] = str(CACHE)  # font and other caches stay out of the workspace
         return LaunchPlan(
             kernel_id=plain.kernel_id,
@@ -138,6 +142,7 @@ class BwrapLauncher(KernelLauncher):
             limits=self.limits,
             data_dir=options.data_dir,
             network=view.network,
+            packages_dir=self.packages_dir,
             identity=identity_for(workspace, as_root=self.support.as_root),
         )
 

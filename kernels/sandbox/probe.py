@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from kernels.interpreter import KernelPython
 from kernels.launch import LaunchPlan, ResourceLimits
 from kernels.result import KernelStartError
 from kernels.sandbox.args import TMP_INODES, sandbox_args
@@ -30,13 +30,13 @@ def _probe_plan(support: BwrapSupport, limits: ResourceLimits, *, network: bool)
         run_dir.mkdir()
         plan = LaunchPlan(
             kernel_id="probe", workspace=workspace, run_dir=run_dir, environment={}, limits=limits,
-            data_dir=None, network=network, identity=identity_for(workspace, as_root=support.as_root),
+            data_dir=None, network=network, packages_dir=None, identity=identity_for(workspace, as_root=support.as_root),
         )  # fmt: skip
         prepare_run_dir(plan)
         yield plan
 
 
-def probe(support: BwrapSupport, limits: ResourceLimits) -> None:
+def probe(support: BwrapSupport, python: KernelPython, limits: ResourceLimits) -> None:
     """(Blocking) start a tiny sandboxed Python as the kernel would be started; raise
     :class:`KernelStartError` saying what is missing when it fails."""
     with _probe_plan(support, limits, network=False) as plan:
@@ -46,7 +46,7 @@ def probe(support: BwrapSupport, limits: ResourceLimits) -> None:
         )
         if support.mount is not None:
             check += f"; assert os.statvfs('/tmp').f_files == {TMP_INODES}, 'no inode cap on /tmp'"
-        cmd = [*sandbox_args(support, plan), sys.executable, "-c", check]
+        cmd = [*sandbox_args(support, plan), str(python.executable), "-c", check]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:

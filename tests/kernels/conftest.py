@@ -13,6 +13,7 @@ import pytest_asyncio
 
 from kernels.settings import KernelSettings
 from kernels import KernelPool, build_pool
+from tests.conftest import KERNEL_PYTHON
 
 
 def kernel_settings(root: Path, **overrides: Any) -> KernelSettings:
@@ -25,6 +26,8 @@ def kernel_settings(root: Path, **overrides: Any) -> KernelSettings:
         "preload": (),
         "sandbox": "none",
         "max_output_bytes": 10_000,
+        "packages": {"dir": root / "packages"},
+        "python": KERNEL_PYTHON,
     }
     values.update(overrides)
     return KernelSettings(**values)

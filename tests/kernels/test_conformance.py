@@ -35,10 +35,13 @@ def _expected(cell: Any) -> dict[str, Any]:
     streams = "".join(out.text for out in cell.outputs if out.output_type == "stream")
     results = [out.data for out in cell.outputs if out.output_type == "execute_result"]
     errors = [out.ename for out in cell.outputs if out.output_type == "error"]
+    images = {m for data in results for m in data if m in _IMAGES}
+    if "image/svg+xml" in images:
+        images.add("image/png")  # threadbook_kernel.display adds a PNG to every SVG, for the chat
     return {
         "stdout": streams,
         "result": _ADDRESS.sub("", results[0]["text/plain"]) if results else None,
-        "images": sorted({m for data in results for m in data if m in _IMAGES}),
+        "images": sorted(images),
         "error": errors[0] if errors else None,
     }
 

@@ -69,12 +69,17 @@ async def test_queue_is_first_come_first_served_and_leases_hold_their_kernel(sma
             order.append(key)
             await session.execute("1")
 
-    async with small_pool.lease("q:a") as a, small_pool.lease("q:b"):
-        waiting = [asyncio.ensure_future(ask(f"q:{n}")) for n in "cd"]
-        while small_pool.queue_stats().waiting < 2:
+    async with small_pool.lease("q:a") as a:
+        async with small_pool.lease("q:b"):
+            waiting = [asyncio.ensure_future(ask(f"q:{n}")) for n in "cd"]
+            while small_pool.queue_stats().waiting < 2:
+                await asyncio.sleep(0.01)
+            assert (await small_pool.get_or_start("q:a")) is a  # it has its kernel: no queue
+            assert not any(task.done() for task in waiting)
+        # One lease ended: the first thread in the queue takes that room, the second waits on.
+        while small_pool.queue_stats().waiting > 1:
             await asyncio.sleep(0.01)
-        assert (await small_pool.get_or_start("q:a")) is a  # it has its kernel: no queue
-        assert not any(task.done() for task in waiting)
+        assert small_pool.get("q:c") is not None and small_pool.get("q:d") is None
     await asyncio.gather(*waiting)
     assert order == ["q:c", "q:d"] and places["q:c"][0] == 0 and places["q:d"][0] == 1
     assert small_pool.queue_stats().waiting == 0 and small_pool.queue_stats().recent_waits == 2

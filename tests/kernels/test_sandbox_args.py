@@ -10,7 +10,7 @@ import pytest
 
 from kernels.forkjail import HOST_VIEW
 from kernels.launch import Identity, LaunchPlan, ResourceLimits
-from kernels.sandbox.args import DATA, TMP_INODES, WORKSPACE, prlimit_options, sandbox_args, zygote_args
+from kernels.sandbox.args import DATA, PACKAGES, TMP_INODES, WORKSPACE, prlimit_options, sandbox_args, zygote_args
 from kernels.sandbox.identity import KERNEL_UID_BASE, USERNS_UID, identity_for
 from kernels.sandbox.support import CA_CERTS, BwrapSupport, HostLayout
 
@@ -35,7 +35,8 @@ def plan(*, as_root: bool, data_dir: Path | None = None, network: bool = False) 
     workspace = Path("/srv/ws/slack_C1_t1")
     return LaunchPlan(
         kernel_id="k1", workspace=workspace, run_dir=Path("/tmp/threadbook-0/kernel-k1"), environment={},
-        limits=LIMITS, data_dir=data_dir, network=network, identity=identity_for(workspace, as_root=as_root),
+        limits=LIMITS, data_dir=data_dir, network=network, packages_dir=Path("/srv/packages"),
+        identity=identity_for(workspace, as_root=as_root),
     )  # fmt: skip
 
 
@@ -83,6 +84,7 @@ def test_only_the_workspace_and_run_dir_are_writable() -> None:
     assert pairs(options, "--bind") == [(str(the_plan.run_dir),) * 2, (str(the_plan.workspace), str(WORKSPACE))]
     read_only = dict((dest, source) for source, dest in pairs(options, "--ro-bind"))
     assert read_only[str(DATA)] == "/srv/data/sales" and read_only["/usr"] == "/usr"
+    assert read_only[str(PACKAGES)] == "/srv/packages"  # packages installed on demand: read-only
     assert read_only["/opt/venv"] == "/opt/venv" and read_only["/lib"] == "/lib"
     assert read_only["/etc/passwd"] == str(the_plan.run_dir / "passwd")
     assert ("usr/bin", "/bin") in pairs(options, "--symlink")

@@ -28,10 +28,12 @@ import pytest_asyncio
 from kernels.settings import KernelSettings
 from kernels import KernelOptions, KernelPool, KernelSession, KernelStartError, build_pool
 from kernels.forkserver import ForkingLauncher, ForkProvisioner
+from kernels.interpreter import inspect_interpreter
 from kernels.launch import ResourceLimits
 from kernels.sandbox.launcher import BwrapLauncher, BwrapProvisioner
 from kernels.sandbox.probe import probe
 from kernels.sandbox.support import detect_support
+from tests.conftest import KERNEL_PYTHON
 from tests.security.report import write_table
 
 CANARY = f"tb-canary-{uuid.uuid4().hex}"
@@ -47,7 +49,9 @@ SOURCES = ("spawn", "fork")
 
 def _sandbox_skip_reason() -> str | None:
     try:
-        probe(detect_support(), ResourceLimits.from_settings(KernelSettings()))
+        settings = KernelSettings(python=KERNEL_PYTHON)
+        python = inspect_interpreter(settings.python)
+        probe(detect_support(python), python, ResourceLimits.from_settings(settings))
     except KernelStartError as exc:
         return f"this machine cannot create the kernel sandbox's namespaces: {exc}"
     return None
@@ -224,6 +228,8 @@ async def sandbox_pool(
         max_output_bytes=10_000,
         workspace_quota_mb=64,
         fork_server=fork,
+        python=KERNEL_PYTHON,
+        packages={"dir": root / "packages"},
     )
     kernel_pool = build_pool(settings)
     await kernel_pool.start()

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.agent.observation import format_observation
-from bot.attachments import ingest
+from bot.attachments import add_previews, ingest
 from bot.events import Attachment
 from bot.turn import Outputs, collect_outputs
 from kernels import ExecutionResult, KernelPool, KernelSession, Outcome
@@ -118,16 +118,18 @@ print(json.dumps({{'watching': True}}))
             attacker.workspace,
             max_bytes=2**20,
         )
-        previews.extend(upload.preview for upload in intake.saved)
+        assert [upload.size for upload in intake.saved] == [len(csv)]  # written whole, through its own descriptor
+        # The preview is the kernel's own (sandboxed) reading: whatever the swap left there, never the host file.
+        previews.extend(upload.preview for upload in await add_previews(intake.saved, attacker))
     await attacker.execute("stop.set()")
     assert len(previews) == 15
+    assert host_files.config.read_text() == f"slack:\n  bot_token: {CANARY}\n"  # nothing written through the link
     for text in previews:
-        assert CANARY not in text
-        assert text.startswith("CSV, 2,000 rows × 2 columns"), text[:200]
+        assert CANARY not in text, text[:200]
     outcomes.record(
-        "rename a symlink to the bot's config over a fresh upload while the bot writes and previews it",
-        "contained: all 15 previews describe the uploaded CSV; the preview reads the descriptor the upload "
-        "was written through",
+        "rename a symlink to the bot's config over a fresh upload while the bot writes it and the kernel previews it",
+        "contained: every upload written whole through its own descriptor; previews are computed inside the "
+        "sandboxed kernel, which cannot see the bot's config",
     )
 
 

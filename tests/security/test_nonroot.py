@@ -192,6 +192,7 @@ def _make_venv(venv: Path) -> None:
                 pass
             except OSError:
                 shutil.copy2(source, target)
+    shutil.copytree(REPO / "kernels" / "runtime" / "threadbook_kernel", site / "threadbook_kernel")  # kernel-side code
     for folder, dirs, files in os.walk(venv):
         for name in dirs:
             os.chmod(os.path.join(folder, name), 0o755)
@@ -247,6 +248,7 @@ def _child_env(paths: Layout, **extra: str) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "HOME": str(paths.tmp),
         "TMPDIR": str(paths.tmp),
+        "THREADBOOK_TEST_KERNEL_PYTHON": str(paths.venv / "bin" / "python"),
         "PYTHONPATH": os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]]),
         "PYTHONDONTWRITEBYTECODE": "1",
         **extra,
@@ -373,6 +375,7 @@ async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[s
     settings = KernelSettings(
         sandbox="bwrap", workspace_root=paths.workspaces, preload=(), exec_timeout_s=15, interrupt_grace_s=1,
         max_kernels=4, memory_mb=512, max_processes=64, max_file_mb=10, fork_server=source == "fork",
+        python=Path(sys.executable), packages={"dir": paths.tmp / "packages"},
     )
     logged: list[str] = []
     handler = logging.Handler()

@@ -20,7 +20,9 @@ MISSING = "/nonexistent/bwrap"
 
 
 def settings(tmp_path: Path, mode: str) -> KernelSettings:
-    return KernelSettings(sandbox=mode, workspace_root=tmp_path / "ws", preload=())  # type: ignore[arg-type]
+    return KernelSettings(  # type: ignore[arg-type]
+        sandbox=mode, workspace_root=tmp_path / "ws", preload=(), packages={"dir": tmp_path / "packages"}
+    )
 
 
 def test_none_is_the_plain_launcher(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -17,6 +17,7 @@ import pytest_asyncio
 import yaml
 
 from bot.dispatcher import INTERRUPTED_NOTICE, RESTART_NOTICE
+from tests.conftest import kernel_config
 from tests.fakes.bot_process import BotProcesses, eventually, in_flight_marks
 from tests.fakes.openai_server import ScriptedOpenAI, delay
 from tests.fakes.slack_server import FakeSlack, Message
@@ -33,7 +34,7 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeSlack, ScriptedOpenAI
         config.write_text(yaml.safe_dump({
             "llm": {"base_url": llm.base_url, "api_key": LLM_KEY, "model": "fake-model", "max_retries": 0},
             "slack": {"bot_token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": slack.api_url},
-            "kernels": {"workspace_root": str(tmp_path / "ws"), "sandbox": "none", "warm_pool": 0, "preload": []},
+            "kernels": kernel_config(tmp_path),
             "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
         }))
         bots = BotProcesses(tmp_path, config)

@@ -1,119 +1,102 @@
-"""Attachment previews and ingest into a real kernels.Workspace."""
+"""Uploads: ingest into a real kernels.Workspace, previews asked of the thread's real kernel.
+
+The previews' own formats are tested kernel-side (``tests/kernels/test_preview.py``); here is
+what the bot does with them: it asks the kernel, never parses a file itself, and says "no
+preview" when the kernel cannot answer in time.
+"""
 
 from __future__ import annotations
 
-import json
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import openpyxl
 import pytest
-from PIL import Image
+import pytest_asyncio
 
-from bot.attachments import PREVIEW_READ_BYTES, describe_for_model, human_size, ingest
-from bot.attachments import preview as preview_file
+from bot.attachments import SavedUpload, add_previews, describe_for_model, human_size, ingest, preview
 from bot.events import Attachment
-from kernels import safefs
+from kernels import KernelPool, build_pool
 from kernels.workspace import Workspace, WorkspaceManager
+from tests.fakes.outputs import PeakRss
+from tests.fakes.uploads import zip_bomb_xlsx
+from tests.kernels.conftest import kernel_settings
 
-
-async def preview(path: Path) -> str:
-    """The preview of a file, opened the way the bot opens uploads (no links followed)."""
-    with safefs.open_file(path.parent, path.name) as pinned:
-        return await preview_file(pinned, path.name)
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SALES_CSV = "region,units,price,day\nnorth,3,2.5,2024-01-01\nsouth,7,1.25,2024-01-02\n" + "".join(
     f"east,{i},{i / 2},2024-02-{i % 28 + 1:02d}\n" for i in range(10)
 )
 
 
-async def test_csv_preview_has_columns_dtypes_rows_and_head(tmp_path: Path) -> None:
-    path = tmp_path / "sales.csv"
-    path.write_text(SALES_CSV)
-    text = await preview(path)
-    assert text.startswith("CSV, 12 rows × 4 columns")
-    assert "region (" in text and "units (int64)" in text and "price (float64)" in text
-    assert "north" in text and "south" in text
-    assert "east" in text.split("first 5 rows:")[1]
-    assert text.split("first 5 rows:")[1].count("\n") == 6  # header + 5 rows
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pool(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[KernelPool]:
+    kernel_pool = build_pool(kernel_settings(tmp_path_factory.mktemp("kernels")))
+    yield kernel_pool
+    await kernel_pool.shutdown_all()
 
 
-async def test_tsv_preview(tmp_path: Path) -> None:
-    path = tmp_path / "data.tsv"
-    path.write_text("name\tscore\nada\t9.5\nbob\t7.0\n")
-    text = await preview(path)
-    assert text.startswith("TSV, 2 rows × 2 columns")
-    assert "score (float64)" in text and "ada" in text
+async def test_previews_come_from_the_thread_kernel_and_reach_the_model_block(pool: KernelPool) -> None:
+    session = await pool.get_or_start("t:csv")
+    (session.workspace.path / "sales.csv").write_text(SALES_CSV)
+    (session.workspace.path / "empty.csv").write_bytes(b"")
+    uploads = [SavedUpload("sales.csv", "Sales 2024.csv", len(SALES_CSV)), SavedUpload("empty.csv", "empty.csv", 0)]
+    saved = await add_previews(uploads, session)
+    assert saved[0].preview.startswith("CSV, 12 rows × 4 columns")
+    assert "units (int64)" in saved[0].preview and "north" in saved[0].preview
+    assert saved[1].preview == "empty file (0 bytes)."
+    assert session.executions == 0  # asked silently: no cell ran in the thread's kernel
+    block = describe_for_model(saved, [])
+    assert "`sales.csv`" in block and 'uploaded as "Sales 2024.csv"' in block and "units (int64)" in block
 
 
-async def test_big_csv_preview_estimates_rows_and_reads_a_bounded_prefix(tmp_path: Path) -> None:
-    path = tmp_path / "big.csv"
-    rows = 300_000
-    with path.open("w") as handle:
-        handle.write("id,value,label\n")
-        handle.writelines(f"{i},{i * 0.5},label{i % 7}\n" for i in range(rows))
-    assert path.stat().st_size > PREVIEW_READ_BYTES
-    text = await preview(path)
-    assert text.startswith("CSV, about ")
-    estimate = int(text.removeprefix("CSV, about ").split(" ")[0].replace(",", ""))
-    assert abs(estimate - rows) / rows < 0.1
-    assert "id (int64)" in text
-
-
-async def test_malformed_csv_says_it_could_not_be_parsed(tmp_path: Path) -> None:
-    path = tmp_path / "broken.csv"
-    path.write_text("a,b\n1,2\n3,4,5,6\n")
-    text = await preview(path)
-    assert "could not be parsed as CSV" in text
-    assert "3,4,5,6" in text  # the first lines are shown so the model can see why
-
-
-async def test_excel_preview_lists_sheets_and_first_rows(tmp_path: Path) -> None:
-    path = tmp_path / "book.xlsx"
-    workbook = openpyxl.Workbook()
-    sheet = workbook.active
-    sheet.title = "Orders"
-    sheet.append(["order", "amount"])
-    for i in range(8):
-        sheet.append([f"A{i}", i * 10])
-    workbook.create_sheet("Customers").append(["id", "name"])
-    workbook.save(path)
-    text = await preview(path)
-    assert "2 sheet(s): Orders, Customers" in text
-    assert "first sheet 'Orders', 8 data rows" in text
-    assert "A0" in text and "A4" in text and "A5" not in text
-
-
-async def test_json_previews_show_top_level_shape(tmp_path: Path) -> None:
-    obj = tmp_path / "config.json"
-    obj.write_text(json.dumps({"name": "x", "items": [1, 2, 3], "nested": {"a": 1}}))
-    array = tmp_path / "records.json"
-    array.write_text(json.dumps([{"id": i, "tags": ["a"]} for i in range(25)]))
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    assert "object with 3 keys: name (string), items (array, 3 items), nested (object, 1 keys)" in await preview(obj)
-    assert "array of 25 items; first item: object with 2 keys: id (number), tags (array, 1 items)" in await preview(
-        array
+async def test_a_preview_the_kernel_cannot_give_in_time_says_so(pool: KernelPool) -> None:
+    session = await pool.get_or_start("t:slow")
+    (session.workspace.path / "data.csv").write_text("a,b\n1,2\n")
+    # A kernel whose preview module hangs (user code can do that to its own kernel).
+    ran = await session.execute(
+        "import threadbook_kernel.preview as p, time\np.for_bot = lambda name: time.sleep(60)", timeout=20
     )
-    assert "could not be parsed" in await preview(bad)
+    assert ran.ok, ran
+    started = time.monotonic()
+    text = await preview(session, "data.csv", 8, timeout=1.0)
+    assert time.monotonic() - started < 10
+    assert text == "file (text/csv), 8 B; no preview (the kernel could not read it in time)."
+    assert (await session.execute("1 + 1")).result == "2"  # interrupted, not lost
 
 
-async def test_text_binary_image_and_empty_previews(tmp_path: Path) -> None:
-    notes = tmp_path / "notes.txt"
-    notes.write_text("".join(f"line {i}\n" for i in range(30)))
-    blob = tmp_path / "blob"
-    blob.write_bytes(bytes(range(256)) * 8)
-    picture = tmp_path / "pic.png"
-    Image.new("RGB", (12, 34)).save(picture)
-    empty = tmp_path / "empty.csv"
-    empty.write_bytes(b"")
+async def test_an_answer_that_is_not_a_preview_is_not_trusted(pool: KernelPool) -> None:
+    session = await pool.get_or_start("t:liar")
+    (session.workspace.path / "data.csv").write_text("a,b\n1,2\n")
+    ran = await session.execute(
+        "import threadbook_kernel.preview as p\n"
+        "class Big:\n    def __repr__(self): return '\"' + 'x' * 10**6 + '\"'\n"
+        "p.for_bot = lambda name: Big()",
+        timeout=20,
+    )
+    assert ran.ok, ran
+    assert "no preview" in await preview(session, "data.csv", 8)
+    await session.execute("p.for_bot = lambda name: 12")
+    assert "no preview" in await preview(session, "data.csv", 8)
+    await session.execute("p.for_bot = lambda name: p.Answer('y' * 10_000)")
+    text = await preview(session, "data.csv", 8)
+    assert len(text) < 3100 and text.endswith("… (preview cut)")
 
-    text = await preview(notes)
-    assert text.startswith("text, 30 lines") and "line 9" in text and "line 10" not in text
-    assert await preview(blob) == "binary file of unknown type, 2.0 KB."
-    assert await preview(picture) == "PNG image, 12×34 pixels, " + human_size(picture.stat().st_size) + "."
-    assert await preview(empty) == "empty file (0 bytes)."
+
+async def test_a_hostile_workbook_leaves_the_bot_memory_flat(pool: KernelPool) -> None:
+    session = await pool.get_or_start("t:bomb")
+    await session.execute("kept = 'still here'")
+    bomb = zip_bomb_xlsx(session.workspace.path / "report.xlsx", sheet_mb=400, dimension=False, theme_mb=200)
+    with PeakRss() as rss:
+        text = await preview(session, bomb.name, bomb.stat().st_size)
+    growth = rss.growth / 2**20
+    print(f"bot peak RSS growth previewing a {human_size(bomb.stat().st_size)} workbook that unpacks to 600 MB: "
+          f"{growth:.2f} MiB (baseline {rss.baseline / 2**20:.0f} MiB)")
+    assert growth < 10, f"the bot grew by {growth:.1f} MiB previewing a zip bomb"
+    assert text.startswith("Excel workbook") and "rows not previewed" in text
+    after = await session.execute("kept")
+    assert after.result == "'still here'" and not after.kernel_restarted
 
 
 class RecordingFetch:
@@ -149,7 +132,7 @@ def _files(workspace: Workspace) -> list[str]:
     return sorted(os.listdir(workspace.path))
 
 
-async def test_ingest_saves_streamed_upload_with_preview(workspace: Workspace) -> None:
+async def test_ingest_saves_streamed_upload_and_parses_nothing(workspace: Workspace) -> None:
     data = SALES_CSV.encode()
     fetch = RecordingFetch([data[:20], data[20:]])
     result = await ingest([Attachment("../Sales 2024.csv", len(data), "text/csv", fetch)], workspace, max_bytes=5000)
@@ -160,14 +143,13 @@ async def test_ingest_saves_streamed_upload_with_preview(workspace: Workspace) -
     assert "/" not in saved.name_in_workspace and saved.name_in_workspace.endswith(".csv")
     assert saved.size == len(data)
     assert (workspace.path / saved.name_in_workspace).read_bytes() == data
-    assert saved.preview.startswith("CSV, 12 rows × 4 columns")
+    assert saved.preview == ""  # the thread's kernel previews it once the turn has its kernel
     assert fetch.closed
 
     block = describe_for_model(result.saved, result.refused)
     assert f"`{saved.name_in_workspace}`" in block
     assert human_size(len(data)) in block
     assert 'uploaded as "../Sales 2024.csv"' in block
-    assert "units (int64)" in block
 
 
 async def test_ingest_refuses_oversize_before_fetching(workspace: Workspace) -> None:

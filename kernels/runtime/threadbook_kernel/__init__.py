@@ -1,0 +1,36 @@
+"""Threadbook's code inside the kernel: installed into the kernel environment, never the bot's.
+
+Whatever parses or renders untrusted content (a chart's ``show()``, an uploaded workbook)
+does it here, inside the thread's sandboxed kernel, so a crafted input costs that kernel and
+never the bot. :func:`setup` runs first in every kernel (spawned or forked, before any user
+code): it puts the shared folder of packages installed on demand at the end of ``sys.path``
+and routes every display through :mod:`threadbook_kernel.display` (charts and SVG gain a
+PNG, HTML-only outputs readable text).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["setup"]
+
+#: Set by the launcher: where the kernel sees the shared packages folder (read-only).
+PACKAGES_ENV = "THREADBOOK_PACKAGES_DIR"
+#: The workspace folder (the kernel's starting directory), held open by :func:`setup`: upload
+#: previews (:mod:`threadbook_kernel.preview`) find files there even after user code changed
+#: directory, and the descriptor follows the folder when a warm kernel is adopted (renamed).
+WORKSPACE_FD: int | None = None
+
+
+def setup() -> None:
+    """Prepare this kernel; idempotent. Called by the kernel's ``exec_lines``."""
+    global WORKSPACE_FD
+    if WORKSPACE_FD is None:
+        WORKSPACE_FD = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    packages = os.environ.get(PACKAGES_ENV)
+    if packages and packages not in sys.path:
+        sys.path.append(packages)  # after the environment's own packages: they always win
+    from threadbook_kernel.display import install
+
+    install()

@@ -1,0 +1,52 @@
+"""Uploads end to end: the preview the model gets is computed by the thread's kernel."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest_asyncio
+
+from bot.app import Core
+from tests.conftest import make_settings
+from tests.fakes.memory import MemoryChat, bytes_attachment
+from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
+
+#: Semicolons, decimal commas and latin-1: what a European spreadsheet export looks like.
+READINGS_CSV = "sensor;reading;site\nA1;1,5;Zürich\nB2;2,25;Köln\nC3;3,75;Malmö\n".encode("latin-1")
+
+
+@pytest_asyncio.fixture
+async def llm() -> AsyncIterator[ScriptedOpenAI]:
+    async with ScriptedOpenAI() as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def core(tmp_path: Path, llm: ScriptedOpenAI) -> AsyncIterator[Core]:
+    async with Core.open(make_settings(tmp_path, llm_url=llm.base_url)) as running:
+        yield running
+
+
+def first_user_message(request: dict[str, Any]) -> str:
+    content = next(m for m in request["messages"] if m["role"] == "user")["content"]
+    assert isinstance(content, str)
+    return content
+
+
+async def test_an_uploaded_csv_preview_from_the_kernel_reaches_the_model(core: Core, llm: ScriptedOpenAI) -> None:
+    llm.script(tool_call("import pandas as pd\nprint(len(pd.read_csv('readings.csv', sep=';')))"), answer("3 readings."))
+    chat = MemoryChat(core.dispatcher)
+    out = await chat.say("how many readings?", attachments=[bytes_attachment("readings.csv", READINGS_CSV)])
+    assert out.reply.ok and out.reply.text == "3 readings."
+
+    sent = first_user_message(llm.requests[0])
+    assert sent.startswith("how many readings?")
+    assert "`readings.csv` (61 B)" in sent
+    assert "CSV, 3 rows × 3 columns, 61 B" in sent
+    assert "pd.read_csv('readings.csv', sep=';', encoding='latin-1', decimal=',')" in sent
+    assert "reading (float64)" in sent and "Zürich" in sent
+    # Asked silently: the model's code was the only cell the thread's kernel ran.
+    session = await core.pool.get_or_start(str(chat.key()))
+    assert session.executions == 1
