@@ -13,6 +13,7 @@ import csv
 import datetime as dt
 import io
 import random
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,6 +207,17 @@ def _xlsx(sheets: dict[str, list[list[object]]]) -> bytes:
             sheet.append(row)
     out = io.BytesIO()
     book.save(out)
+    return _dated(out.getvalue())
+
+
+def _dated(archive: bytes) -> bytes:
+    """``archive`` with every entry dated 1 January of ``YEAR``: openpyxl stamps the time of
+    saving, which would make two generations differ across a second boundary."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(archive)) as source, zipfile.ZipFile(out, "w") as target:
+        for info in source.infolist():
+            info.date_time = (YEAR, 1, 1, 0, 0, 0)
+            target.writestr(info, source.read(info))
     return out.getvalue()
 
 

@@ -65,6 +65,9 @@ MPL_INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ")
 _THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 START_TIMEOUT_S = 60.0
+#: Kernels one launcher starts at a time: a burst of new threads then finishes its starts one
+#: batch after another instead of all of them sharing the CPU past ``START_TIMEOUT_S``.
+START_SLOTS = 2 * (os.cpu_count() or 1)
 #: The kernel's own stdout/stderr (crash messages such as "Fatal Python error") land here.
 KERNEL_LOG = "kernel.log"
 #: Run dirs are named ``kernel-<kernel id>`` under the launcher's run root.
@@ -389,15 +392,17 @@ class KernelLauncher:
         run_root: Path | None = None,
         cgroups: Cgroups | None = None,
         python: KernelPython | None = None,
+        start_slots: int = START_SLOTS,
     ) -> None:
         """(Blocking the first time) ``cgroups``: where kernels' cgroups come from (default:
         what this host allows, detected once per process); ``python``: the kernel interpreter
-        (default: ``settings.python``, inspected once)."""
+        (default: ``settings.python``, inspected once); ``start_slots``: kernels started at once."""
         self.settings = settings
         self.python = python or inspect_interpreter(settings.python)
         self.limits = ResourceLimits.from_settings(settings)
         self.packages_dir = Path(os.path.abspath(settings.packages.dir))
         self.packages_dir.mkdir(parents=True, exist_ok=True)
+        self._start_slots = asyncio.Semaphore(start_slots)
         self.cgroups = cgroups or Cgroups.detected(memory_mb=settings.memory_mb, max_processes=settings.max_processes)
         # Per user: a second bot user on the same host must not trip over the first one's 0700 folder.
         self.run_root = Path(run_root or tempfile.gettempdir()) / f"threadbook-{os.getuid()}"
@@ -427,7 +432,7 @@ class KernelLauncher:
 
     def plan(self, workspace: Path, options: KernelOptions) -> LaunchPlan:
         """One start's plan: host paths, the bot's uid, the host's network."""
-        kernel_id = uuid.uuid4().hex
+        kernel_id = uuid.uuid4().hex[:12]  # short: the ipc socket paths under the run dir must fit 107 bytes
         run_dir = self.run_root / f"{RUN_DIR_PREFIX}{kernel_id}"
         return LaunchPlan(
             kernel_id=kernel_id,
@@ -457,7 +462,13 @@ class KernelLauncher:
         """Nothing runs in the background of a spawning launcher."""
 
     async def start(self, plan: LaunchPlan) -> KernelHandle:
-        """Start a kernel as ``plan`` says and wait until it answers (kernel_info + iopub)."""
+        """Start a kernel as ``plan`` says and wait until it answers (kernel_info + iopub);
+        at most ``start_slots`` starts run at once, the others wait their turn (the start
+        timeout counts from their own launch)."""
+        async with self._start_slots:
+            return await self._start(plan)
+
+    async def _start(self, plan: LaunchPlan) -> KernelHandle:
         await asyncio.to_thread(self.make_run_dir, plan.run_dir)
         manager = _Manager(transport=self.transport, connection_file=str(plan.run_dir / "kernel.json"))
         if self.transport == "ipc":

@@ -29,12 +29,6 @@ def echo_tool_output(request: dict[str, Any]) -> Any:
     return answer("Result: " + tool_outputs(request)[-1])
 
 
-@pytest_asyncio.fixture
-async def llm() -> AsyncIterator[ScriptedOpenAI]:
-    async with ScriptedOpenAI() as server:
-        yield server
-
-
 @pytest.fixture
 def packages_dir(tmp_path: Path) -> Path:
     return tmp_path / "packages"

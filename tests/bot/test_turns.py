@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import nbformat
 import pytest
-import pytest_asyncio
 from PIL import Image
 
 from bot.app import Core
@@ -31,18 +29,6 @@ def last_tool_output(request: dict[str, Any]) -> str:
 def echo_tool_output(prefix: str = "Result: ") -> Any:
     """A script step that answers with the last tool observation (so the reply shows real kernel output)."""
     return lambda request: answer(prefix + last_tool_output(request))
-
-
-@pytest_asyncio.fixture
-async def llm() -> AsyncIterator[ScriptedOpenAI]:
-    async with ScriptedOpenAI() as server:
-        yield server
-
-
-@pytest_asyncio.fixture
-async def core(tmp_path: Path, llm: ScriptedOpenAI) -> AsyncIterator[Core]:
-    async with Core.open(make_settings(tmp_path, llm_url=llm.base_url)) as running:
-        yield running
 
 
 @pytest.fixture

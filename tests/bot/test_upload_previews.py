@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest_asyncio
-
 from bot.app import Core
-from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat, bytes_attachment
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
 
 #: Semicolons, decimal commas and latin-1: what a European spreadsheet export looks like.
 READINGS_CSV = "sensor;reading;site\nA1;1,5;Zürich\nB2;2,25;Köln\nC3;3,75;Malmö\n".encode("latin-1")
-
-
-@pytest_asyncio.fixture
-async def llm() -> AsyncIterator[ScriptedOpenAI]:
-    async with ScriptedOpenAI() as server:
-        yield server
-
-
-@pytest_asyncio.fixture
-async def core(tmp_path: Path, llm: ScriptedOpenAI) -> AsyncIterator[Core]:
-    async with Core.open(make_settings(tmp_path, llm_url=llm.base_url)) as running:
-        yield running
 
 
 def first_user_message(request: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 
 from kernels import KernelLauncher, KernelOptions, KernelStartError, LaunchPlan
-from kernels.launcher import ThreadbookProvisioner
+from kernels.launcher import KernelHandle, ThreadbookProvisioner
 from tests.kernels.conftest import kernel_settings
 
 
@@ -42,3 +43,32 @@ def test_a_plan_is_complete_frozen_and_starts_nothing(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         plan.environment["OPENAI_API_KEY"] = "sk-leak"  # type: ignore[index]
     assert launcher.plan(tmp_path / "ws", KernelOptions()).kernel_id != plan.kernel_id
+
+
+class _CountingLauncher(KernelLauncher):
+    """Records how many starts ran at once."""
+
+    running = 0
+    most = 0
+
+    async def _start(self, plan: LaunchPlan) -> KernelHandle:
+        type(self).running += 1
+        type(self).most = max(type(self).most, type(self).running)
+        try:
+            return await super()._start(plan)
+        finally:
+            type(self).running -= 1
+
+
+async def test_a_burst_of_starts_takes_its_turns(tmp_path: Path) -> None:
+    """A burst of new threads starts ``start_slots`` kernels at a time, so none of them runs
+    out its start timeout sharing the CPU with all the others."""
+    launcher = _CountingLauncher(kernel_settings(tmp_path), run_root=tmp_path / "run", start_slots=2)
+    workspaces = [tmp_path / f"ws{n}" for n in range(5)]
+    for workspace in workspaces:
+        workspace.mkdir()
+    handles = await asyncio.gather(*(launcher.start(launcher.plan(ws, KernelOptions())) for ws in workspaces))
+    try:
+        assert _CountingLauncher.most == 2 and all([await handle.is_alive() for handle in handles])
+    finally:
+        await asyncio.gather(*(handle.shutdown() for handle in handles))
