@@ -28,6 +28,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -75,6 +76,19 @@ IMPORT_TO_DISTRIBUTION: dict[str, str] = {
     "osgeo": "gdal",
     "mpl_toolkits": "matplotlib",
 }
+#: The installer's environment: what it needs to reach an index (proxies, certificates, uv's
+#: own settings), never the rest of the bot's (its tokens).
+_INSTALLER_ENV = frozenset({
+    "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_CACHE_HOME", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+})  # fmt: skip
+def installer_environment(bot_environment: Mapping[str, str]) -> dict[str, str]:
+    """The installer's environment: only what it needs from the bot's."""
+    env = {name: value for name, value in bot_environment.items() if name in _INSTALLER_ENV or name.startswith("UV_")}
+    env.update(UV_NO_PROGRESS="1", NO_COLOR="1")
+    return env
+
+
 #: The staging folders of installs under way live here, inside the shared folder (one
 #: file system, so the move is a rename); the dot keeps them out of any import.
 STAGING = ".staging"
@@ -247,6 +261,9 @@ class PackageInstaller:
             str(self.bot_python), "-m", "uv", "pip", "install", "--no-config", "--quiet",
             "--python", str(self.python.executable), "--target", str(site),
             "--excludes", str(excludes), "--link-mode", "copy", "--compile-bytecode",
+            # Wheels only: building a source distribution would run the package's own code here,
+            # in the bot's process tree, next to its secrets.
+            "--no-build",
         ]  # fmt: skip
         if settings.index_url:
             command += ["--index-url", settings.index_url]
@@ -260,7 +277,7 @@ class PackageInstaller:
         """Run uv, stopped (its whole process group) after ``timeout_s``: None when it worked,
         else one line."""
         timeout = self.settings.timeout_s
-        env = {**os.environ, "UV_NO_PROGRESS": "1", "NO_COLOR": "1"}
+        env = installer_environment(os.environ)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self._command(distribution, site, excludes),

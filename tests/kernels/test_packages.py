@@ -4,9 +4,11 @@ that a running kernel from the kernel environment then imports."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import stat
 import sys
+import tarfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +26,7 @@ from kernels.packages import (
     Verdict,
     distribution_for,
     installed_distributions,
+    installer_environment,
     installer_error,
     missing_module,
 )
@@ -285,3 +288,51 @@ async def test_sandboxed_kernel_sees_an_install_made_after_it_started_and_cannot
         assert denied.error is not None and denied.error.ename in ("OSError", "PermissionError")
     finally:
         await sandboxed.shutdown_all()
+
+
+def _sdist(folder: Path, name: str, marker: Path) -> None:
+    """A source distribution with an in-tree build backend (no download needed) whose first
+    hook writes ``marker`` with the environment it saw."""
+    backend = (
+        "import json, os\n"
+        "def _ran():\n"
+        f"    open({str(marker)!r}, 'w').write(json.dumps(dict(os.environ)))\n"
+        "def get_requires_for_build_wheel(config_settings=None):\n    _ran()\n    return []\n"
+        "def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):\n    _ran()\n    raise RuntimeError('no')\n"
+        "def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):\n    _ran()\n    raise RuntimeError('no')\n"
+    )
+    pyproject = '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+    pkg_info = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+    files = {"backend.py": backend, "pyproject.toml": pyproject, "PKG-INFO": pkg_info}
+    with tarfile.open(folder / f"{name}-1.0.tar.gz", "w:gz") as archive:
+        for path, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{name}-1.0/{path}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+
+def test_the_installer_never_sees_the_bots_secrets() -> None:
+    bot = {"SLACK_BOT_TOKEN": "xoxb-canary", "OPENAI_API_KEY": "sk-canary", "PATH": "/usr/bin",
+           "HTTPS_PROXY": "http://proxy:3128", "UV_INDEX_URL": "https://mirror/simple"}
+    env = installer_environment(bot)
+    assert "SLACK_BOT_TOKEN" not in env and "OPENAI_API_KEY" not in env
+    assert env["PATH"] == "/usr/bin" and env["HTTPS_PROXY"] and env["UV_INDEX_URL"]
+
+
+@in_module_loop
+async def test_a_source_distribution_is_never_built_on_the_bots_side(
+    launched: tuple[KernelPool, KernelLauncher], tmp_path: Path
+) -> None:
+    """Building an sdist would run the package's own code in the bot's process tree: only
+    wheels are installed."""
+    _, launcher = launched
+    links = tmp_path / "sdists"
+    links.mkdir()
+    marker = tmp_path / "built.json"
+    _sdist(links, "tbsource", marker)
+
+    outcome = await installer(launcher, links, allow=("tbsource",)).provide("tbsource")
+
+    assert outcome.verdict is Verdict.FAILED and "tbsource" in outcome.detail
+    assert not marker.exists(), "the package's setup.py ran on the bot's side"
