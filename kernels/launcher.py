@@ -53,7 +53,7 @@ from kernels import leftovers, safefs
 from kernels.cgroups import Cgroups, KernelCgroup
 from kernels.forkjail import KERNEL_OOM_SCORE_ADJ, join_session_keyring, set_oom_score_adj
 from kernels.interpreter import KernelPython, inspect_interpreter
-from kernels.launch import LaunchPlan, ResourceLimits
+from kernels.launch import Identity, LaunchPlan, ResourceLimits
 from kernels.options import KernelOptions
 from kernels.output import MAX_MESSAGE_BYTES
 from kernels.result import KernelStartError
@@ -431,23 +431,32 @@ class KernelLauncher:
         return options
 
     def plan(self, workspace: Path, options: KernelOptions) -> LaunchPlan:
-        """One start's plan: host paths, the bot's uid, the host's network."""
+        """One start's plan: its environment and identity from :meth:`environment` and
+        :meth:`identity`, network as :meth:`kernel_view` says."""
         kernel_id = uuid.uuid4().hex[:12]  # short: the ipc socket paths under the run dir must fit 107 bytes
         run_dir = self.run_root / f"{RUN_DIR_PREFIX}{kernel_id}"
         return LaunchPlan(
             kernel_id=kernel_id,
             workspace=workspace,
             run_dir=run_dir,
-            environment=kernel_environment(
-                python=self.python, workspace=workspace, run_dir=run_dir, cache_dir=self.cache_dir,
-                data_dir=options.data_dir, packages_dir=self.packages_dir,
-            ),  # fmt: skip
+            environment=self.environment(workspace, run_dir, options),
             limits=self.limits,
             data_dir=options.data_dir,
-            network=options.network,
+            network=self.kernel_view(options).network,
             packages_dir=self.packages_dir,
-            identity=None,
+            identity=self.identity(workspace),
         )
+
+    def environment(self, workspace: Path, run_dir: Path, options: KernelOptions) -> dict[str, str]:
+        """The kernel's environment (unsandboxed: host paths)."""
+        return kernel_environment(
+            python=self.python, workspace=workspace, run_dir=run_dir, cache_dir=self.cache_dir,
+            data_dir=options.data_dir, packages_dir=self.packages_dir,
+        )  # fmt: skip
+
+    def identity(self, workspace: Path) -> Identity | None:
+        """Who the kernel runs as (unsandboxed: the bot's own uid, None)."""
+        return None
 
     def provisioner(self, plan: LaunchPlan, manager: AsyncKernelManager) -> ThreadbookProvisioner:
         """The provisioner that carries out ``plan`` for ``manager``."""

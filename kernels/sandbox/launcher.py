@@ -13,7 +13,7 @@ import psutil
 from jupyter_client.manager import AsyncKernelManager
 
 from kernels.interpreter import KernelPython
-from kernels.launch import LaunchPlan
+from kernels.launch import Identity, LaunchPlan
 from kernels.launcher import KernelLauncher, ThreadbookProvisioner, kernel_environment
 from kernels.options import KernelOptions
 from kernels.sandbox.args import CACHE, DATA, PACKAGES, WORKSPACE, sandbox_args
@@ -121,30 +121,25 @@ class BwrapLauncher(KernelLauncher):
         )
 
     def plan(self, workspace: Path, options: KernelOptions) -> LaunchPlan:
-        """In-sandbox paths (``HOME=/workspace``, ``/data``, caches in ``/tmp``), the kernel's
-        own uid, network only where slirp4netns can give it (one warning where it cannot)."""
+        """The base plan; network only where slirp4netns can give it (one warning where it cannot)."""
         if options.network and self.network is None and not self._network_warned:
             self._network_warned = True
             log.warning(NETWORK_WARNING, self.network_missing)
-        view = self.kernel_view(options)
-        plain = super().plan(workspace, options)
+        return super().plan(workspace, options)
+
+    def environment(self, workspace: Path, run_dir: Path, options: KernelOptions) -> dict[str, str]:
+        """In-sandbox paths: ``HOME=/workspace``, ``/data``, ``/packages``, caches in ``/tmp``."""
         env = kernel_environment(
-            python=self.python, workspace=WORKSPACE, run_dir=plain.run_dir, cache_dir=CACHE, data_dir=view.data_dir,
-            packages_dir=PACKAGES,
+            python=self.python, workspace=WORKSPACE, run_dir=run_dir, cache_dir=CACHE,
+            data_dir=self.kernel_view(options).data_dir, packages_dir=PACKAGES,
         )  # fmt: skip
         env["PATH"] = os.pathsep.join([str(self.python.bin_dir), "/usr/local/bin", "/usr/bin", "/bin"])
         env["XDG_CACHE_HOME"] = str(CACHE)  # font and other caches stay out of the workspace
-        return LaunchPlan(
-            kernel_id=plain.kernel_id,
-            workspace=workspace,
-            run_dir=plain.run_dir,
-            environment=env,
-            limits=self.limits,
-            data_dir=options.data_dir,
-            network=view.network,
-            packages_dir=self.packages_dir,
-            identity=identity_for(workspace, as_root=self.support.as_root),
-        )
+        return env
+
+    def identity(self, workspace: Path) -> Identity:
+        """The kernel's own uid (per workspace as root, 1000 of its user namespace otherwise)."""
+        return identity_for(workspace, as_root=self.support.as_root)
 
     def provisioner(self, plan: LaunchPlan, manager: AsyncKernelManager) -> ThreadbookProvisioner:
         """A :class:`BwrapProvisioner` with the plan's bwrap command."""
