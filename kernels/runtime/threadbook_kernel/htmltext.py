@@ -18,13 +18,14 @@ MAX_HTML_CHARS = 1_000_000
 #: The text made from it is cut here (the model reads far less).
 MAX_TEXT_CHARS = 20_000
 
-_SKIPPED = frozenset({"script", "style", "head", "title", "template", "noscript", "svg", "math"})
+#: Elements whose text is never shown (each needs its end tag; ``head``, whose end tag may be
+#: left out, is not one: its title, styles and scripts are skipped one by one).
+_SKIPPED = frozenset({"script", "style", "title", "template", "noscript", "svg", "math"})
 _BLOCKS = frozenset({
     "address", "article", "aside", "blockquote", "br", "caption", "dd", "div", "dl", "dt", "figcaption",
     "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "li", "main", "nav",
     "ol", "p", "pre", "section", "table", "tbody", "tfoot", "thead", "ul",
 })  # fmt: skip
-_VOID = frozenset({"br", "hr", "img", "input", "meta", "link", "col", "area", "base", "wbr", "source"})
 _SPACES = re.compile(r"[ \t\r\f\v\n]+")
 
 
@@ -38,6 +39,8 @@ class _TextParser(HTMLParser):
         self.rows: list[list[str]] = []  # one open row per open <tr> (nested tables)
         self.cell: list[str] | None = None
         self.cells: list[list[str] | None] = []  # the enclosing cell of each open row
+        self.row_tables: list[int] = []  # the table depth of each open row
+        self.tables = 0
         self.size = 0
 
     @property
@@ -60,17 +63,22 @@ class _TextParser(HTMLParser):
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag in _SKIPPED:
-            if tag not in _VOID:
-                self.skipping += 1
+            self.skipping += 1
             return
         if self.skipping:
             return
+        if tag == "table":
+            self.tables += 1
         if tag == "tr":
+            self._close_rows(self.tables)  # a <tr> ends the previous row of its table (its </tr> is optional)
             self._break()
             self.cells.append(self.cell)
             self.cell = None
             self.rows.append([])
+            self.row_tables.append(self.tables)
         elif tag in ("td", "th") and self.rows:
+            if self.row_tables[-1] == self.tables:
+                self._close_cell()  # a <td> ends the previous cell of its row (its </td> is optional)
             self.cell = []
         elif tag in _BLOCKS:
             self._break()
@@ -89,14 +97,13 @@ class _TextParser(HTMLParser):
             return
         if self.skipping:
             return
-        if tag in ("td", "th") and self.rows and self.cell is not None:
-            self.rows[-1].append(_SPACES.sub(" ", "".join(self.cell)).strip())
-            self.cell = None
+        if tag in ("td", "th"):
+            self._close_cell()
         elif tag == "tr" and self.rows:
-            row = self.rows.pop()
-            self.cell = self.cells.pop()
-            if any(row):
-                self._emit(" | ".join(row))
+            self._close_row()
+        elif tag == "table":
+            self._close_rows(self.tables)
+            self.tables = max(0, self.tables - 1)
             self._break()
         elif tag in _BLOCKS:
             if tag == "pre":
@@ -108,7 +115,27 @@ class _TextParser(HTMLParser):
             return
         self._emit(data if self.pre else _SPACES.sub(" ", data))
 
+    def _close_cell(self) -> None:
+        if self.rows and self.cell is not None:
+            self.rows[-1].append(_SPACES.sub(" ", "".join(self.cell)).strip())
+            self.cell = None
+
+    def _close_row(self) -> None:
+        self._close_cell()
+        row = self.rows.pop()
+        self.row_tables.pop()
+        self.cell = self.cells.pop()
+        if any(row):
+            self._emit(" | ".join(row))
+        self._break()
+
+    def _close_rows(self, depth: int) -> None:
+        """Close the open rows of tables at ``depth`` and deeper."""
+        while self.rows and self.row_tables[-1] >= depth:
+            self._close_row()
+
     def text(self) -> str:
+        self._close_rows(0)
         self._break()
         return "\n".join(self.lines).strip()
 
