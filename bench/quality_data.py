@@ -13,6 +13,7 @@ import csv
 import datetime as dt
 import io
 import random
+import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,13 +212,16 @@ def _xlsx(sheets: dict[str, list[list[object]]]) -> bytes:
 
 
 def _dated(archive: bytes) -> bytes:
-    """``archive`` with every entry dated 1 January of ``YEAR``: openpyxl stamps the time of
-    saving, which would make two generations differ across a second boundary."""
+    """``archive`` dated 1 January of ``YEAR`` (its entries and its ``modified`` property):
+    openpyxl stamps the time of saving, which would make two generations differ."""
     out = io.BytesIO()
     with zipfile.ZipFile(io.BytesIO(archive)) as source, zipfile.ZipFile(out, "w") as target:
         for info in source.infolist():
             info.date_time = (YEAR, 1, 1, 0, 0, 0)
-            target.writestr(info, source.read(info))
+            data = source.read(info)
+            if info.filename == "docProps/core.xml":
+                data = re.sub(rb"(<dcterms:modified[^>]*>)[^<]*", rb"\g<1>%d-01-01T00:00:00Z" % YEAR, data)
+            target.writestr(info, data)
     return out.getvalue()
 
 
