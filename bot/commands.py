@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import time
 from collections.abc import Awaitable, Callable
 
 from bot.attachments import human_size
@@ -16,14 +17,14 @@ from kernels import KernelPool
 
 HELP_TEXT = """\
 **Threadbook** runs Python for you in this thread. Attach files (CSV, Excel, JSON, …) and ask a question; \
-I write and run the code, and post the answer, charts and files here. Variables stay between messages of this thread.
+I write and run the code, and post the answer, charts and files here. Variables stay between messages of this thread, even across bot restarts.
 
 Commands (send just the word):
 • `help` — this text
-• `reset` — fresh Python kernel (variables cleared, files kept)
+• `reset` — fresh Python kernel (variables and their saved copy cleared, files kept)
 • `files` — list the files in this thread's workspace
 • `export` — this thread as a Jupyter notebook (.ipynb)
-• `status` — kernel state, memory, steps run and tokens used"""
+• `status` — kernel state, memory, saved variables, steps run and tokens used"""
 
 
 class Commands:
@@ -55,10 +56,13 @@ class Commands:
         return Reply(text=HELP_TEXT)
 
     async def _reset(self, message: InboundMessage) -> Reply:
-        session = self._pool.get(str(message.key))
-        if session is None:
-            return Reply(text="There is no running kernel in this thread; the next question starts a fresh one. Files are kept.")
-        await session.restart()
+        key = str(message.key)
+        running = self._pool.get(key) is not None
+        await self._pool.forget_state(key)  # a fresh start means fresh: the saved variables go too
+        if not running:
+            return Reply(
+                text="🔄 Saved variables cleared; the next question starts a fresh kernel. The files in this thread are kept."
+            )
         return Reply(text="🔄 Fresh kernel started: variables are cleared, the files in this thread are kept.")
 
     async def _files(self, message: InboundMessage) -> Reply:
@@ -103,9 +107,12 @@ class Commands:
             else ""
         )
         kernels = f"{len(self._pool.sessions())} of {self._pool.settings.max_kernels} running, {queue.waiting} threads waiting"
+        saved = await asyncio.to_thread(self._pool.workspaces.for_key(key).saved_state)
+        state = "none" if saved is None else f"{human_size(saved.bytes)}, saved {_ago(time.time() - saved.saved_at)}"
         return Reply(
             text=(
                 f"**Kernel:** {kernel}\n"
+                f"**Saved variables:** {state}\n"
                 f"**Kernels:** {kernels}{waits}\n"
                 f"**Isolation:** {self._pool.launcher.isolation}\n"
                 f"**Code cells run in this thread:** {cells}\n"
@@ -113,3 +120,14 @@ class Commands:
                 f"({prompt_tokens:,} prompt, {completion_tokens:,} completion)"
             )
         )
+
+
+def _ago(seconds: float) -> str:
+    """``just now``, ``5 min ago``, ``3 h ago``, ``2 days ago``."""
+    if seconds < 60:
+        return "just now"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min ago"
+    if seconds < 86_400:
+        return f"{int(seconds // 3600)} h ago"
+    return f"{int(seconds // 86_400)} days ago"

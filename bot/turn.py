@@ -241,6 +241,7 @@ class TurnRunner:
             channel_prompt=policy.system_prompt,
             data_dir=seen.data_dir,
             kernel_fresh=kernel_is_fresh,
+            restored=session.restored.notice() if session.restored is not None else None,
             network=seen.network,
         )
         runner = _RecordingRunner(

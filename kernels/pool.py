@@ -23,6 +23,7 @@ from kernels.options import KernelOptions
 from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError
 from kernels.session import KernelSession
 from kernels.settings import KernelSettings
+from kernels.snapshots import SaveReport
 from kernels.warm import HandOff, WarmKernel, WarmPool
 from kernels.workspace import WorkspaceManager
 
@@ -82,6 +83,8 @@ class KernelPool:
         #: Keys whose kernel ran code and was stopped by the pool (culled, evicted).
         self._lost: set[str] = set()
         self._lock = asyncio.Lock()
+        #: After-turn saves in flight (:meth:`_save_in_background`).
+        self._saves: set[asyncio.Task[SaveReport | None]] = set()
         #: Kernels started ahead for new threads (``warm_pool``); they count toward ``max_kernels``.
         self.warm: WarmPool | None = None
         if settings.warm_pool:
@@ -147,7 +150,23 @@ class KernelPool:
             self._leases[key] -= 1
             if self._leases[key] <= 0:
                 del self._leases[key]
+                self._save_in_background(session)
             self._wake()
+
+    def _save_in_background(self, session: KernelSession) -> None:
+        """After a turn (the last lease ended): save the thread's variables while nobody waits,
+        so a crash of the bot loses at most the turn that was running. The next turn of the
+        thread waits for it (the session's lock); one that took long skips it next time."""
+        if not self.settings.snapshot or self._sessions.get(session.key) is not session:
+            return
+        task = asyncio.create_task(session.save_state(only_if_quick=True), name=f"save-{session.key}")
+        self._saves.add(task)
+        task.add_done_callback(self._saved)
+
+    def _saved(self, task: asyncio.Task[SaveReport | None]) -> None:
+        self._saves.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("saving a thread's variables failed: %r", error)
 
     async def get_or_start(
         self,
@@ -276,6 +295,9 @@ class KernelPool:
             raise QueueLeftError("stopped while waiting for a kernel")
 
     async def _stop(self, session: KernelSession) -> None:
+        """Stop ``session``'s kernel; its variables are saved first (when code ran since the
+        last save) and its next kernel restores them."""
+        await self._save(session)
         if self._sessions.get(session.key) is session:
             del self._sessions[session.key]
         if session.executions:
@@ -285,15 +307,37 @@ class KernelPool:
             self.warm.kick()  # room for a warm kernel again
         self._wake()
 
+    async def _save(self, session: KernelSession) -> None:
+        """Save ``session``'s variables if it has unsaved ones; a failure is logged, never raised
+        (the kernel stops either way)."""
+        try:
+            await session.save_state()
+        except Exception:
+            log.exception("saving the variables of %s failed", session.key)
+
+    async def forget_state(self, key: str) -> None:
+        """``reset``: a fresh kernel for ``key`` if it has one, and its saved variables deleted."""
+        session = self._sessions.get(key)
+        if session is not None:
+            await session.restart()
+        else:
+            await asyncio.to_thread(self.workspaces.for_key(key).forget_state)
+
     async def cull_idle(self, idle_timeout_s: float) -> list[str]:
         """Shut down kernels idle longer than ``idle_timeout_s`` and not busy; workspaces stay."""
         culled: list[str] = []
         if self.warm is not None:  # warm kernels are never culled; retention must spare their folders
             await asyncio.to_thread(self.warm.touch)
+        def still_idle(session: KernelSession) -> bool:
+            return not session.busy and session.key not in self._leases and session.idle_seconds() > idle_timeout_s
+
         for session in self.sessions():
             try:
-                if session.busy or session.key in self._leases or session.idle_seconds() <= idle_timeout_s:
+                if not still_idle(session):
                     continue
+                await self._save(session)
+                if not still_idle(session):
+                    continue  # the thread came back while its variables were saved
                 await self._stop(session)
                 culled.append(session.key)
                 log.info("culled idle kernel %s", session.key)
@@ -312,6 +356,9 @@ class KernelPool:
         if self.warm is not None:
             await self.warm.stop()
         sessions = self.sessions()
+        # Every thread's variables first, in parallel (each kernel serialises its own): the
+        # next start of the bot restores them. A save already running is waited for.
+        await asyncio.gather(*self._saves, *(self._save(s) for s in sessions), return_exceptions=True)
         self._sessions.clear()
         results = await asyncio.gather(*(s.shutdown() for s in sessions), return_exceptions=True)
         for session, outcome in zip(sessions, results):

@@ -18,7 +18,7 @@ import time
 from queue import Empty
 from typing import Any
 
-from kernels import safefs
+from kernels import safefs, snapshots
 from kernels.launch import Launcher
 from kernels.launcher import KernelHandle
 from kernels.options import KernelOptions
@@ -26,8 +26,9 @@ from kernels.output import MAX_MESSAGE_BYTES, OutputCollector
 from kernels.result import ExecutionResult, KernelError, Outcome
 from kernels.safefs import MAX_WALK_ENTRIES
 from kernels.settings import KernelSettings
+from kernels.snapshots import RESTORE_TIMEOUT_S, SAVE_TIMEOUT_S, RestoreReport, SaveReport
 from kernels.units import human_size
-from kernels.workspace import Workspace, changed_files
+from kernels.workspace import FileStamps, Workspace, changed_files
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,9 @@ LOST_OUTPUT_NOTICE = (
     f"Some output of this execution was lost: a single output over {MAX_MESSAGE_BYTES // 2**20} MB is refused."
 )
 LOST_STATE_NOTICE = "The kernel was restarted: variables from before were lost; files in the workspace remain."
+#: The after-turn save is skipped once a save took longer than this (a namespace of GiBs); the
+#: save when the kernel stops still runs.
+QUICK_SAVE_S = 2.0
 LEFTOVERS_NOTICE = "{count} background process(es) left by this code were stopped."
 
 
@@ -82,6 +86,12 @@ class KernelSession:
         #: The kernel has announced the current cell (``execute_input``): SIGINT reaches it.
         self._cell_running = False
         self._closed = False
+        #: What the current kernel got back from the thread's snapshot (None: there was none).
+        self.restored: RestoreReport | None = None
+        #: The last save of this session's variables.
+        self.last_save: SaveReport | None = None
+        #: Code ran since the last save.
+        self._unsaved = False
 
     @property
     def busy(self) -> bool:
@@ -98,7 +108,8 @@ class KernelSession:
             await self._ensure_kernel()
 
     async def _ensure_kernel(self) -> bool:
-        """Start a kernel when there is none or it died. True when a new one was started."""
+        """Start a kernel when there is none or it died, and load the thread's snapshot into
+        it. True when a new one was started."""
         if self._closed:
             raise KernelError("this kernel session has been shut down")
         if self._handle is not None and await self._handle.is_alive():
@@ -107,6 +118,13 @@ class KernelSession:
             if self.executions:
                 self._lost_state = True
             await self._discard_handle()
+        await self._start_kernel()
+        self.restored = await self._restore() if self.settings.snapshot else None
+        if self._handle is None:  # it died loading the snapshot (now discarded): once more, without it
+            await self._start_kernel()
+        return True
+
+    async def _start_kernel(self) -> None:
         self.state = "starting"
         try:
             self._handle = await self.launcher.start(self.launcher.plan(self.workspace.path, self.options))
@@ -117,7 +135,67 @@ class KernelSession:
         self.state = "idle"
         self.last_activity = time.monotonic()
         log.info("kernel started for %s (pid %s)", self.key, self._handle.pid)
-        return True
+
+    async def _restore(self) -> RestoreReport | None:
+        """Load the thread's snapshot into the new kernel, before any code of the model runs.
+        A snapshot that does not load is discarded (never tried again) and reported."""
+        handle = self._handle
+        assert handle is not None
+        report = snapshots.parse_restore(await self._evaluate(handle, snapshots.RESTORE_EXPRESSION, RESTORE_TIMEOUT_S))
+        if report is None:
+            return None
+        if report.failure is not None:
+            log.warning("the snapshot of %s could not be loaded (%s): discarding it", self.key, report.failure)
+            await asyncio.to_thread(self.workspace.forget_state)
+        else:
+            log.info(
+                "restored %d variable(s) of %s in %.2f s (%d not restored)",
+                len(report.restored), self.key, report.seconds, len(report.lost),
+            )  # fmt: skip
+        return report
+
+    async def save_state(self, *, only_if_quick: bool = False) -> SaveReport | None:
+        """Save the kernel's variables into the thread's snapshot, when code ran since the
+        last save (and snapshots are on). None when nothing was saved.
+
+        ``only_if_quick``: skip it when the last save took longer than :data:`QUICK_SAVE_S`
+        (the after-turn save; the save on the way down always runs).
+        """
+        if not self.settings.snapshot:
+            return None
+        async with self._lock:
+            handle = self._handle
+            if handle is None or self._closed or not self._unsaved:
+                return None
+            if only_if_quick and self.last_save is not None and self.last_save.seconds > QUICK_SAVE_S:
+                return None
+            if not await handle.is_alive():
+                return None
+            budget = await asyncio.to_thread(self._snapshot_budget)
+            if budget <= 0:
+                log.warning("no room in the workspace of %s for a snapshot of its variables", self.key)
+                return None
+            answer = await self._evaluate(handle, snapshots.save_expression(budget), SAVE_TIMEOUT_S)
+            report = snapshots.parse_save(answer)
+            if report is None:
+                log.warning("saving the variables of %s failed", self.key)
+                return None
+            self._unsaved = False
+            self.last_save = report
+            log.info(
+                "saved %d variable(s) of %s (%s) in %.2f s; %d left out",
+                report.saved, self.key, human_size(report.bytes), report.seconds, len(report.lost),
+            )  # fmt: skip
+            return report
+
+    def _snapshot_budget(self) -> int:
+        """(Blocking) bytes a new snapshot may take: the configured limit, or what the
+        workspace quota leaves beside the user's files, whichever is smaller."""
+        scan = self.workspace.scan()
+        current = self.workspace.saved_state(scan)
+        others = scan.bytes - (current.bytes if current is not None else 0)
+        limit = int(self.settings.snapshot_max_mb * 2**20)
+        return min(limit, self.workspace.quota_bytes - others)
 
     async def _discard_handle(self) -> None:
         handle, self._handle = self._handle, None
@@ -151,7 +229,7 @@ class KernelSession:
                     self.state = "idle"
             if lost and not result.kernel_restarted:
                 result.kernel_restarted = True
-                result.notice = " ".join(filter(None, [LOST_STATE_NOTICE, result.notice]))
+                result.notice = " ".join(filter(None, [self._fresh_kernel_notice(), result.notice]))
             return result
 
     async def evaluate(self, expression: str, timeout: float) -> str | None:
@@ -224,11 +302,12 @@ class KernelSession:
         assert handle is not None
         client = handle.client
         scanned = await asyncio.to_thread(self.workspace.scan)  # one walk: the diff's "before" and the quota's
-        before = self.workspace.snapshot(scanned)
+        before = self.workspace.stamps(scanned)
         output = OutputCollector(self.settings.max_output_bytes)
         started = time.monotonic()
         msg_id = client.execute(code, store_history=True, allow_stdin=False)
         self.executions += 1
+        self._unsaved = True
         deadline = started + timeout
         next_check = started + WATCHDOG_INTERVAL_S
         interrupted_at: float | None = None
@@ -315,7 +394,7 @@ class KernelSession:
             self._lost_state = True  # the next result (in a fresh kernel) says so too
         elif restarted:
             result.kernel_restarted = True
-            result.notice = f"{_stuck_text(reason, timeout)} {LOST_STATE_NOTICE}"
+            result.notice = f"{_stuck_text(reason, timeout)} {self._fresh_kernel_notice()}"
         elif outcome is Outcome.TIMEOUT_INTERRUPTED:
             result.notice = f"Execution timed out after {timeout:g} s and was interrupted; variables are kept."
         elif outcome is Outcome.INTERRUPTED:
@@ -331,7 +410,7 @@ class KernelSession:
         if outcome is not Outcome.DIED and not restarted and not self.options.background_processes:
             if (stopped := await self._stop_leftovers(handle)) is not None:
                 result.notice = f"{result.notice} {stopped}" if result.notice else stopped
-        after = await asyncio.to_thread(self._snapshot_and_touch)
+        after = await asyncio.to_thread(self._stamps_and_touch)
         result.changed_files = changed_files(before, after)
         result.duration_s = time.monotonic() - started
         return result
@@ -361,9 +440,15 @@ class KernelSession:
             return None
         return LEFTOVERS_NOTICE.format(count=count) if count else None
 
-    def _snapshot_and_touch(self) -> dict[str, tuple[int, int]]:
+    def _fresh_kernel_notice(self) -> str:
+        """What a result says when it ran in a kernel that replaced one with variables."""
+        if self.restored is None:
+            return LOST_STATE_NOTICE
+        return f"The kernel was restarted. {self.restored.notice()}"
+
+    def _stamps_and_touch(self) -> FileStamps:
         self.workspace.touch()
-        return self.workspace.snapshot()
+        return self.workspace.stamps()
 
     async def _read_shell_reply(self, handle: KernelHandle, msg_id: str, output: OutputCollector, wait: float) -> bool:
         """Wait up to ``wait`` s (0: only look) for our execute_reply and take its execution
@@ -411,10 +496,13 @@ class KernelSession:
             await self._interrupt_quietly(handle)
 
     async def restart(self) -> None:
-        """Replace the kernel with a fresh process in the same workspace (``reset``)."""
+        """Replace the kernel with a fresh process in the same workspace, and forget the
+        thread's saved variables (``reset``: a fresh start means fresh)."""
         async with self._lock:
             await self._discard_handle()
             self._lost_state = False
+            self._unsaved = False
+            await asyncio.to_thread(self.workspace.forget_state)
             await self._ensure_kernel()
 
     async def shutdown(self) -> None:

@@ -58,6 +58,11 @@ class KernelSettings(BaseModel):
     workspace_quota_mb: float = Field(1024.0, gt=0)
     max_output_bytes: int = Field(100_000, ge=1000)
     preload: tuple[str, ...] = ("pandas", "numpy", "matplotlib")
+    #: Save a thread's variables before its kernel stops (and after each turn while that is
+    #: cheap) and load them into its next kernel (:mod:`kernels.snapshots`).
+    snapshot: bool = True
+    #: The most one thread's snapshot may hold; a variable that does not fit is left out, by name.
+    snapshot_max_mb: float = Field(512.0, gt=0)
     #: The kernel interpreter: an environment of its own (``make kernel-env`` builds this one
     #: from ``kernels/requirements.txt``), never the bot's.
     python: Path = Path(".venv-kernel/bin/python")

@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import time
 import unicodedata
 from collections.abc import AsyncIterator
@@ -24,14 +25,31 @@ from kernels import safefs
 from kernels.result import QuotaError, UnsafePathError
 from kernels.safefs import MAX_WALK_ENTRIES, PinnedFile
 
-__all__ = ["MAX_WALK_ENTRIES", "FileInfo", "SavedFile", "Snapshot", "Workspace", "WorkspaceManager", "sanitize_name"]
+__all__ = [
+    "MAX_WALK_ENTRIES",
+    "STATE_DIR",
+    "FileInfo",
+    "FileStamps",
+    "SavedFile",
+    "SavedState",
+    "Workspace",
+    "WorkspaceManager",
+    "sanitize_name",
+]
 _MAX_NAME_BYTES = 180
 _MAX_SUFFIX_CHARS = 16
 _UNSAFE_CHARS = re.compile(r'[<>:"/\\|?*]')
 _RESERVED = re.compile(r"^(con|prn|aux|nul|com[0-9]|lpt[0-9])(\..*)?$", re.IGNORECASE)
 
 #: relative posix path → (mtime_ns, size) of every regular file.
-Snapshot = dict[str, tuple[int, int]]
+FileStamps = dict[str, tuple[int, int]]
+#: Threadbook's own folder in a workspace (the thread's variable snapshot): counted in the
+#: quota, left out of file listings and of the files a turn sends back.
+STATE_DIR = ".threadbook"
+_STATE_PREFIX = f"{STATE_DIR}/"
+#: The snapshot folders the kernel writes (:mod:`threadbook_kernel.snapshot`): the current
+#: one, and the previous one while a new one is swapped in.
+_SNAPSHOT_DIRS = ("snapshot", "snapshot.old")
 
 
 def sanitize_name(name: str) -> str:
@@ -84,6 +102,14 @@ class SavedFile:
     name: str
     size: int
     file: PinnedFile
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """The thread's variable snapshot as files on disk: its size and when it was written."""
+
+    bytes: int
+    saved_at: float
 
 
 @dataclass(frozen=True)
@@ -157,7 +183,8 @@ class Workspace:
 
     def _list_files(self) -> list[FileInfo]:
         return sorted(
-            (FileInfo(rel, st.st_size, st.st_mtime) for rel, st in safefs.walk(self.path)), key=lambda f: f.name
+            (FileInfo(rel, st.st_size, st.st_mtime) for rel, st in safefs.walk(self.path) if _is_users(rel)),
+            key=lambda f: f.name,
         )
 
     def open_file(self, relative: str) -> PinnedFile:
@@ -176,10 +203,41 @@ class Workspace:
         """(Blocking) one walk of the workspace: its files, their bytes, the entry count."""
         return safefs.scan(self.path)
 
-    def snapshot(self, scan: safefs.Scan | None = None) -> Snapshot:
-        """(Blocking without ``scan``) mtime and size of every file, to diff before/after an execution."""
+    def stamps(self, scan: safefs.Scan | None = None) -> FileStamps:
+        """(Blocking without ``scan``) mtime and size of every file of the user's (not
+        Threadbook's own state), to diff before/after an execution."""
         files = (scan or self.scan()).files
-        return {rel: (st.st_mtime_ns, st.st_size) for rel, st in files.items()}
+        return {rel: (st.st_mtime_ns, st.st_size) for rel, st in files.items() if _is_users(rel)}
+
+    def saved_state(self, scan: safefs.Scan | None = None) -> SavedState | None:
+        """(Blocking without ``scan``) the size and age of the thread's variable snapshot,
+        from file sizes only (the bot never reads a snapshot); None when there is none."""
+        files = [st for rel, st in (scan or self.scan()).files.items() if _in_snapshot(rel)]
+        if not files:
+            return None
+        return SavedState(bytes=sum(st.st_size for st in files), saved_at=max(st.st_mtime for st in files))
+
+    def forget_state(self) -> None:
+        """(Blocking) delete the thread's variable snapshot (``reset``): from its folder's
+        descriptor, no link followed (``shutil.rmtree`` refuses to enter one)."""
+        try:
+            workspace = safefs.open_dir(self.path)
+        except FileNotFoundError:
+            return
+        try:
+            state = safefs.open_subdir(workspace, STATE_DIR)
+        except (FileNotFoundError, UnsafePathError):
+            return  # none, or a link the kernel planted: nothing of ours to delete
+        finally:
+            os.close(workspace)
+        try:
+            for name in os.listdir(state):
+                if stat.S_ISDIR(os.stat(name, dir_fd=state, follow_symlinks=False).st_mode):
+                    shutil.rmtree(name, dir_fd=state)
+                else:
+                    os.unlink(name, dir_fd=state)
+        finally:
+            os.close(state)
 
     def touch(self) -> None:
         """(Blocking) mark the workspace as used now (retention counts from here)."""
@@ -197,8 +255,17 @@ class Workspace:
         return max([newest, *(st.st_mtime for _, st in safefs.walk(self.path))])
 
 
-def changed_files(before: Snapshot, after: Snapshot) -> list[str]:
-    """Files created or modified between two snapshots, sorted."""
+def _is_users(rel: str) -> bool:
+    return not rel.startswith(_STATE_PREFIX)
+
+
+def _in_snapshot(rel: str) -> bool:
+    parts = rel.split("/")
+    return len(parts) > 2 and parts[0] == STATE_DIR and parts[1] in _SNAPSHOT_DIRS
+
+
+def changed_files(before: FileStamps, after: FileStamps) -> list[str]:
+    """Files created or modified between two stamps of a workspace, sorted."""
     return sorted(rel for rel, sig in after.items() if before.get(rel) != sig)
 
 

@@ -48,13 +48,15 @@ def build_system_prompt(
     channel_prompt: str | None = None,
     data_dir: Path | str | None = None,
     kernel_fresh: bool = False,
+    restored: str | None = None,
     network: bool = False,
 ) -> str:
     """The system prompt for one turn.
 
     ``files`` are the workspace files the model should know about; ``data_dir`` is a
     read-only folder the channel offers; ``kernel_fresh`` says the kernel was restarted or
-    reaped since the thread's last turn, so variables are gone.
+    reaped since the thread's last turn: ``restored`` then says what came back from the
+    thread's snapshot (None: nothing did, variables are gone).
     """
     network_line = "" if network else "\n- There is no internet access from the kernel."
     sections = [_BASE.format(network=network_line)]
@@ -62,7 +64,9 @@ def build_system_prompt(
         sections.append(f"Read-only data is available at `{data_dir}` (read from it; write into the workspace).")
     if files:
         sections.append("Files in the workspace:\n" + "\n".join(_describe(f) for f in files))
-    if kernel_fresh:
+    if kernel_fresh and restored:
+        sections.append(f"Notice: the kernel was restarted since the last message. {restored}")
+    elif kernel_fresh:
         sections.append(
             "Notice: the kernel was restarted since the last message, so all variables from earlier in "
             "this thread are gone. Files in the workspace remain; reload what you need."

@@ -202,7 +202,7 @@ async def test_stop_interrupts_running_code(chat: MemoryChat, llm: ScriptedOpenA
     assert llm.remaining == 1  # no further model call after Stop
 
 
-async def test_restart_keeps_history_and_tells_the_model_variables_are_lost(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+async def test_restart_keeps_history_and_restores_variables(tmp_path: Path, llm: ScriptedOpenAI) -> None:
     settings = make_settings(tmp_path, llm_url=llm.base_url)
     async with Core.open(settings) as core:
         chat = MemoryChat(core.dispatcher)
@@ -211,12 +211,27 @@ async def test_restart_keeps_history_and_tells_the_model_variables_are_lost(tmp_
 
     async with Core.open(settings) as core:
         chat = MemoryChat(core.dispatcher)
-        llm.script(tool_call("print(open('kept.txt').read())"), echo_tool_output())
+        llm.script(tool_call("print(open('kept.txt').read(), secret_number + 1)"), echo_tool_output())
         reply = (await chat.say("what did I say?", mentioned=False)).reply
-        assert "yes" in reply.text
+        assert "yes 42" in reply.text
         request = llm.requests[-2]
         assert any("remember 41" in json.dumps(m) for m in request["messages"])
-        assert "variables from earlier in this thread are gone" in request["messages"][0]["content"]
+        system = request["messages"][0]["content"]
+        assert "restored from this thread's snapshot" in system and "`secret_number` (int)" in system
+
+
+async def test_without_snapshots_a_restart_tells_the_model_variables_are_lost(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+    settings = make_settings(tmp_path, llm_url=llm.base_url, kernels={"snapshot": False})
+    async with Core.open(settings) as core:
+        llm.script(tool_call("secret_number = 41"), answer("Noted 41."))
+        await MemoryChat(core.dispatcher).say("remember 41")
+        assert core.pool.workspaces.for_key(str(MemoryChat(core.dispatcher).key())).saved_state() is None
+
+    async with Core.open(settings) as core:
+        llm.script(tool_call("print('secret_number' in dir())"), echo_tool_output())
+        reply = (await MemoryChat(core.dispatcher).say("what did I say?", mentioned=False)).reply
+        assert "False" in reply.text
+        assert "variables from earlier in this thread are gone" in llm.requests[-2]["messages"][0]["content"]
 
 
 async def test_a_turn_cut_off_by_shutdown_says_so(chat: MemoryChat, llm: ScriptedOpenAI, core: Core) -> None:

@@ -50,9 +50,10 @@ async def test_full_pool_evicts_lru_idle_and_queues_when_all_busy(small_pool: Ke
     assert 1.0 < time.monotonic() - waited < 4 and small_pool.queue_stats().recent_waits == 1
     assert (await d.execute("1+1")).result == "2"
     await asyncio.gather(*running)
-    again = await small_pool.get_or_start("p:a")  # evicts b now; a's variables are gone
-    result = await again.execute("'v' in dir()")
-    assert result.result == "False" and result.kernel_restarted and "variables" in result.notice
+    again = await small_pool.get_or_start("p:a")  # evicts b now; a's variables come back from its snapshot
+    assert again.restored is not None and ("v", "int") in again.restored.restored
+    result = await again.execute("v")
+    assert result.result == "1" and result.kernel_restarted and "restored" in (result.notice or "")
 
 
 async def test_queue_is_first_come_first_served_and_leases_hold_their_kernel(small_pool: KernelPool) -> None:

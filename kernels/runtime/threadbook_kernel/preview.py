@@ -30,7 +30,9 @@ from itertools import islice
 from pathlib import PurePosixPath
 from typing import IO, Any
 
-__all__ = ["Answer", "for_bot", "preview"]
+from threadbook_kernel.answer import Answer, first_line, human_size
+
+__all__ = ["for_bot", "preview"]
 
 #: Bytes a preview reads at most from a text file (CSV, JSON, plain text).
 READ_BYTES = 4 * 2**20
@@ -65,17 +67,6 @@ _CP1252_RANGE = frozenset(range(0x80, 0xA0))
 _DECIMAL_COMMA = re.compile(r"^-?\d+,\d+$")
 
 
-class Answer:
-    """A preview as the bot reads it back: its ``repr`` (the ``text/plain`` of a user
-    expression) is the preview as one JSON string."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return json.dumps(self.text)
-
-
 def for_bot(name: str) -> Answer:
     """The preview of the workspace file ``name``, wrapped for the bot's user expression."""
     return Answer(preview(name))
@@ -90,7 +81,7 @@ def preview(name: str) -> str:
             warnings.simplefilter("ignore")
             text = _preview(file, name, size)
     except Exception as exc:  # noqa: BLE001 - a preview must never break the turn
-        text = f"{_kind(name)}; could not be read for a preview ({_first_line(exc)})."
+        text = f"{_kind(name)}; could not be read for a preview ({first_line(exc)})."
     if len(text) > MAX_PREVIEW_CHARS:
         text = text[:MAX_PREVIEW_CHARS].rstrip() + "\n… (preview cut)"
     return text
@@ -243,7 +234,7 @@ def _csv(file: IO[bytes], name: str, size: int, default: str) -> str:
         frame = pd.read_csv(io.StringIO(text), sep=sep, decimal=decimal)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
         return (
-            f"{kind} file, {human_size(size)}, that could not be parsed as {kind} ({_first_line(exc)}).\n"
+            f"{kind} file, {human_size(size)}, that could not be parsed as {kind} ({first_line(exc)}).\n"
             f"First lines:\n{_head_lines(text)}"
         )
     rows = f"{len(frame):,} rows"
@@ -353,7 +344,7 @@ def _json(file: IO[bytes], size: int) -> str:
         try:
             value = json.loads(data)
         except (ValueError, RecursionError) as exc:
-            return f"JSON file, {human_size(size)}, that could not be parsed ({_first_line(exc)})."
+            return f"JSON file, {human_size(size)}, that could not be parsed ({first_line(exc)})."
         return f"JSON, {human_size(size)}: {_shape(value)}"
     decoded = _decode(data, complete=False)
     text = decoded[0] if decoded else ""
@@ -382,7 +373,7 @@ def _json_lines(file: IO[bytes], size: int) -> str:
     try:
         first = json.loads(lines[0]) if lines else None
     except (ValueError, RecursionError) as exc:
-        return f"JSON Lines file, {human_size(size)}, whose first line is not JSON ({_first_line(exc)})."
+        return f"JSON Lines file, {human_size(size)}, whose first line is not JSON ({first_line(exc)})."
     return f"JSON Lines, {count} records, {human_size(size)}; first record: {_shape(first)}"
 
 
@@ -480,20 +471,3 @@ def _head_lines(text: str) -> str:
 def _kind(name: str) -> str:
     mime, _ = mimetypes.guess_type(PurePosixPath(name).name)
     return f"file ({mime})" if mime else "file of unknown type"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
-
-
-_UNITS = ("B", "KB", "MB", "GB", "TB")
-
-
-def human_size(size: int) -> str:
-    """A size for people, written as the bot writes sizes (``kernels.units.human_size``)."""
-    value, unit = float(size), 0
-    while value >= 1024 and unit < len(_UNITS) - 1:
-        value /= 1024
-        unit += 1
-    return f"{size} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
