@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import kernels, slack
+from bench import kernels, slack, snapshots
 from bench.kernels import Sandbox
 
 RESULTS = Path(__file__).with_name("results.json")
@@ -36,10 +36,11 @@ class Sizes:
     turns: int
     concurrent: int
     queued: int
+    restores: int
 
 
-FULL = Sizes(first=10, burst=20, turns=30, concurrent=100, queued=24)
-QUICK = Sizes(first=2, burst=3, turns=5, concurrent=5, queued=4)
+FULL = Sizes(first=10, burst=20, turns=30, concurrent=100, queued=24, restores=5)
+QUICK = Sizes(first=2, burst=3, turns=5, concurrent=5, queued=4, restores=1)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ TARGETS = (
     Target("concurrent", "spawn", "errors", 0, "100 concurrent threads answered, no error (spawn)"),
     Target("queued", "fork", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (fork server)"),
     Target("queued", "pool", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (warm pool)"),
+    Target("restore", "fork", "p50_ms", 1000, "restore a thread's 1M-row DataFrame into its next kernel: p50 <= 1 s"),
 )
 
 
@@ -76,6 +78,7 @@ def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[st
         "turn_overhead": lambda mode, root: slack.turn_overhead(mode, root, sizes.turns, sandbox=sandbox),
         "concurrent": lambda mode, root: slack.concurrent_threads(mode, root, sizes.concurrent, sandbox=sandbox),
         "queued": lambda mode, root: slack.queued_threads(mode, root, sizes.queued, sandbox=sandbox),
+        "restore": lambda mode, root: snapshots.restore(mode, root, sizes.restores, sandbox=sandbox),
     }
 
 
@@ -113,21 +116,29 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+#: Scenario-specific numbers shown in the table's last column: key → label.
+_ALSO = {"save_ms": "save {:.0f} ms", "csv_ms": "CSV re-read {:.0f} ms", "snapshot_mib": "snapshot {:.1f} MiB"}
+
+
+def _also(result: dict[str, Any]) -> str:
+    return ", ".join(label.format(result[key]) for key, label in _ALSO.items() if key in result)
+
+
 def table(results: dict[str, dict[str, dict[str, Any]]], checks: list[dict[str, Any]]) -> str:
     """The results and target checks as a Markdown table."""
     lines = [
-        "| scenario | mode | n | p50 ms | p90 ms | max ms | wall s | idle PSS MiB | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scenario | mode | n | p50 ms | p90 ms | max ms | wall s | idle PSS MiB | errors | also |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, by_mode in results.items():
         for mode, r in by_mode.items():
             if "error" in r:
-                lines.append(f"| {name} | {mode} | failed: {r['error'][:80]} | | | | | | |")
+                lines.append(f"| {name} | {mode} | failed: {r['error'][:80]} | | | | | | | |")
                 continue
             lines.append(
                 f"| {name} | {mode} | {r.get('n', '-')} | {_fmt(r.get('p50_ms'))} | {_fmt(r.get('p90_ms'))} | "
                 f"{_fmt(r.get('max_ms'))} | {_fmt(r.get('wall_s'), 2)} | {_fmt(r.get('idle_pss_mib'))} | "
-                f"{_fmt(r.get('errors'))} |"
+                f"{_fmt(r.get('errors'))} | {_also(r)} |"
             )
     lines += ["", "| target | measured | met |", "|---|---|---|"]
     for c in checks:

@@ -23,7 +23,7 @@ from kernels.options import KernelOptions
 from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError
 from kernels.session import KernelSession
 from kernels.settings import KernelSettings
-from kernels.snapshots import SaveReport
+from kernels.snapshots import SAVE_TIMEOUT_S, SaveReport
 from kernels.warm import HandOff, WarmKernel, WarmPool
 from kernels.workspace import WorkspaceManager
 
@@ -165,6 +165,7 @@ class KernelPool:
 
     def _saved(self, task: asyncio.Task[SaveReport | None]) -> None:
         self._saves.discard(task)
+        self._wake()  # the session is idle again: a waiting thread may take its place
         if not task.cancelled() and (error := task.exception()) is not None:
             log.error("saving a thread's variables failed: %r", error)
 
@@ -358,7 +359,12 @@ class KernelPool:
         sessions = self.sessions()
         # Every thread's variables first, in parallel (each kernel serialises its own): the
         # next start of the bot restores them. A save already running is waited for.
-        await asyncio.gather(*self._saves, *(self._save(s) for s in sessions), return_exceptions=True)
+        # A turn still running holds its session: its save waits for it, but not past the bound.
+        saves = asyncio.gather(*self._saves, *(self._save(s) for s in sessions), return_exceptions=True)
+        try:
+            await asyncio.wait_for(saves, SAVE_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("saving every thread's variables took over %.0f s: stopping the kernels anyway", SAVE_TIMEOUT_S)
         self._sessions.clear()
         results = await asyncio.gather(*(s.shutdown() for s in sessions), return_exceptions=True)
         for session, outcome in zip(sessions, results):

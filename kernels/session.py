@@ -15,6 +15,7 @@ import asyncio
 import logging
 import signal
 import time
+from dataclasses import replace
 from queue import Empty
 from typing import Any
 
@@ -141,9 +142,11 @@ class KernelSession:
         A snapshot that does not load is discarded (never tried again) and reported."""
         handle = self._handle
         assert handle is not None
+        started = time.monotonic()
         report = snapshots.parse_restore(await self._evaluate(handle, snapshots.RESTORE_EXPRESSION, RESTORE_TIMEOUT_S))
         if report is None:
             return None
+        report = replace(report, seconds=time.monotonic() - started)  # as long as the start waited for it
         if report.failure is not None:
             log.warning("the snapshot of %s could not be loaded (%s): discarding it", self.key, report.failure)
             await asyncio.to_thread(self.workspace.forget_state)

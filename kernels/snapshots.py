@@ -58,6 +58,7 @@ class RestoreReport:
     restored: Pairs = ()
     lost: Pairs = ()
     saved_at: float = 0.0
+    #: How long the restore took (the new kernel's start waited for it).
     seconds: float = 0.0
     failure: str | None = None
 

@@ -89,3 +89,41 @@ async def test_console_survives_a_bad_attach_line(tmp_path: Path) -> None:
     assert code == 0, err
     assert "not attached: No closing quotation" in out
     assert "not attached: missing.csv is not a file" in out
+
+
+async def test_console_thread_keeps_its_variables_across_a_restart(tmp_path: Path) -> None:
+    """`console --thread NAME` twice: the first run's variables (a number, a DataFrame, a
+    function, a fitted model, an instance of the thread's own class) are back in the second,
+    the model is told which names were restored and which open file was lost, and `status`
+    shows the snapshot; `reset` forgets it."""
+    define = (
+        "import pandas as pd\nfrom sklearn.linear_model import LinearRegression\n"
+        "x = 7\ndf = pd.DataFrame({'a': [1.0, 2.0, 3.0], 'b': [2.0, 4.0, 6.0]})\n"
+        "def double(v):\n    return 2 * v\n"
+        "class Box:\n    def __init__(self, v):\n        self.v = v\n"
+        "box = Box(5)\nmodel = LinearRegression().fit(df[['a']], df['b'])\nlog = open('log.txt', 'w')"
+    )
+    use = "print(x, df.b.sum(), double(x), box.v, round(float(model.predict(pd.DataFrame({'a': [10.0]}))[0]), 2))"
+    async with ScriptedOpenAI() as llm:
+        config = write_config(tmp_path, llm.base_url)
+        args = ("console", "--config", str(config), "--out", str(tmp_path / "out"), "--thread", "keep")
+        llm.script(tool_call(define), answer("Defined."))
+        code, out, err = await run_cli(*args, stdin="define things\n", cwd=tmp_path)
+        assert code == 0, err
+
+        llm.script(tool_call(use), lambda r: answer("got " + r["messages"][-1]["content"]))
+        code, out, err = await run_cli(*args, stdin="use them\nstatus\n", cwd=tmp_path)
+        assert code == 0, err
+        assert "7 12.0 14 5 20.0" in out
+        system = llm.requests[-2]["messages"][0]["content"]
+        for restored in ("`x` (int)", "`df` (DataFrame 3×2)", "`double` (function)", "`Box` (class)", "`box` (Box)", "`model` (LinearRegression)"):
+            assert restored in system
+        assert "Not restored: `log` (it is an open file handle" in system
+        assert "Saved variables:** " in out and "Saved variables:** none" not in out
+
+        llm.script(tool_call("print('x' in dir())"), lambda r: answer("now " + r["messages"][-1]["content"]))
+        code, out, err = await run_cli(*args, stdin="reset\n", cwd=tmp_path)
+        assert code == 0, err
+        code, out, err = await run_cli(*args, stdin="still there?\n", cwd=tmp_path)
+        assert code == 0, err
+        assert "False" in out.split("now", 1)[1]

@@ -8,6 +8,7 @@ deletes its files.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelPool, Reaper, build_pool
+from kernels.snapshots import MAX_ANSWER_CHARS, parse_restore, parse_save
 from kernels.workspace import STATE_DIR
 from tests.kernels.conftest import kernel_settings
 from tests.security.conftest import SKIP_REASON
@@ -217,3 +219,16 @@ async def test_planted_links_are_not_followed(plain_pool: KernelPool, tmp_path: 
     assert await asyncio.to_thread(session.workspace.saved_state) is None
     await plain_pool.forget_state("s:links")
     assert (outside / "snapshot" / "precious").read_text() == "keep"
+
+
+def test_kernel_answers_about_snapshots_are_bounded_and_checked() -> None:
+    hostile = json.dumps({"found": True, "saved_at": 0, "seconds": 0.1,
+                          "restored": [["a\x1b[31m`b" + "x" * 500, "int"], "junk", [1, 2]], "lost": None})
+    report = parse_restore(hostile)
+    assert report is not None and report.failure is None and len(report.restored) == 1
+    name, kind = report.restored[0]
+    assert name.startswith("a [31m'b") and len(name) == 80 and kind == "int"
+    assert parse_restore(json.dumps({"found": False})) is None
+    assert parse_restore(None) is not None and parse_restore("{").failure is not None  # type: ignore[union-attr]
+    assert parse_restore("x" * (MAX_ANSWER_CHARS + 1)).failure is not None  # type: ignore[union-attr]
+    assert parse_save(json.dumps({"saved": "many"})) is None
