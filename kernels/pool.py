@@ -10,6 +10,7 @@ used idle kernel's place; a thread that already has a kernel never waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import statistics
 import time
@@ -23,7 +24,7 @@ from kernels.options import KernelOptions
 from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError
 from kernels.session import KernelSession
 from kernels.settings import KernelSettings
-from kernels.snapshots import SAVE_TIMEOUT_S, SaveReport
+from kernels.snapshots import SAVE_TIMEOUT_S
 from kernels.warm import HandOff, WarmKernel, WarmPool
 from kernels.workspace import WorkspaceManager
 
@@ -35,6 +36,10 @@ OnWait = Callable[[int], Awaitable[None]]
 #: execution outside any lease wakes nobody).
 _RECHECK_S = 0.5
 _WAITS_KEPT = 200
+#: The after-turn save waits until the thread has been quiet this long: turns in quick
+#: succession do not wait for saves between them; a bot killed within this time of a turn's
+#: end loses that turn.
+QUIET_BEFORE_SAVE_S = 1.0
 
 
 @dataclass(eq=False)
@@ -83,8 +88,10 @@ class KernelPool:
         #: Keys whose kernel ran code and was stopped by the pool (culled, evicted).
         self._lost: set[str] = set()
         self._lock = asyncio.Lock()
-        #: After-turn saves in flight (:meth:`_save_in_background`).
-        self._saves: set[asyncio.Task[SaveReport | None]] = set()
+        #: Thread key → its after-turn save, waiting for quiet or running (:meth:`_save_in_background`).
+        self._saves: dict[str, asyncio.Task[None]] = {}
+        #: Set by :meth:`shutdown_all`: after-turn saves stop waiting (the shutdown saves every thread).
+        self._closing = asyncio.Event()
         #: Kernels started ahead for new threads (``warm_pool``); they count toward ``max_kernels``.
         self.warm: WarmPool | None = None
         if settings.warm_pool:
@@ -154,17 +161,34 @@ class KernelPool:
             self._wake()
 
     def _save_in_background(self, session: KernelSession) -> None:
-        """After a turn (the last lease ended): save the thread's variables while nobody waits,
-        so a crash of the bot loses at most the turn that was running. The next turn of the
-        thread waits for it (the session's lock); one that took long skips it next time."""
-        if not self.settings.snapshot or self._sessions.get(session.key) is not session:
+        """After a turn (the last lease ended): save the thread's variables once the thread has
+        been quiet for :data:`QUIET_BEFORE_SAVE_S`, while nobody waits, so a crash of the bot
+        loses at most the turn that was running. One task per thread: turns in quick
+        succession are saved once, after the last."""
+        if not self.settings.snapshot or self._closing.is_set():
             return
-        task = asyncio.create_task(session.save_state(only_if_quick=True), name=f"save-{session.key}")
-        self._saves.add(task)
+        if (running := self._saves.get(session.key)) is not None and not running.done():
+            return
+        task = asyncio.create_task(self._save_when_quiet(session), name=f"save-{session.key}")
+        self._saves[session.key] = task
         task.add_done_callback(self._saved)
 
-    def _saved(self, task: asyncio.Task[SaveReport | None]) -> None:
-        self._saves.discard(task)
+    async def _save_when_quiet(self, session: KernelSession) -> None:
+        while self._sessions.get(session.key) is session and not self._closing.is_set():
+            in_use = session.key in self._leases or session.busy
+            wait = QUIET_BEFORE_SAVE_S if in_use else QUIET_BEFORE_SAVE_S - session.idle_seconds()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), max(wait, 0.05))
+                continue
+            await session.save_state(only_if_quick=True)
+            if not session.unsaved or session.key in self._leases:
+                return  # saved, or a save was skipped as slow; a lease that ends schedules anew
+
+    def _saved(self, task: asyncio.Task[None]) -> None:
+        key = task.get_name().removeprefix("save-")
+        if self._saves.get(key) is task:
+            del self._saves[key]
         self._wake()  # the session is idle again: a waiting thread may take its place
         if not task.cancelled() and (error := task.exception()) is not None:
             log.error("saving a thread's variables failed: %r", error)
@@ -360,7 +384,8 @@ class KernelPool:
         # Every thread's variables first, in parallel (each kernel serialises its own): the
         # next start of the bot restores them. A save already running is waited for.
         # A turn still running holds its session: its save waits for it, but not past the bound.
-        saves = asyncio.gather(*self._saves, *(self._save(s) for s in sessions), return_exceptions=True)
+        self._closing.set()
+        saves = asyncio.gather(*self._saves.values(), *(self._save(s) for s in sessions), return_exceptions=True)
         try:
             await asyncio.wait_for(saves, SAVE_TIMEOUT_S)
         except TimeoutError:

@@ -99,6 +99,11 @@ class KernelSession:
         """True while an execution runs or waits, or the kernel is starting."""
         return self._lock.locked() or self.state in ("busy", "starting")
 
+    @property
+    def unsaved(self) -> bool:
+        """Code ran since the variables were last saved."""
+        return self._unsaved
+
     def idle_seconds(self) -> float:
         """Seconds since the last activity."""
         return time.monotonic() - self.last_activity
