@@ -5,12 +5,13 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 KERNEL_VENV ?= .venv-kernel
+GATEWAY_VENV ?= .venv-gateway
 KERNEL_RUNTIME := $(wildcard kernels/runtime/pyproject.toml kernels/runtime/threadbook_kernel/*.py)
 CONFIG ?= config.yaml
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: run console test check bench clean venv kernel-env
+.PHONY: run console test check bench clean venv kernel-env gateway-env
 
 venv: $(VENV)/.installed $(KERNEL_VENV)/.installed
 
@@ -37,7 +38,17 @@ run: venv
 console: venv
 	$(PY) -m bot console --config $(CONFIG)
 
-test: venv
+# A Jupyter Kernel Gateway in its own environment, for the gateway tests and bench (the
+# gateway's kernels run from the kernel environment through a kernelspec the tests write).
+gateway-env: $(GATEWAY_VENV)/.installed
+
+$(GATEWAY_VENV)/.installed: $(VENV)/.installed
+	$(PY) -m uv venv --quiet --allow-existing --no-python-downloads --python "$$(command -v $(PYTHON))" $(GATEWAY_VENV)
+	$(PY) -m uv pip install --quiet --python $(GATEWAY_VENV)/bin/python 'jupyter-kernel-gateway>=3.0' \
+		|| { echo "error: could not build the gateway environment $(GATEWAY_VENV) (needs PyPI, or UV_INDEX_URL / UV_FIND_LINKS)." >&2; exit 1; }
+	@touch $@
+
+test: venv gateway-env
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Strict typing (with pydantic's plugin) and the import layering; both configured in pyproject.toml.
@@ -50,4 +61,4 @@ bench: venv
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) $(KERNEL_VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(KERNEL_VENV) $(GATEWAY_VENV) *.egg-info .pytest_cache

@@ -22,7 +22,8 @@ from bot.dispatcher import INTERRUPTED_NOTICE, Dispatcher
 from bot.events import Outbox, ThreadKey
 from bot.store import Store
 from bot.turn import TurnRunner
-from kernels import KernelPool, PackageInstaller, Reaper, build_launcher
+from kernels import KernelPool, Reaper, build_launcher
+from kernels.launchers import package_installer
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,7 @@ class Core:
             agent = Agent(settings.llm)
             stack.push_async_callback(agent.close)
             # One installer for the process: its lock serialises every thread's installs.
-            packages = PackageInstaller(
-                settings.kernels.packages, python=launcher.python, target=launcher.packages_dir
-            )
+            packages = package_installer(settings.kernels, launcher)
             turns = TurnRunner(settings=settings, store=store, pool=pool, agent=agent, packages=packages)
             commands = Commands(store=store, pool=pool)
             dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands)

@@ -21,7 +21,7 @@ from bot.safetext import shown
 from bot.store import NOTICE_ROLE, Store
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace
 from kernels.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
-from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError, UnsafePathError
+from kernels.result import KernelUnavailableError, QueueFullError, QueueLeftError, QueueTimeoutError, UnsafePathError
 from kernels import safefs
 from kernels.safefs import PinnedFile
 
@@ -43,6 +43,7 @@ QUEUE_FULL_NOTICE = (
 QUEUE_TIMEOUT_NOTICE = "⌛ No Python kernel came free within {timeout:g} s (all {kernels} are in use); please ask again."
 QUEUE_LEFT_NOTICE = "⏹️ Stopped while waiting for a kernel; nothing ran."
 KERNEL_START_NOTICE = "⚠️ I could not start a Python kernel for this thread. Please try again."
+KERNEL_SERVICE_NOTICE = "⚠️ The service that runs Python kernels is not reachable right now; please ask again in a minute."
 
 
 @dataclass
@@ -220,6 +221,9 @@ class TurnRunner:
                 return Reply(text=text, ok=False)
             except QueueLeftError:
                 return Reply(text=QUEUE_LEFT_NOTICE, ok=False)
+            except KernelUnavailableError as exc:
+                log.warning("no kernel for %s: %s", key, exc)
+                return Reply(text=KERNEL_SERVICE_NOTICE, ok=False)
             except Exception:
                 log.exception("kernel start failed for %s", key)
                 return Reply(text=KERNEL_START_NOTICE, ok=False)

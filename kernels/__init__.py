@@ -8,8 +8,8 @@ The bottom layer: nothing here imports the bot or its adapters. The bot builds a
 
 from __future__ import annotations
 
-from kernels.launch import Launcher, LaunchPlan
-from kernels.launcher import KernelHandle, KernelLauncher
+from kernels.launch import KernelHandle, Launcher, LaunchPlan
+from kernels.launcher import KernelLauncher, LocalKernelHandle
 from kernels.launchers import build_launcher, build_pool
 from kernels.options import KernelOptions
 from kernels.packages import PackageInstaller, PackageOutcome
@@ -21,6 +21,7 @@ from kernels.result import (
     ExecutionResult,
     KernelError,
     KernelStartError,
+    KernelUnavailableError,
     Outcome,
     PoolFullError,
     QuotaError,
@@ -38,6 +39,7 @@ __all__ = [
     "FileInfo",
     "KernelError",
     "KernelHandle",
+    "LocalKernelHandle",
     "KernelLauncher",
     "KernelOptions",
     "KernelSettings",
@@ -46,6 +48,7 @@ __all__ = [
     "KernelPool",
     "KernelSession",
     "KernelStartError",
+    "KernelUnavailableError",
     "Outcome",
     "PackageInstaller",
     "PackageOutcome",

@@ -45,8 +45,8 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
 from kernels.forkjail import KERNEL_OOM_SCORE_ADJ
-from kernels.launch import LaunchPlan
-from kernels.launcher import KERNEL_SETUP, KernelHandle, KernelLauncher, ThreadbookProvisioner, child_setup
+from kernels.launch import KernelHandle, LaunchPlan
+from kernels.launcher import KERNEL_SETUP, KernelLauncher, ThreadbookProvisioner, child_setup
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
 from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, WORKSPACE, zygote_args

@@ -29,13 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from kernels.options import KernelOptions
 from kernels.settings import KernelSettings
-
-if TYPE_CHECKING:
-    from kernels.launcher import KernelHandle
 
 MiB = 1024 * 1024
 #: (resource, soft == hard value) pairs, as ``prlimit`` and the fork server take them.
@@ -119,6 +116,89 @@ class LaunchPlan:
     def __post_init__(self) -> None:
         # Frozen all the way down: nobody adds a variable to a plan after it was made.
         object.__setattr__(self, "environment", MappingProxyType(dict(self.environment)))
+
+
+class KernelChannels(Protocol):
+    """The messaging a session does with a kernel: the part of jupyter_client's
+    ``AsyncKernelClient`` Threadbook uses (local kernels use that client itself)."""
+
+    def execute(
+        self,
+        code: str,
+        silent: bool = False,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool | None = None,
+        stop_on_error: bool = True,
+    ) -> str:
+        """Send an ``execute_request``; its msg_id."""
+        ...
+
+    def kernel_info(self) -> str:
+        """Send a ``kernel_info_request``; its msg_id."""
+        ...
+
+    async def get_iopub_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next iopub message; raises ``queue.Empty`` after ``timeout`` seconds."""
+        ...
+
+    async def get_shell_msg(self, timeout: float | None = None) -> dict[str, Any]:
+        """The next shell reply; raises ``queue.Empty`` after ``timeout`` seconds."""
+        ...
+
+
+class KernelHandle(Protocol):
+    """A started, ready kernel, whatever runs it: what a session needs to drive it."""
+
+    @property
+    def client(self) -> KernelChannels:
+        """Its channels."""
+        ...
+
+    @property
+    def pid(self) -> int | None:
+        """The local process id; None for a remote kernel."""
+        ...
+
+    async def reply(self, msg_id: str, timeout: float) -> dict[str, Any] | None:
+        """The shell reply to ``msg_id`` within ``timeout`` seconds (0: only what arrived), else None."""
+        ...
+
+    async def renew_iopub(self, timeout: float = 5.0) -> bool:
+        """Reconnect iopub after an oversized message cost it; whether it came back."""
+        ...
+
+    async def out_of_memory(self) -> bool:
+        """Whether its memory limit killed one of its processes."""
+        ...
+
+    async def stop_leftovers(self) -> int:
+        """Kill what user code left running; how many processes."""
+        ...
+
+    async def is_alive(self) -> bool:
+        """Whether the kernel still runs."""
+        ...
+
+    async def exit_code(self) -> int | None:
+        """Its exit code once it ended (negative: the signal), when known."""
+        ...
+
+    async def interrupt(self) -> None:
+        """Interrupt the running execution."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Stop the kernel and everything it started."""
+        ...
+
+    async def log_tail(self, max_bytes: int = 2000) -> str:
+        """The end of the kernel process's own output, for death notices ("" when unknown)."""
+        ...
+
+    async def memory_bytes(self) -> int | None:
+        """Its memory use (PSS), when known."""
+        ...
 
 
 class Launcher(Protocol):

@@ -53,7 +53,7 @@ from kernels import leftovers, safefs
 from kernels.cgroups import Cgroups, KernelCgroup
 from kernels.forkjail import KERNEL_OOM_SCORE_ADJ, join_session_keyring, set_oom_score_adj
 from kernels.interpreter import KernelPython, inspect_interpreter
-from kernels.launch import Identity, LaunchPlan, ResourceLimits
+from kernels.launch import Identity, KernelHandle, LaunchPlan, ResourceLimits
 from kernels.options import KernelOptions
 from kernels.output import MAX_MESSAGE_BYTES
 from kernels.result import KernelStartError
@@ -246,8 +246,9 @@ class _Manager(AsyncKernelManager):
 
 
 @dataclass
-class KernelHandle:
-    """A started, ready kernel: its manager, a connected client and its process."""
+class LocalKernelHandle:
+    """A started, ready local kernel (:class:`kernels.launch.KernelHandle`): its manager, a
+    connected client and its process."""
 
     manager: AsyncKernelManager
     client: AsyncKernelClient
@@ -494,8 +495,8 @@ class KernelLauncher:
             client = manager.client()
             client.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # the client's own context
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
-            handle = KernelHandle(manager=manager, client=client, run_dir=plan.run_dir)
-            await _wait_ready(handle, START_TIMEOUT_S)
+            handle = LocalKernelHandle(manager=manager, client=client, run_dir=plan.run_dir)
+            await wait_ready(handle, START_TIMEOUT_S)
             await handle.record_infrastructure()
             return handle
         except BaseException as exc:
@@ -521,7 +522,7 @@ async def _discard(manager: AsyncKernelManager, client: AsyncKernelClient | None
         await asyncio.to_thread(shutil.rmtree, run_dir, True)
 
 
-async def _wait_ready(handle: KernelHandle, timeout: float) -> None:
+async def wait_ready(handle: KernelHandle, timeout: float) -> None:
     """Ready = our kernel_info answered on shell and one iopub message seen (iopub subscribed)."""
     client = handle.client
     deadline = time.monotonic() + timeout

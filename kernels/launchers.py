@@ -13,9 +13,11 @@ import logging
 from pathlib import Path
 
 from kernels.forkserver import ForkingLauncher
+from kernels.gateway import GatewayLauncher
 from kernels.interpreter import inspect_interpreter
 from kernels.launch import ResourceLimits
 from kernels.launcher import KernelLauncher
+from kernels.packages import PackageInstaller
 from kernels.pool import KernelPool
 from kernels.result import KernelStartError
 from kernels.sandbox.launcher import BwrapLauncher
@@ -33,13 +35,18 @@ def build_launcher(
     run_root: Path | None = None,
     bwrap: str | None = None,
     slirp4netns: str | None = None,
-) -> KernelLauncher:
-    """(Blocking: probes) the launcher ``settings`` ask for, fork server included.
+) -> KernelLauncher | GatewayLauncher:
+    """(Blocking: probes) the launcher ``settings`` ask for: the Jupyter gateway's when
+    ``kernels.gateway.url`` is set, else a local one, fork server included.
 
     ``bwrap`` and ``slirp4netns`` override where the binaries are looked for (default:
     :func:`kernels.sandbox.support.find_bwrap`, ``PATH``). Logs which resource isolation
     kernels get (per-kernel cgroups or rlimits only, :mod:`kernels.cgroups`).
     """
+    if settings.gateway.enabled:
+        gateway = GatewayLauncher(settings)
+        log.info("kernel isolation: %s", gateway.isolation)
+        return gateway
     launcher = spawn_launcher(settings, run_root=run_root, bwrap=bwrap, slirp4netns=slirp4netns)
     log.info("kernel isolation: %s", launcher.isolation)
     if settings.fork_server and ForkingLauncher.supports(launcher):
@@ -82,6 +89,14 @@ def _network_support(
     except KernelStartError as exc:
         return None, str(exc)
     return network, ""
+
+
+def package_installer(settings: KernelSettings, launcher: KernelLauncher | GatewayLauncher) -> PackageInstaller | None:
+    """The installer of packages on demand for kernels of ``launcher``; None for gateway
+    kernels (their image carries their packages)."""
+    if isinstance(launcher, GatewayLauncher):
+        return None
+    return PackageInstaller(settings.packages, python=launcher.python, target=launcher.packages_dir)
 
 
 def build_pool(settings: KernelSettings, *, run_root: Path | None = None) -> KernelPool:

@@ -127,6 +127,10 @@ class KernelStartError(KernelError):
     """A kernel could not be started."""
 
 
+class KernelUnavailableError(KernelStartError):
+    """The service that runs kernels (a Jupyter gateway) cannot be reached or refuses."""
+
+
 class PoolFullError(KernelError):
     """Every kernel slot is taken by a busy kernel; try again later."""
 

@@ -20,8 +20,7 @@ from queue import Empty
 from typing import Any
 
 from kernels import safefs, snapshots
-from kernels.launch import Launcher
-from kernels.launcher import KernelHandle
+from kernels.launch import KernelHandle, Launcher
 from kernels.options import KernelOptions
 from kernels.output import MAX_MESSAGE_BYTES, OutputCollector
 from kernels.result import ExecutionResult, KernelError, Outcome

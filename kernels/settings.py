@@ -29,6 +29,28 @@ class PackageSettings(BaseModel):
     timeout_s: float = Field(120.0, gt=0)
 
 
+class GatewaySettings(BaseModel):
+    """A Jupyter (Kernel or Enterprise) Gateway that runs every kernel (empty ``url``: local kernels)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: ``http(s)://host:port`` of the gateway; empty: kernels run on this machine.
+    url: str = ""
+    #: Sent as ``Authorization: token ...`` (the gateway's ``KG_AUTH_TOKEN``).
+    auth_token: str = ""
+    #: The kernelspec the gateway starts (with gateway-provisioners: the Kubernetes one).
+    kernel_name: str = "python3"
+    #: One REST request (start, interrupt, shutdown) may take this long; a kernel start on a
+    #: cluster (a pod scheduled, its image pulled) may take longer and gets its own bound.
+    request_timeout_s: float = Field(60.0, gt=0)
+    validate_cert: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        """Whether kernels run on the gateway."""
+        return bool(self.url.strip())
+
+
 class KernelSettings(BaseModel):
     """Kernel runtime, sandbox and workspace limits (the ``kernels:`` section of the config)."""
 
@@ -67,3 +89,4 @@ class KernelSettings(BaseModel):
     #: from ``kernels/requirements.txt``), never the bot's.
     python: Path = Path(".venv-kernel/bin/python")
     packages: PackageSettings = Field(default_factory=PackageSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)

@@ -32,8 +32,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from kernels.launch import LaunchPlan, Launcher
-from kernels.launcher import KernelHandle
+from kernels.launch import KernelHandle, LaunchPlan, Launcher
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
 

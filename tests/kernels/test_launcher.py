@@ -10,7 +10,8 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 
 from kernels import KernelLauncher, KernelOptions, KernelStartError, LaunchPlan
-from kernels.launcher import KernelHandle, ThreadbookProvisioner
+from kernels.launch import KernelHandle
+from kernels.launcher import ThreadbookProvisioner
 from tests.kernels.conftest import kernel_settings
 
 
