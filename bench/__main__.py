@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import kernels, slack, snapshots
+from bench.gateway import GATEWAY, stop_shared_gateway
 from bench.kernels import Sandbox
 
 RESULTS = Path(__file__).with_name("results.json")
@@ -89,6 +90,8 @@ async def run(sizes: Sizes, only: set[str] | None, sandbox: Sandbox = "none") ->
         if only and name not in only:
             continue
         for mode in kernels.MODES:
+            if mode in kernels.GATEWAY_MODES and (name not in kernels.GATEWAY_SCENARIOS or not GATEWAY.exists()):
+                continue  # without .venv-gateway (make gateway-env) the gateway sources are left out
             with tempfile.TemporaryDirectory(prefix=f"bench-{name}-{mode}-") as scratch:
                 started = time.perf_counter()
                 try:
@@ -159,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     sizes = QUICK if args.quick else FULL
     started = time.perf_counter()
-    results = asyncio.run(run(sizes, set(args.only) if args.only else None, args.sandbox))
+    try:
+        results = asyncio.run(run(sizes, set(args.only) if args.only else None, args.sandbox))
+    finally:
+        stop_shared_gateway()
     checks = check(results)
     document = {
         "quick": args.quick,

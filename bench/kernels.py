@@ -19,13 +19,27 @@ from kernels.settings import KernelSettings, PackageSettings
 from kernels import KernelPool, build_pool
 from kernels.forkserver import ForkingLauncher
 
-MODES = ("spawn", "pool", "fork")
+MODES = ("spawn", "pool", "fork", "gateway", "gateway-pool")
+#: Kernels on a real Jupyter Kernel Gateway (:mod:`bench.gateway`): cold, and from a warm pool.
+GATEWAY_MODES = frozenset({"gateway", "gateway-pool"})
+#: What the gateway sources are measured in (the rest would mostly measure this machine twice).
+GATEWAY_SCENARIOS = frozenset({"first_exec", "burst", "turn_overhead"})
 PRELOAD = ("pandas", "numpy", "matplotlib")
 FIRST_CELL = "1 + 1"
 MiB = 1024 * 1024
 
 
 Sandbox = Literal["none", "bwrap"]
+
+
+def mode_config(mode: str, warm: int) -> dict[str, Any]:
+    """The ``kernels:`` keys that make a kernel source: warm pool, fork server, gateway."""
+    if mode in GATEWAY_MODES:
+        from bench.gateway import gateway_config, shared_gateway
+
+        return {"warm_pool": warm if mode == "gateway-pool" else 0, "fork_server": False,
+                "gateway": gateway_config(shared_gateway())}  # fmt: skip
+    return {"warm_pool": warm if mode == "pool" else 0, "fork_server": mode in ("pool", "fork")}
 
 
 def settings_for(
@@ -37,10 +51,9 @@ def settings_for(
         sandbox=sandbox,
         preload=PRELOAD,
         max_kernels=max_kernels,
-        warm_pool=warm if mode == "pool" else 0,
-        fork_server=mode in ("pool", "fork"),
         exec_timeout_s=60,
         packages=PackageSettings(dir=root / "packages"),
+        **mode_config(mode, warm),
     )
 
 
@@ -96,6 +109,8 @@ async def burst(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none
         times = await asyncio.gather(*(_first_execution(pool, f"bench:burst:{i}") for i in range(threads)))
         wall = time.perf_counter() - started
         _check_forked(mode, pool, threads)
+        if mode in GATEWAY_MODES:  # the kernels are the gateway's processes: their memory is not ours to see
+            return {**summary(list(times)), "wall_s": wall}
         sessions = pool.sessions()
         await asyncio.gather(*(s.execute("import pandas, numpy, matplotlib.pyplot") for s in sessions))
         await asyncio.sleep(0.5)  # let the kernels settle (idle)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.slack import SlackAdapter
-from bench.kernels import Sandbox, summary
+from bench.kernels import Sandbox, mode_config, summary
 from bot.app import Core
 from bot.config import parse_settings
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
@@ -43,8 +43,7 @@ async def running_bot(
             "slack": {"bot_token": slack.bot_token, "signing_secret": slack.signing_secret,
                       "api_url": slack.api_url, "http_host": "127.0.0.1", "http_port": 0},
             "kernels": {"workspace_root": str(root / "workspaces"), "sandbox": sandbox, "max_kernels": max_kernels,
-                        "preload": ["pandas", "numpy", "matplotlib"], "warm_pool": warm if mode == "pool" else 0,
-                        "fork_server": mode in ("pool", "fork"), "exec_timeout_s": 120},
+                        "preload": ["pandas", "numpy", "matplotlib"], "exec_timeout_s": 120, **mode_config(mode, warm)},
             "storage": {"path": str(root / "threadbook.db")},
         }  # fmt: skip
         settings = parse_settings(raw, env={})

@@ -122,3 +122,27 @@ async def test_the_thread_hears_one_sentence_when_the_gateway_is_down(tmp_path: 
             llm.script(tool_call("print(6 * 7)"), lambda r: answer(r["messages"][-1]["content"]))
             assert "42" in (await MemoryChat(core.dispatcher).say("compute something")).reply.text
         assert gateway.kernels() == []
+
+
+async def test_warm_gateway_kernels_are_handed_to_new_threads(tmp_path: Path, gateway: KernelGateway) -> None:
+    pool = build_pool(kernel_settings(tmp_path, **gateway_settings(tmp_path, gateway, warm_pool=1, max_kernels=2)))
+    await pool.start()
+    try:
+        assert pool.warm is not None
+        await pool.warm.wait_ready(timeout=60)
+        session = await pool.get_or_start("g:warm")
+        result = await session.execute("import os\nopen('here.txt', 'w').write('x')\nprint(os.getcwd())")
+        assert result.stdout.strip() == str(session.workspace.path) and result.changed_files == ["here.txt"]
+        await pool.warm.wait_ready(timeout=60)  # refilled: the thread's kernel and a warm one
+        assert len(gateway.kernels()) == 2
+    finally:
+        await pool.shutdown_all()
+    assert gateway.kernels() == []
+
+
+async def test_an_oversized_output_is_refused_and_the_kernel_goes_on(pool: KernelPool) -> None:
+    session = await pool.get_or_start("g:big")
+    await session.execute("kept = 3")
+    big = await session.execute("print('x' * 20_000_000)")
+    assert big.outcome is not Outcome.DIED and len(big.stdout) < 1_000_000
+    assert (await session.execute("kept")).result == "3"
