@@ -1,4 +1,4 @@
-"""``python -m bench [--quick]``: kernel start-up and bot benchmarks, spawn vs pool vs fork.
+"""``python -m bench [--quick]``: kernel start-up and bot benchmarks, spawn vs pool vs fork vs gateway.
 
 Prints one table (p50/p90/max, wall time, idle PSS), writes ``bench/results.json`` and
 checks the targets of issue 7; a missed target makes the exit code 1, except in ``--quick``
