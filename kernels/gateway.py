@@ -234,6 +234,7 @@ class GatewayChannels:
             async for message in ws:
                 quick_ack()
                 if message.type is aiohttp.WSMsgType.TEXT:
+                    reconnects = 0  # the connection works again: a later loss gets its own tries
                     self._route(message.data)
                 elif message.type is aiohttp.WSMsgType.ERROR:
                     log.warning("gateway channels of %s: %r", self._kernel_id, ws.exception())
