@@ -65,7 +65,8 @@ class GatewayApi:
     def session(self) -> aiohttp.ClientSession:
         """The HTTP session (made on first use, on the running loop)."""
         if self._session is None or self._session.closed:
-            headers = {"Authorization": f"token {self.settings.auth_token}"} if self.settings.auth_token else {}
+            token = self.settings.auth_token.get_secret_value()
+            headers = {"Authorization": f"token {token}"} if token else {}
             ssl_context: ssl.SSLContext | bool = True if self.settings.validate_cert else False
             self._session = aiohttp.ClientSession(
                 headers=headers,
@@ -384,6 +385,8 @@ class GatewayLauncher:
     def plan(self, workspace: Path, options: KernelOptions) -> LaunchPlan:
         """A plan whose environment is what the gateway passes on (``KERNEL_*`` variables)."""
         environment = {
+            # gateway-provisioners names pods after the user and refuses "root" by default.
+            "KERNEL_USERNAME": "threadbook",
             "KERNEL_WORKING_DIR": str(workspace),
             "KERNEL_NETWORK": "true" if options.network else "false",
         }

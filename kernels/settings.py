@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
 class PackageSettings(BaseModel):
@@ -37,7 +37,7 @@ class GatewaySettings(BaseModel):
     #: ``http(s)://host:port`` of the gateway; empty: kernels run on this machine.
     url: str = ""
     #: Sent as ``Authorization: token ...`` (the gateway's ``KG_AUTH_TOKEN``).
-    auth_token: str = ""
+    auth_token: SecretStr = SecretStr("")
     #: The kernelspec the gateway starts (with gateway-provisioners: the Kubernetes one).
     kernel_name: str = "python3"
     #: One REST request (start, interrupt, shutdown) may take this long; a kernel start on a

@@ -146,3 +146,17 @@ async def test_an_oversized_output_is_refused_and_the_kernel_goes_on(pool: Kerne
     big = await session.execute("print('x' * 20_000_000)")
     assert big.outcome is not Outcome.DIED and len(big.stdout) < 1_000_000
     assert (await session.execute("kept")).result == "3"
+
+
+async def test_max_kernels_evicts_gateway_kernels(tmp_path: Path, gateway: KernelGateway) -> None:
+    pool = build_pool(kernel_settings(tmp_path, **gateway_settings(tmp_path, gateway, max_kernels=1)))
+    try:
+        first = await pool.get_or_start("g:first")
+        await first.execute("mine = 'first'")
+        second = await pool.get_or_start("g:second")  # evicts first: its kernel leaves the gateway
+        assert pool.get("g:first") is None and len(gateway.kernels()) == 1
+        assert (await second.execute("'mine' in dir()")).result == "False"
+        back = await pool.get_or_start("g:first")  # evicts second; first's variables are restored
+        assert (await back.execute("mine")).result == "'first'" and len(gateway.kernels()) == 1
+    finally:
+        await pool.shutdown_all()
