@@ -14,6 +14,7 @@ from bot.notebook import export_notebook
 from bot.safetext import shown
 from bot.store import Store
 from kernels import KernelPool
+from kernels.units import human_age
 
 HELP_TEXT = """\
 **Threadbook** runs Python for you in this thread. Attach files (CSV, Excel, JSON, …) and ask a question; \
@@ -108,7 +109,7 @@ class Commands:
         )
         kernels = f"{len(self._pool.sessions())} of {self._pool.settings.max_kernels} running, {queue.waiting} threads waiting"
         saved = await asyncio.to_thread(self._pool.workspaces.for_key(key).saved_state)
-        state = "none" if saved is None else f"{human_size(saved.bytes)}, saved {_ago(time.time() - saved.saved_at)}"
+        state = "none" if saved is None else f"{human_size(saved.bytes)}, saved {human_age(time.time() - saved.saved_at)} ago"
         return Reply(
             text=(
                 f"**Kernel:** {kernel}\n"
@@ -121,13 +122,3 @@ class Commands:
             )
         )
 
-
-def _ago(seconds: float) -> str:
-    """``just now``, ``5 min ago``, ``3 h ago``, ``2 days ago``."""
-    if seconds < 60:
-        return "just now"
-    if seconds < 3600:
-        return f"{int(seconds // 60)} min ago"
-    if seconds < 86_400:
-        return f"{int(seconds // 3600)} h ago"
-    return f"{int(seconds // 86_400)} days ago"

@@ -26,8 +26,6 @@ import json
 import logging
 import secrets
 import socket
-import ssl
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +38,7 @@ from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 
 from kernels.launch import KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
-from kernels.launcher import KERNEL_SETUP, START_TIMEOUT_S, wait_ready
+from kernels.launcher import KERNEL_SETUP, START_TIMEOUT_S, shell_reply, wait_ready
 from kernels.options import KernelOptions
 from kernels.output import MAX_MESSAGE_BYTES
 from kernels.result import KernelStartError, KernelUnavailableError
@@ -67,11 +65,10 @@ class GatewayApi:
         if self._session is None or self._session.closed:
             token = self.settings.auth_token.get_secret_value()
             headers = {"Authorization": f"token {token}"} if token else {}
-            ssl_context: ssl.SSLContext | bool = True if self.settings.validate_cert else False
             self._session = aiohttp.ClientSession(
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout_s),
-                connector=aiohttp.TCPConnector(ssl=ssl_context),
+                connector=aiohttp.TCPConnector(ssl=self.settings.validate_cert),  # False: no certificate check
             )
         return self._session
 
@@ -110,11 +107,6 @@ class GatewayApi:
         """The kernel's model, or None when the gateway has no such kernel."""
         model = await self._request("GET", f"/api/kernels/{quote(kernel_id)}")
         return model if isinstance(model, dict) else None
-
-    async def kernels(self) -> list[str]:
-        """The ids of the kernels the gateway runs."""
-        models = await self._request("GET", "/api/kernels")
-        return [str(m["id"]) for m in models or [] if isinstance(m, dict) and "id" in m]
 
     async def interrupt(self, kernel_id: str) -> None:
         """Interrupt the kernel's running execution."""
@@ -311,15 +303,8 @@ class GatewayKernelHandle:
         return None
 
     async def reply(self, msg_id: str, timeout: float) -> dict[str, Any] | None:
-        """The shell reply to ``msg_id`` within ``timeout`` seconds, else None."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                msg = await self.channels.get_shell_msg(timeout=max(deadline - time.monotonic(), 0))
-            except Empty:
-                return None
-            if msg.get("parent_header", {}).get("msg_id") == msg_id:
-                return msg
+        """The shell reply to ``msg_id`` (see :func:`kernels.launcher.shell_reply`)."""
+        return await shell_reply(self.channels, msg_id, timeout)
 
     async def renew_iopub(self, timeout: float = 5.0) -> bool:
         """The channels reconnect by themselves after a refused message."""

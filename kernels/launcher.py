@@ -53,7 +53,7 @@ from kernels import leftovers, safefs
 from kernels.cgroups import Cgroups, KernelCgroup
 from kernels.forkjail import KERNEL_OOM_SCORE_ADJ, join_session_keyring, set_oom_score_adj
 from kernels.interpreter import KernelPython, inspect_interpreter
-from kernels.launch import Identity, KernelHandle, LaunchPlan, ResourceLimits
+from kernels.launch import Identity, KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
 from kernels.options import KernelOptions
 from kernels.output import MAX_MESSAGE_BYTES
 from kernels.result import KernelStartError
@@ -267,17 +267,8 @@ class LocalKernelHandle:
         return getattr(self.manager.provisioner, "cgroup", None)
 
     async def reply(self, msg_id: str, timeout: float) -> dict[str, Any] | None:
-        """The shell reply to request ``msg_id``, waiting at most ``timeout`` seconds (0: only
-        what has arrived already); None when it did not come. Replies to older requests
-        found on the way are dropped."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                msg: dict[str, Any] = await self.client.get_shell_msg(timeout=max(deadline - time.monotonic(), 0))
-            except Empty:
-                return None
-            if msg["parent_header"].get("msg_id") == msg_id:
-                return msg
+        """The shell reply to request ``msg_id`` (see :func:`shell_reply`)."""
+        return await shell_reply(self.client, msg_id, timeout)
 
     async def renew_iopub(self, timeout: float = 5.0) -> bool:
         """Reconnect iopub after its socket refused an oversized message; False when the new
@@ -520,6 +511,20 @@ async def _discard(manager: AsyncKernelManager, client: AsyncKernelClient | None
             await manager.shutdown_kernel(now=True)
     finally:
         await asyncio.to_thread(shutil.rmtree, run_dir, True)
+
+
+async def shell_reply(client: KernelChannels, msg_id: str, timeout: float) -> dict[str, Any] | None:
+    """The shell reply to request ``msg_id``, waiting at most ``timeout`` seconds (0: only
+    what has arrived already); None when it did not come. Replies to older requests found on
+    the way are dropped. Every handle's ``reply`` is this."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            msg: dict[str, Any] = await client.get_shell_msg(timeout=max(deadline - time.monotonic(), 0))
+        except Empty:
+            return None
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg
 
 
 async def wait_ready(handle: KernelHandle, timeout: float) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import statistics
 import time
@@ -171,7 +172,7 @@ class KernelPool:
             return
         task = asyncio.create_task(self._save_when_quiet(session), name=f"save-{session.key}")
         self._saves[session.key] = task
-        task.add_done_callback(self._saved)
+        task.add_done_callback(functools.partial(self._saved, session.key))
 
     async def _save_when_quiet(self, session: KernelSession) -> None:
         while self._sessions.get(session.key) is session and not self._closing.is_set():
@@ -185,8 +186,7 @@ class KernelPool:
             if not session.unsaved or session.key in self._leases:
                 return  # saved, or a save was skipped as slow; a lease that ends schedules anew
 
-    def _saved(self, task: asyncio.Task[None]) -> None:
-        key = task.get_name().removeprefix("save-")
+    def _saved(self, key: str, task: asyncio.Task[None]) -> None:
         if self._saves.get(key) is task:
             del self._saves[key]
         self._wake()  # the session is idle again: a waiting thread may take its place

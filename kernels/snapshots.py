@@ -15,6 +15,8 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
+from kernels.units import human_age
+
 __all__ = ["RESTORE_EXPRESSION", "RestoreReport", "SaveReport", "parse_restore", "parse_save", "save_expression"]
 
 RESTORE_EXPRESSION = "__import__('threadbook_kernel.snapshot').snapshot.restore_for_bot()"
@@ -69,7 +71,7 @@ class RestoreReport:
                 f"The thread's saved variables could not be restored ({self.failure}), so all variables from "
                 "earlier in this thread are gone. Files in the workspace remain; reload what you need."
             )
-        age = _age((now if now is not None else time.time()) - self.saved_at)
+        age = human_age((now if now is not None else time.time()) - self.saved_at)
         parts = [f"Variables were restored from this thread's snapshot saved {age} ago (later changes are lost)"]
         parts[0] += f": {_listed(self.restored, '({})')}." if self.restored else ", but it held none."
         if self.lost:
@@ -142,11 +144,3 @@ def _listed(pairs: Pairs, detail: str) -> str:
         shown.append(f"and {len(pairs) - _LISTED} more")
     return ", ".join(shown)
 
-
-def _age(seconds: float) -> str:
-    seconds = max(seconds, 0.0)
-    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
-        if seconds >= size:
-            count = int(seconds // size)
-            return f"{count} {unit}{'s' if count != 1 else ''}"
-    return f"{int(seconds)} seconds"

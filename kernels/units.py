@@ -1,4 +1,4 @@
-"""Units shown to people: the one way Threadbook writes a size in bytes.
+"""Units shown to people: the one way Threadbook writes a size in bytes, and an age.
 
 This module sits in the lowest layer (it imports nothing from the project) so that the kernel
 layer, the bot core and, through :mod:`bot.attachments`, the chat adapters all write sizes
@@ -7,7 +7,7 @@ the same way.
 
 from __future__ import annotations
 
-__all__ = ["human_size"]
+__all__ = ["human_age", "human_size"]
 
 _UNITS = ("B", "KB", "MB", "GB", "TB")
 
@@ -30,3 +30,21 @@ def human_size(size: int) -> str:
         value /= 1024
         unit += 1
     return f"{size} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
+
+
+def human_age(seconds: float) -> str:
+    """A time span for people, in its largest whole unit.
+
+    >>> human_age(42)
+    '42 seconds'
+    >>> human_age(3 * 3600 + 5)
+    '3 hours'
+    >>> human_age(86_400)
+    '1 day'
+    """
+    seconds = max(seconds, 0.0)
+    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+        if seconds >= size:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{int(seconds)} seconds"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -24,6 +25,8 @@ from pathlib import Path
 from kernels import safefs
 from kernels.result import QuotaError, UnsafePathError
 from kernels.safefs import MAX_WALK_ENTRIES, PinnedFile
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_WALK_ENTRIES",
@@ -232,10 +235,15 @@ class Workspace:
             os.close(workspace)
         try:
             for name in os.listdir(state):
-                if stat.S_ISDIR(os.stat(name, dir_fd=state, follow_symlinks=False).st_mode):
-                    shutil.rmtree(name, dir_fd=state)
-                else:
-                    os.unlink(name, dir_fd=state)
+                try:
+                    if stat.S_ISDIR(os.stat(name, dir_fd=state, follow_symlinks=False).st_mode):
+                        shutil.rmtree(name, dir_fd=state)
+                    else:
+                        os.unlink(name, dir_fd=state)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:  # swapped for a link meanwhile: rmtree refuses it, and we go on
+                    log.warning("could not delete %s/%s in %s: %s", STATE_DIR, name, self.path, exc)
         finally:
             os.close(state)
 

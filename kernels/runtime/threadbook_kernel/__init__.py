@@ -11,9 +11,10 @@ PNG, HTML-only outputs readable text).
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
-__all__ = ["setup"]
+__all__ = ["setup", "workspace_fd"]
 
 #: Set by the launcher: where the kernel sees the shared packages folder (read-only).
 PACKAGES_ENV = "THREADBOOK_PACKAGES_DIR"
@@ -34,3 +35,14 @@ def setup() -> None:
     from threadbook_kernel.display import install
 
     install()
+
+
+def workspace_fd() -> int | None:
+    """The workspace folder recorded by :func:`setup` (it follows the folder even when user
+    code changed directory or a warm kernel's folder was renamed), else None: the current
+    directory (for ``dir_fd=``)."""
+    fd = WORKSPACE_FD
+    try:
+        return fd if fd is not None and stat.S_ISDIR(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None

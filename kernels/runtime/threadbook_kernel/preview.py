@@ -30,6 +30,7 @@ from itertools import islice
 from pathlib import PurePosixPath
 from typing import IO, Any
 
+from threadbook_kernel import workspace_fd
 from threadbook_kernel.answer import Answer, first_line, human_size
 
 __all__ = ["for_bot", "preview"]
@@ -93,7 +94,7 @@ def _open(name: str) -> Iterator[tuple[IO[bytes], int]]:
     if not name or "/" in name or name in (".", ".."):
         raise ValueError(f"not a file name in the workspace: {name!r}")
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(name, flags, dir_fd=_workspace_fd())
+    fd = os.open(name, flags, dir_fd=workspace_fd())
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -104,18 +105,6 @@ def _open(name: str) -> Iterator[tuple[IO[bytes], int]]:
         raise
     with file:
         yield file, info.st_size
-
-
-def _workspace_fd() -> int | None:
-    """The workspace folder recorded by ``setup()`` (it follows the folder even when user
-    code changes directory), else None: the current directory."""
-    import threadbook_kernel
-
-    fd = getattr(threadbook_kernel, "WORKSPACE_FD", None)
-    try:
-        return fd if isinstance(fd, int) and stat.S_ISDIR(os.fstat(fd).st_mode) else None
-    except OSError:
-        return None
 
 
 def _preview(file: IO[bytes], name: str, size: int) -> str:

@@ -38,6 +38,7 @@ import time
 import types
 from typing import IO, Any
 
+from threadbook_kernel import workspace_fd
 from threadbook_kernel.answer import Answer, first_line, human_size
 
 __all__ = ["STATE_DIR", "restore", "restore_for_bot", "save", "save_for_bot"]
@@ -397,7 +398,7 @@ def _load(folder: int, entry: dict[str, Any], namespace: dict[str, Any]) -> Any:
 def _open_state_dir(*, create: bool) -> int | None:
     """A descriptor of ``.threadbook`` in the workspace (no link followed); None when it
     does not exist and ``create`` is false."""
-    workspace = _workspace_fd()
+    workspace = workspace_fd()
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(STATE_DIR, 0o700, dir_fd=workspace)
@@ -406,18 +407,6 @@ def _open_state_dir(*, create: bool) -> int | None:
     except FileNotFoundError:
         if create:
             raise
-        return None
-
-
-def _workspace_fd() -> int | None:
-    """The workspace folder recorded by ``setup()`` (it follows the folder even when user
-    code changed directory), else None: the current directory."""
-    import threadbook_kernel
-
-    fd = threadbook_kernel.WORKSPACE_FD
-    try:
-        return fd if fd is not None and stat.S_ISDIR(os.fstat(fd).st_mode) else None
-    except OSError:
         return None
 
 
