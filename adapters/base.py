@@ -27,5 +27,6 @@ class Adapter(ThreadReach, Protocol):
     async def start(self) -> None:
         """Connect or start listening; return once running. Raises :class:`AdapterStartError`."""
 
-    async def stop(self) -> None:
-        """Disconnect and finish or cancel the turns it started."""
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Stop taking events; give the turns it started ``grace_s`` to finish, cancel the rest
+        (each tells its thread to send the message again), then disconnect."""

@@ -47,10 +47,17 @@ class BackgroundTasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def drain(self) -> None:
-        """Wait until no task is running, including tasks started while waiting."""
+    async def drain(self, timeout_s: float | None = None) -> bool:
+        """Wait until no task is running, including tasks started while waiting, for at most
+        ``timeout_s`` (None: no limit); nothing is cancelled. True when none is left."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            await asyncio.wait(list(self._tasks), timeout=left)
+        return True
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

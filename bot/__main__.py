@@ -10,9 +10,10 @@ from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 from bot.config import ConfigError, Settings, load_settings
+from bot.store import StoreError
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-#: The interactive console's log, beside the store (``storage.path``).
+#: The interactive console's log, beside the SQLite store (in ``data/`` with PostgreSQL).
 CONSOLE_LOG_NAME = "threadbook-console.log"
 
 
@@ -40,7 +41,8 @@ def _console_logging(settings: Settings) -> Path | None:
     """
     root = logging.getLogger()
     if sys.stdout.isatty():
-        path = (settings.storage.path.parent / CONSOLE_LOG_NAME).resolve()
+        store_file = settings.storage.sqlite_path or Path("data") / "threadbook.db"
+        path = (store_file.parent / CONSOLE_LOG_NAME).resolve()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             handler = RotatingFileHandler(path, maxBytes=5 * 2**20, backupCount=2, encoding="utf-8")
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     # One line per HTTP request or scheduler job at INFO drowns what the bot itself says.
-    for chatty in ("httpx", "httpx2", "apscheduler"):
+    for chatty in ("httpx", "httpx2", "apscheduler", "alembic"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         settings = load_settings(args.config)
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         from bot.app import run_bot
 
         return asyncio.run(run_bot(settings))
+    except StoreError as exc:
+        print(f"threadbook: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         # Ctrl-C outside the console's own handling (start-up, shutdown): asyncio.run has
         # already cancelled the work and run its clean-up; no traceback for that.

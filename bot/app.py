@@ -49,7 +49,7 @@ class Core:
     async def open(cls, settings: Settings) -> AsyncIterator[Core]:
         """Start the core; on exit stop the reaper and every kernel, close the store."""
         async with AsyncExitStack() as stack:
-            store = await Store.open(settings.storage.path)
+            store = await Store.open(settings.storage.resolved_url, replica_timeout_s=settings.storage.replica_timeout_s)
             stack.push_async_callback(store.close)
             # Choosing the launcher probes bubblewrap (and slirp4netns) with real processes: off the loop.
             launcher = await asyncio.to_thread(build_launcher, settings.kernels)
@@ -65,7 +65,7 @@ class Core:
             packages = package_installer(settings.kernels, launcher)
             turns = TurnRunner(settings=settings, store=store, pool=pool, agent=agent, packages=packages)
             commands = Commands(store=store, pool=pool)
-            dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands)
+            dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands, pool=pool)
             yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher)
 
 
@@ -134,6 +134,16 @@ async def tell_interrupted(store: Store, adapters: Sequence[ThreadReach]) -> int
     return told
 
 
+async def tell_interrupted_while_running(store: Store, adapters: Sequence[ThreadReach], every_s: float) -> None:
+    """:func:`tell_interrupted` at start, and with a shared store every ``every_s`` after: a
+    replica that dies leaves turns that only the others can report."""
+    while True:
+        await tell_interrupted(store, adapters)
+        if not store.shared:
+            return
+        await asyncio.sleep(every_s)
+
+
 async def run_console(settings: Settings, out: Path, thread: str | None, log_path: Path | None) -> int:
     """Chat with the bot in this terminal (or through a pipe) until the input ends. Returns the exit code."""
     from adapters.console import ConsoleAdapter
@@ -145,6 +155,16 @@ async def run_console(settings: Settings, out: Path, thread: str | None, log_pat
         await tell_interrupted(core.store, [console])
         await console.run()
     return 0
+
+
+async def stop_adapters(adapters: Sequence[Adapter], grace_s: float) -> None:
+    """Stop every adapter at once: none takes new events, running turns share one grace period."""
+    if adapters:
+        log.info("stopping: running turns get up to %.0f s to finish", grace_s)
+    results = await asyncio.gather(*(adapter.stop(grace_s) for adapter in adapters), return_exceptions=True)
+    for adapter, outcome in zip(adapters, results):
+        if isinstance(outcome, BaseException):
+            log.error("stopping %s failed: %r", type(adapter).__name__, outcome)
 
 
 async def run_bot(settings: Settings) -> int:
@@ -171,7 +191,10 @@ async def run_bot(settings: Settings) -> int:
                     started.append(adapter)
                 log.info("Threadbook is running (%s); Ctrl-C stops it.", ", ".join(type(a).__name__ for a in started))
                 # In the background: a slow platform must not hold up start-up or a stop signal.
-                notices = asyncio.create_task(tell_interrupted(core.store, started), name="interrupted-notices")
+                notices = asyncio.create_task(
+                    tell_interrupted_while_running(core.store, started, settings.storage.replica_timeout_s / 2),
+                    name="interrupted-notices",
+                )
                 try:
                     await stop.wait()
                 finally:
@@ -179,11 +202,7 @@ async def run_bot(settings: Settings) -> int:
                     with suppress(asyncio.CancelledError):
                         await notices
             finally:
-                for adapter in reversed(started):
-                    try:
-                        await adapter.stop()
-                    except Exception:
-                        log.exception("stopping %s failed", type(adapter).__name__)
+                await stop_adapters(started, settings.ops.shutdown_grace_s)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from kernels.settings import KernelSettings
 
@@ -70,17 +70,64 @@ class DiscordSettings(_Model):
     api_url: str | None = None  # REST base, e.g. http://127.0.0.1:8080/api/v10
     gateway_url: str | None = None  # e.g. ws://127.0.0.1:8080/gateway
     upload_limit_mb: float = Field(10.0, gt=0)
+    #: Sharding across replicas: the total number of shards, and the ones this replica runs
+    #: (all of them when unset). Unset count: one shard, or Discord's recommendation with ids.
+    shard_count: int | None = Field(None, ge=1)
+    shard_ids: tuple[int, ...] | None = None
 
     @property
     def enabled(self) -> bool:
         """True when a bot token is configured."""
         return bool(self.token.get_secret_value())
 
+    @model_validator(mode="after")
+    def _shards(self) -> DiscordSettings:
+        if self.shard_ids is not None:
+            if self.shard_count is None:
+                raise ValueError("shard_ids needs shard_count (the total number of shards of every replica)")
+            if not self.shard_ids or any(not 0 <= i < self.shard_count for i in self.shard_ids):
+                raise ValueError(f"shard_ids must be between 0 and shard_count - 1 ({self.shard_count - 1})")
+        return self
+
 
 class StorageSettings(_Model):
-    """Where the SQLite store lives."""
+    """The store: an SQLite file (one replica) or a PostgreSQL database shared by replicas."""
 
+    #: ``sqlite:///data/threadbook.db`` or ``postgresql://user:pass@host/db``; unset: ``path``.
+    url: SecretStr | None = None
+    #: The SQLite file when ``url`` is unset (the setting before ``url`` existed).
     path: Path = Path("data/threadbook.db")
+    #: A replica that has not shown signs of life for this long is gone: the turns it was
+    #: running are reported interrupted and its threads go to the others.
+    replica_timeout_s: float = Field(15.0, ge=1, le=3600)
+
+    @property
+    def resolved_url(self) -> str:
+        """The store's URL: ``url``, or ``sqlite:///`` + ``path``."""
+        return self.url.get_secret_value() if self.url is not None else f"sqlite:///{self.path}"
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The SQLite file of the store; None for PostgreSQL."""
+        url = self.resolved_url
+        return Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+
+    @model_validator(mode="after")
+    def _url_or_path(self) -> StorageSettings:
+        if self.url is not None:
+            if "path" in self.model_fields_set:
+                raise ValueError("set url or path, not both")
+            scheme = self.url.get_secret_value().partition("://")[0].partition("+")[0]
+            if scheme not in ("sqlite", "postgresql", "postgres"):
+                raise ValueError("url must start with sqlite:/// or postgresql://")
+        return self
+
+
+class OpsSettings(_Model):
+    """How the process runs and stops."""
+
+    #: On SIGTERM, running turns get this long to finish before they are cut off (and told).
+    shutdown_grace_s: float = Field(25.0, ge=0, le=3600)
 
 
 class AccessSettings(_Model):
@@ -117,6 +164,7 @@ class Settings(_Model):
     discord: DiscordSettings = Field(default_factory=DiscordSettings)
     kernels: KernelSettings = Field(default_factory=KernelSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
+    ops: OpsSettings = Field(default_factory=OpsSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
     channels: dict[str, ChannelPolicy] = Field(default_factory=dict)
 

@@ -1,10 +1,21 @@
 """The cross-cutting rules for every inbound message, in one place.
 
 Order: ignore bots → allow-list → ignore unmentioned messages in threads the bot has no
-session for → drop duplicates → one turn at a time per thread (others queue, and are told) →
-in-thread command or agent turn, marked in flight in the store while it runs (so a start
-after an unclean stop tells the thread: ``bot.app.tell_interrupted``). Adapters call
-:meth:`Dispatcher.handle` and nothing else (plus :meth:`Dispatcher.stop` for a Stop button).
+session for → drop duplicates (the claim is in the store, so across replicas too) → one turn at
+a time per thread, in order (others queue, and are told) → in-thread command or agent turn.
+Adapters call :meth:`Dispatcher.handle` and nothing else (plus :meth:`Dispatcher.stop` for a
+Stop button).
+
+The line of a thread's turns is in the store (``Store.begin_turn`` hands out tickets), so it
+holds across replicas: a turn waits until no earlier ticket of its thread is left, woken at
+once by a turn ending in this process and by polling for one ending on another replica. A
+queued or running turn stays marked in the store until it ends, so the turns of a process that
+died are found and their threads told (here, when a later message finds them ahead of it, and
+by ``bot.app.tell_interrupted``).
+
+Replicas share no kernels: before a turn, a replica whose kernel of the thread is older than
+another replica's turn drops it (the next kernel restores the saved variables), and with a
+shared store every turn ends by saving the thread's variables for whichever replica is next.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from bot.config import Settings
 from bot.events import InboundMessage, Outbox, ThreadKey
 from bot.store import Store
 from bot.turn import TurnRunner
+from kernels import KernelPool
 
 log = logging.getLogger(__name__)
 
@@ -28,23 +40,39 @@ RESTART_NOTICE = "🔁 I was restarted while working on this message; please sen
 INTERRUPTED_NOTICE = "🔁 I was restarted while working on your message; please send it again."
 FAILURE_NOTICE = "⚠️ Something went wrong on my side while handling that message. Please try again."
 
+#: How often a queued turn looks whether the turn ahead of it ended on another replica (a
+#: turn ending in this process wakes it at once); with SQLite there is no other replica.
+POLL_SHARED_S = 0.2
+POLL_ALONE_S = 2.0
+#: How often a running turn looks whether Stop was pressed on another replica.
+STOP_POLL_S = 1.0
+
 
 @dataclass
 class _ThreadSlot:
-    """Serialises turns of one thread; dropped again when nobody holds or waits for it."""
+    """This process's messages of one thread; dropped again when none is left."""
 
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: Set (and replaced) each time a turn of the thread ends here.
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
     users: int = 0
+
+    def wake(self) -> None:
+        """Wake every turn of the thread waiting here."""
+        self.ended.set()
+        self.ended = asyncio.Event()
 
 
 class Dispatcher:
     """Applies the bot's rules to each message and runs the resulting turn."""
 
-    def __init__(self, *, settings: Settings, store: Store, turns: TurnRunner, commands: Commands) -> None:
+    def __init__(
+        self, *, settings: Settings, store: Store, turns: TurnRunner, commands: Commands, pool: KernelPool
+    ) -> None:
         self._settings = settings
         self._store = store
         self._turns = turns
         self._commands = commands
+        self._pool = pool
         self._slots: dict[ThreadKey, _ThreadSlot] = {}
 
     async def handle(self, message: InboundMessage, outbox: Outbox) -> None:
@@ -69,8 +97,11 @@ class Dispatcher:
                 log.exception("could not report the failure to %s", message.key)
 
     async def stop(self, key: ThreadKey) -> bool:
-        """Interrupt the running turn of a thread (the Stop button). True if one was running."""
-        return await self._turns.stop(key)
+        """Interrupt the running turn of a thread (the Stop button), on whichever replica runs
+        it. True if one was running."""
+        if await self._turns.stop(key):
+            return True
+        return self._store.shared and await self._store.request_stop(str(key))
 
     def admits(self, *, platform: str, channel: str, user_id: str) -> bool:
         """The allow-list rule alone, for adapters that must decide before opening a thread."""
@@ -98,30 +129,67 @@ class Dispatcher:
         return True
 
     async def _serialised(self, message: InboundMessage, outbox: Outbox) -> None:
+        """Queue the turn in the store, wait for its turn, run it; the mark goes when it ends."""
+        key = str(message.key)
         slot = self._slots.setdefault(message.key, _ThreadSlot())
         slot.users += 1
         try:
-            if slot.lock.locked():
-                await outbox.notify(QUEUED_NOTICE)
-            async with slot.lock:
-                await self._in_flight(message, outbox)
+            queued = await self._store.begin_turn(key, message.message_id)
+            try:
+                if queued.ahead:
+                    await outbox.notify(QUEUED_NOTICE)
+                await self._wait_for_turn(key, queued.ticket, slot, outbox)
+                await self._run_turn(message, outbox)
+            except asyncio.CancelledError:
+                raise  # shutdown: handle() clears the mark once the restart notice is out
+            except BaseException:
+                await self._store.end_turn(key, message.message_id)
+                raise
+            await self._store.end_turn(key, message.message_id)
         finally:
             slot.users -= 1
+            slot.wake()
             if slot.users == 0:
                 self._slots.pop(message.key, None)
 
-    async def _in_flight(self, message: InboundMessage, outbox: Outbox) -> None:
-        """Run the turn with its in-flight mark in the store, so a start after kill -9 can tell the thread."""
+    async def _wait_for_turn(self, key: str, ticket: int, slot: _ThreadSlot, outbox: Outbox) -> None:
+        poll = POLL_SHARED_S if self._store.shared else POLL_ALONE_S
+        while True:
+            check = await self._store.check_turn(key, ticket)
+            if check.interrupted:  # the turn ahead died with its replica: the thread hears it once
+                await outbox.notify(INTERRUPTED_NOTICE)
+            if check.ready:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(slot.ended.wait(), poll)
+
+    async def _run_turn(self, message: InboundMessage, outbox: Outbox) -> None:
+        """Run the turn with this replica's kernel up to date, and leave the variables saved
+        for the next replica when replicas share the store."""
         key = str(message.key)
-        await self._store.begin_turn(key, message.message_id)
+        previous = await self._store.claim_kernel(key)
+        if previous is not None and previous != self._store.run:
+            await self._pool.discard(key)  # another replica served the thread since
+        if not self._store.shared:
+            await self._run(message, outbox)
+            return
+        watcher = asyncio.create_task(self._watch_for_stop(message), name=f"stop-watch {message.message_id}")
         try:
             await self._run(message, outbox)
-        except asyncio.CancelledError:
-            raise  # shutdown: handle() clears the mark once the restart notice is out
-        except BaseException:
-            await self._store.end_turn(key, message.message_id)
-            raise
-        await self._store.end_turn(key, message.message_id)
+        finally:
+            watcher.cancel()
+        await self._pool.save(key)
+
+    async def _watch_for_stop(self, message: InboundMessage) -> None:
+        """Stop this turn when Stop was pressed on another replica."""
+        while True:
+            await asyncio.sleep(STOP_POLL_S)
+            try:
+                if await self._store.stop_requested(str(message.key), message.message_id):
+                    await self._turns.stop(message.key)
+                    return
+            except Exception:
+                log.exception("could not look for a Stop of %s", message.key)
 
     async def _run(self, message: InboundMessage, outbox: Outbox) -> None:
         if not message.attachments and await self._commands.try_run(message, outbox):

@@ -319,10 +319,25 @@ class KernelPool:
         if leave is not None and leave.is_set():
             raise QueueLeftError("stopped while waiting for a kernel")
 
-    async def _stop(self, session: KernelSession) -> None:
-        """Stop ``session``'s kernel; its variables are saved first (when code ran since the
-        last save) and its next kernel restores them."""
-        await self._save(session)
+    async def save(self, key: str) -> None:
+        """Save ``key``'s variables now, if it has a kernel and code ran since the last save
+        (another process is about to serve the thread: it restores them). Never raises."""
+        session = self._sessions.get(key)
+        if session is not None:
+            await self._save(session)
+
+    async def discard(self, key: str) -> None:
+        """Stop ``key``'s kernel without saving: another process served the thread since, so
+        these variables are out of date; the thread's next kernel restores the saved ones."""
+        session = self._sessions.get(key)
+        if session is not None:
+            await self._stop(session, save=False)
+
+    async def _stop(self, session: KernelSession, *, save: bool = True) -> None:
+        """Stop ``session``'s kernel; unless ``save`` is False, its variables are saved first
+        (when code ran since the last save) and its next kernel restores them."""
+        if save:
+            await self._save(session)
         if self._sessions.get(session.key) is session:
             del self._sessions[session.key]
         if session.executions:

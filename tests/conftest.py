@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from bench.postgres import LocalPostgres, find_postgres
 from bot.config import Settings, parse_settings
 from tests.fakes.openai_server import scripted_openai  # noqa: F401  (fixture)
 
@@ -41,3 +45,27 @@ def make_settings(tmp_path: Path, *, llm_url: str = "http://127.0.0.1:9/v1", **s
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
     return parse_settings(raw, env={})
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[LocalPostgres]:
+    """One real PostgreSQL server for the test session (Debian's postgresql, on 127.0.0.1)."""
+    folder, why = find_postgres()
+    if folder is None:
+        pytest.skip(why)
+    with LocalPostgres() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(postgres: LocalPostgres) -> str:
+    """The URL of a new, empty PostgreSQL database."""
+    return postgres.database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where a store test keeps its data: an SQLite file, then a PostgreSQL database."""
+    if request.param == "sqlite":
+        return tmp_path / "data" / "threadbook.db"
+    return str(request.getfixturevalue("pg_url"))

@@ -95,14 +95,17 @@ class SlackAdapter:
             await self.stop()
             raise
 
-    async def stop(self) -> None:
-        """Stop receiving, cancel running turns, close connections."""
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Stop receiving; give running turns ``grace_s`` to finish, cancel the rest (each tells
+        its thread), close connections."""
         if self._socket is not None:
             await self._socket.close_async()
             self._socket = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if grace_s > 0 and not await self._tasks.drain(grace_s):
+            log.warning("Slack: %d turn(s) still running after %.0f s; cutting them off", len(self._tasks), grace_s)
         await self._tasks.cancel_all()
         if self._http is not None:
             await self._http.close()

@@ -99,7 +99,8 @@ def turns() -> HeldTurns:
 @pytest.fixture
 def chat(tmp_path: Path, store: Store, turns: HeldTurns) -> MemoryChat:
     commands = Commands(store=store, pool=None)  # type: ignore[arg-type]  # help needs no pool
-    dispatcher = Dispatcher(settings=make_settings(tmp_path), store=store, turns=turns, commands=commands)  # type: ignore[arg-type]
+    dispatcher = Dispatcher(settings=make_settings(tmp_path), store=store, turns=turns, commands=commands,  # type: ignore[arg-type]
+                            pool=None)  # type: ignore[arg-type]  # one process, SQLite: the pool is never asked
     return MemoryChat(dispatcher)
 
 
@@ -120,7 +121,8 @@ async def test_the_running_turn_is_marked_and_cleared_however_it_ends(
     await until(lambda: turns.running)
     queued = asyncio.create_task(chat.dispatcher.handle(second, second_out))
     await until(lambda: second_out.notices == [QUEUED_NOTICE])
-    assert marks(db_path) == [(str(first.key), first.message_id)]  # a queued message is not in flight
+    # A queued message is marked too: a kill -9 now would leave both threads' messages to report.
+    assert marks(db_path) == [(str(first.key), first.message_id), (str(second.key), second.message_id)]
     turns.release()
     await asyncio.gather(running, queued)
     assert [o.reply.text for o in (first_out, second_out)] == ["answer to first", "answer to second"]

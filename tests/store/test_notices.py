@@ -6,7 +6,8 @@ import json
 import sqlite3
 from pathlib import Path
 
-from bot.store import _MIGRATIONS, NOTICE_ROLE, SCHEMA_VERSION, Store
+from bot.migrations.legacy import MIGRATIONS as _MIGRATIONS
+from bot.store import NOTICE_ROLE, SCHEMA_VERSION, Store
 
 KEY = "slack:T1:C1:1700000000.000100"
 CALL = {"id": "c1", "type": "function", "function": {"name": "python", "arguments": '{"code": "1"}'}}
@@ -58,7 +59,7 @@ async def test_schema_3_turns_stored_notices_into_notices_in_place(tmp_path: Pat
     path = tmp_path / "v2.db"
     make_v2_database(path)
     async with await Store.open(path) as store:
-        assert SCHEMA_VERSION >= 3 and await store.schema_version() == SCHEMA_VERSION
+        assert await store.schema_version() == SCHEMA_VERSION
         history = await store.history(KEY)
         assert [m["content"] for m in history if m["role"] == "assistant" and not m.get("tool_calls")] == [
             "The language model is a program; it has no state."

@@ -1,4 +1,4 @@
-"""The SQLite store: round trip, restart, schema version, dedupe, concurrency, order."""
+"""The store on SQLite and on PostgreSQL: round trip, restart, schema version, dedupe, concurrency, order."""
 
 from __future__ import annotations
 
@@ -32,9 +32,8 @@ CONVERSATION = [
 ]
 
 
-async def test_round_trip_survives_restart(tmp_path: Path) -> None:
-    path = tmp_path / "nested" / "dir" / "threadbook.db"
-    async with await Store.open(path) as store:
+async def test_round_trip_survives_restart(store_target: Path | str) -> None:
+    async with await Store.open(store_target) as store:
         assert not await store.thread_exists(KEY)
         await store.touch_thread(KEY, "slack:C1")
         await store.add_messages(KEY, CONVERSATION[:1], user_id="U1")
@@ -43,8 +42,7 @@ async def test_round_trip_survives_restart(tmp_path: Path) -> None:
         await store.add_usage(KEY, "gpt-test", 100, 20)
         await store.add_usage(KEY, "gpt-test", 50, 5)
 
-    assert path.exists()
-    async with await Store.open(path) as store:
+    async with await Store.open(store_target) as store:
         assert await store.schema_version() == SCHEMA_VERSION
         assert await store.thread_exists(KEY)
         assert not await store.thread_exists(OTHER)
@@ -53,28 +51,44 @@ async def test_round_trip_survives_restart(tmp_path: Path) -> None:
         assert await store.cell_count(KEY) == 1
         assert await store.usage(KEY) == (150, 25)
         assert await store.usage(OTHER) == (0, 0)
+        assert [e.user_id for e in await store.timeline(KEY) if isinstance(e, MessageEntry)] == ["U1", None, None, None]
 
+
+async def test_sqlite_file_settings(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "dir" / "threadbook.db"
+    async with await Store.open(path) as store:
+        await store.touch_thread(KEY, "slack:C1")
+    assert path.exists()
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert raw.execute("SELECT version_num FROM alembic_version").fetchone()[0] == SCHEMA_VERSION
         assert raw.execute("SELECT channel_key FROM threads WHERE key = ?", (KEY,)).fetchone()[0] == "slack:C1"
-        user_ids = raw.execute("SELECT user_id FROM messages WHERE thread = ? ORDER BY seq", (KEY,)).fetchall()
-        assert [row[0] for row in user_ids] == ["U1", None, None, None]
 
 
-async def test_writing_creates_the_thread_with_its_channel(tmp_path: Path) -> None:
-    async with await Store.open(tmp_path / "t.db") as store:
+async def test_writing_creates_the_thread_with_its_channel(store_target: Path | str) -> None:
+    async with await Store.open(store_target) as store:
         await store.add_messages(OTHER, [{"role": "user", "content": "hi"}])
         assert await store.thread_exists(OTHER)
-    with sqlite3.connect(tmp_path / "t.db") as raw:
-        assert raw.execute("SELECT channel_key FROM threads").fetchone()[0] == "discord:C2"
+        await store.begin_turn(OTHER, "m1")  # the channel comes from the key, as it did when written
+        assert await store.claim_kernel(OTHER) is None
 
 
 async def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "t.db"
     await (await Store.open(path)).close()
     with sqlite3.connect(path) as raw:
-        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+        raw.execute("UPDATE alembic_version SET version_num = '9999_from_the_future'")
+    raw.close()
+    with pytest.raises(StoreError, match="does not know"):
+        await Store.open(path)
+
+
+async def test_newer_pre_alembic_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.db"
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE threads (key TEXT PRIMARY KEY)")
+        raw.execute("PRAGMA user_version = 4")
+    raw.close()
     with pytest.raises(StoreError, match="newer"):
         await Store.open(path)
 
@@ -94,7 +108,7 @@ async def test_claim_message_dedupes_across_restart_and_forgets_old_ids(tmp_path
         assert await store.claim_message("C1:1700.2") is True  # older than a week: pruned at open
 
 
-async def test_concurrent_writes_from_two_threads(tmp_path: Path) -> None:
+async def test_concurrent_writes_from_two_threads(store_target: Path | str) -> None:
     rounds = 40
 
     async def converse(store: Store, key: str) -> None:
@@ -105,7 +119,7 @@ async def test_concurrent_writes_from_two_threads(tmp_path: Path) -> None:
             await store.add_cell(key, f"print({i})", ExecutionResult(streams=[StreamChunk("stdout", f"{i}\n")]))
             await store.add_usage(key, "m", 1, 2)
 
-    async with await Store.open(tmp_path / "t.db") as store:
+    async with await Store.open(store_target) as store:
         await asyncio.gather(converse(store, KEY), converse(store, OTHER))
         for key in (KEY, OTHER):
             timeline = await store.timeline(key)
@@ -116,8 +130,8 @@ async def test_concurrent_writes_from_two_threads(tmp_path: Path) -> None:
             assert await store.usage(key) == (rounds, 2 * rounds)
 
 
-async def test_concurrent_batches_in_one_thread_stay_contiguous(tmp_path: Path) -> None:
-    async with await Store.open(tmp_path / "t.db") as store:
+async def test_concurrent_batches_in_one_thread_stay_contiguous(store_target: Path | str) -> None:
+    async with await Store.open(store_target) as store:
         batches = [[{"role": "user", "content": f"{b}-{i}"} for i in range(3)] for b in range(20)]
         await asyncio.gather(*(store.add_messages(KEY, batch) for batch in batches))
         texts = [m["content"] for m in await store.history(KEY)]
@@ -127,14 +141,14 @@ async def test_concurrent_batches_in_one_thread_stay_contiguous(tmp_path: Path) 
         assert texts[start : start + 3] == [f"{batch}-{i}" for i in range(3)]
 
 
-async def test_timeline_interleaves_messages_and_cells_in_order(tmp_path: Path) -> None:
+async def test_timeline_interleaves_messages_and_cells_in_order(store_target: Path | str) -> None:
     failing = ExecutionResult(
         outcome=Outcome.ERROR,
         error=ErrorInfo("NameError", "name 'x' is not defined", "Traceback...\nNameError: name 'x' is not defined"),
         execution_count=3,
         duration_s=0.5,
     )
-    async with await Store.open(tmp_path / "t.db") as store:
+    async with await Store.open(store_target) as store:
         await store.add_messages(KEY, CONVERSATION[:2], user_id="U1")
         await store.add_cell(KEY, "x", failing)
         await store.add_messages(KEY, CONVERSATION[2:])

@@ -1,0 +1,89 @@
+"""The store's tables as the latest migration (``bot/migrations/versions``) leaves them, for
+building queries. Migrations never import this: each revision spells out its own change."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+threads = sa.Table(
+    "threads",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("channel_key", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("last_active_at", sa.Float, nullable=False),
+    #: The per-thread counter that orders messages and cells (``seq``).
+    sa.Column("last_seq", sa.Integer, nullable=False, server_default="0"),
+    #: The per-thread counter that orders turns across replicas (``turns_in_flight.ticket``).
+    sa.Column("last_ticket", sa.Integer, nullable=False, server_default="0"),
+    #: The replica (``replicas.run``) whose kernel holds the thread's live variables.
+    sa.Column("kernel_run", sa.Text),
+)
+
+messages = sa.Table(
+    "messages",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("thread", sa.Text, sa.ForeignKey("threads.key", ondelete="CASCADE"), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("user_id", sa.Text),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+cells = sa.Table(
+    "cells",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("thread", sa.Text, sa.ForeignKey("threads.key", ondelete="CASCADE"), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("code", sa.Text, nullable=False),
+    sa.Column("outputs", sa.Text, nullable=False),
+    sa.Column("execution_count", sa.Integer),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("duration_s", sa.Float, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+processed = sa.Table(
+    "processed",
+    metadata,
+    sa.Column("message_id", sa.Text, primary_key=True),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
+usage = sa.Table(
+    "usage",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("thread", sa.Text, nullable=False),
+    sa.Column("model", sa.Text, nullable=False),
+    sa.Column("prompt_tokens", sa.Integer, nullable=False),
+    sa.Column("completion_tokens", sa.Integer, nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
+turns_in_flight = sa.Table(
+    "turns_in_flight",
+    metadata,
+    sa.Column("thread", sa.Text, primary_key=True),
+    sa.Column("message_id", sa.Text, primary_key=True),
+    sa.Column("run", sa.Text, nullable=False),
+    sa.Column("started_at", sa.Float, nullable=False),
+    #: Turns of a thread run in ticket order (``threads.last_ticket`` hands them out).
+    sa.Column("ticket", sa.Integer, nullable=False, server_default="0"),
+    #: Stop was pressed, maybe on another replica than the one running the turn.
+    sa.Column("stop_requested", sa.Boolean, nullable=False, server_default=sa.false()),
+)
+
+replicas = sa.Table(
+    "replicas",
+    metadata,
+    sa.Column("run", sa.Text, primary_key=True),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("seen_at", sa.Float, nullable=False),
+)

@@ -1,0 +1,94 @@
+"""Several replicas on one database: each message claimed once, a thread's turns one at a time
+and in order, a silent replica's turns taken over, migrations once. Real PostgreSQL (and
+SQLite where the rule is the same)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from bot.store import SCHEMA_VERSION, Store
+
+KEY = "slack:T1:C1:1700000000.000100"
+
+
+async def abandon(store: Store) -> None:
+    """What ``kill -9`` leaves: the store stops marking itself alive and never signs off."""
+    assert store._heartbeat is not None
+    store._heartbeat.cancel()
+    await store._engine.dispose()
+
+
+async def test_replicas_starting_together_migrate_once(pg_url: str) -> None:
+    stores = await asyncio.gather(*(Store.open(pg_url) for _ in range(4)))
+    try:
+        assert {await s.schema_version() for s in stores} == {SCHEMA_VERSION}
+        assert len(await stores[0].live_replicas()) == 4
+    finally:
+        await asyncio.gather(*(s.close() for s in stores))
+    async with await Store.open(pg_url) as alone:
+        assert await alone.live_replicas() == [alone.run]  # the others signed off
+
+
+async def test_a_message_is_claimed_once_across_replicas(pg_url: str) -> None:
+    async with await Store.open(pg_url) as a, await Store.open(pg_url) as b:
+        claims = await asyncio.gather(*(s.claim_message(f"slack:m{i}") for i in range(20) for s in (a, b, a, b)))
+    assert sum(claims) == 20  # every id once, whichever replica got it first
+
+
+async def test_turns_of_a_thread_run_in_ticket_order_across_replicas(pg_url: str) -> None:
+    async with await Store.open(pg_url) as a, await Store.open(pg_url) as b:
+        first = await a.begin_turn(KEY, "m1")
+        second = await b.begin_turn(KEY, "m2")
+        assert (first.ticket, first.ahead, second.ticket, second.ahead) == (1, 0, 2, 1)
+        assert (await a.check_turn(KEY, first.ticket)).ready
+        assert not (await b.check_turn(KEY, second.ticket)).ready  # a live replica runs m1
+        await a.end_turn(KEY, "m1")
+        assert (await b.check_turn(KEY, second.ticket)).ready
+
+
+async def test_tickets_taken_at_once_are_all_different(store_target: Path | str) -> None:
+    async with await Store.open(store_target) as a, await Store.open(store_target) as b:
+        queued = await asyncio.gather(*(s.begin_turn(KEY, f"m{i}") for i, s in enumerate([a, b] * 15)))
+    assert sorted(q.ticket for q in queued) == list(range(1, 31))
+    assert sorted(q.ahead for q in queued) == list(range(30))
+
+
+async def test_a_silent_replicas_turns_are_taken_over_after_the_timeout(pg_url: str) -> None:
+    killed = await Store.open(pg_url, replica_timeout_s=1.0)
+    await killed.begin_turn(KEY, "m1")  # running when it died
+    await killed.begin_turn("slack:T1:C2:5.0", "m9")  # another thread, no later message
+    await abandon(killed)
+    async with await Store.open(pg_url, replica_timeout_s=1.0) as other:
+        waiting = await other.begin_turn(KEY, "m2")
+        assert waiting.ahead == 1
+        check = await other.check_turn(KEY, waiting.ticket)
+        assert not check.ready and check.interrupted == ()  # not yet: the replica may only be slow
+        assert await other.take_interrupted_turns() == []
+        await asyncio.sleep(1.2)
+        check = await other.check_turn(KEY, waiting.ticket)
+        assert check.ready and [t.message_id for t in check.interrupted] == ["m1"]
+        # The sweep finds the turn of the thread no message came back to; once.
+        assert [t.message_id for t in await other.take_interrupted_turns()] == ["m9"]
+        assert await other.take_interrupted_turns() == []
+
+
+async def test_a_live_replica_keeps_its_turns_past_the_timeout(pg_url: str) -> None:
+    async with await Store.open(pg_url, replica_timeout_s=1.0) as a, await Store.open(pg_url, replica_timeout_s=1.0) as b:
+        await a.begin_turn(KEY, "m1")
+        second = await b.begin_turn(KEY, "m2")
+        deadline = time.monotonic() + 1.6
+        while time.monotonic() < deadline:  # a's heartbeat (every third of the timeout) keeps it alive
+            assert await b.take_interrupted_turns() == []
+            assert not (await b.check_turn(KEY, second.ticket)).ready
+            await asyncio.sleep(0.2)
+
+
+async def test_the_kernel_owner_moves_with_the_thread(store_target: Path | str) -> None:
+    async with await Store.open(store_target) as a, await Store.open(store_target) as b:
+        await a.touch_thread(KEY, "slack:C1")
+        assert await a.claim_kernel(KEY) is None
+        assert await a.claim_kernel(KEY) == a.run  # still a's kernel: keep it
+        assert await b.claim_kernel(KEY) == a.run  # b takes over: a's kernel is stale for b
+        assert await a.claim_kernel(KEY) == b.run
