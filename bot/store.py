@@ -152,7 +152,8 @@ class Store:
         except (SQLAlchemyError, OSError) as exc:
             await engine.dispose()
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StoreError(f"cannot open the store {url.render_as_string(hide_password=True)}: {reason}") from None
+            shown = url.set(drivername=url.get_backend_name()).render_as_string(hide_password=True)
+            raise StoreError(f"cannot open the store {shown}: {reason}") from None
         except BaseException:
             await engine.dispose()
             raise

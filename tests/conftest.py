@@ -44,6 +44,8 @@ def make_settings(tmp_path: Path, *, llm_url: str = "http://127.0.0.1:9/v1", **s
     }
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
+    if "url" in raw["storage"]:  # a database URL replaces the SQLite file
+        del raw["storage"]["path"]
     return parse_settings(raw, env={})
 
 

@@ -66,3 +66,28 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("llm: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_settings(bad)
+
+
+def test_storage_url_path_and_the_shipped_default() -> None:
+    shipped = load_settings(REPO / "config.yaml", env={"OPENAI_BASE_URL": "http://127.0.0.1:11434/v1"})
+    assert shipped.storage.resolved_url == "sqlite:///data/threadbook.db"
+    assert shipped.storage.sqlite_path == Path("data/threadbook.db")
+    assert shipped.ops.shutdown_grace_s == 25
+    old_style = parse_settings({"llm": {"api_key": "k"}, "storage": {"path": "/srv/tb.db"}}, env={})
+    assert old_style.storage.resolved_url == "sqlite:////srv/tb.db"
+    pg = parse_settings({"llm": {"api_key": "k"}, "storage": {"url": "${DB}"}}, env={"DB": "postgresql://u:pw-4711@db/tb"})
+    assert pg.storage.sqlite_path is None and "pw-4711" not in repr(pg) and "pw-4711" not in str(pg.storage)
+
+
+@pytest.mark.parametrize(
+    ("storage", "expected"),
+    [
+        ({"url": "sqlite:///a.db", "path": "b.db"}, "config: storage: set url or path, not both"),
+        ({"url": "mysql://u@h/db"}, "config: storage: url must start with sqlite:/// or postgresql://"),
+        ({"replica_timeout_s": 0}, "config: storage.replica_timeout_s: Input should be greater than or equal to 1"),
+    ],
+)
+def test_bad_storage_settings_name_the_key(storage: dict, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_settings({"llm": {"api_key": "k"}, "storage": storage}, env={})
+    assert str(caught.value) == expected

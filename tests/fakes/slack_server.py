@@ -362,8 +362,12 @@ class FakeSlack:
         body = urlencode({"payload": json.dumps(payload)}).encode()
         return await self.post_signed(url, body, "application/x-www-form-urlencoded")
 
-    async def socket_send(self, kind: str, payload: dict[str, Any], *, timeout: float = 5.0) -> dict[str, Any]:
-        """Send an envelope (``events_api``, ``interactive``) on the newest socket; return its ack."""
+    async def socket_send(
+        self, kind: str, payload: dict[str, Any], *, timeout: float = 5.0, connection: int = -1
+    ) -> dict[str, Any]:
+        """Send an envelope (``events_api``, ``interactive``) on one open socket (the newest by
+        default; ``connection`` indexes the open ones, oldest first, as Slack hands each event
+        to one of an app's connections); return its ack."""
         ws = await self.wait_for(lambda: [s for s in self._sockets if not s.closed], timeout)
         envelope_id = str(uuid.uuid4())
         ack: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -376,7 +380,7 @@ class FakeSlack:
             "retry_reason": "",
             "payload": payload,
         }
-        await ws[-1].send_str(json.dumps(envelope))
+        await ws[connection].send_str(json.dumps(envelope))
         try:
             return await asyncio.wait_for(ack, timeout)
         finally:

@@ -36,6 +36,7 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeSlack, ScriptedOpenAI
             "slack": {"bot_token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": slack.api_url},
             "kernels": kernel_config(tmp_path),
             "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
+            "ops": {"shutdown_grace_s": 1},  # the hanging turn is cut off at once
         }))
         bots = BotProcesses(tmp_path, config)
         try:

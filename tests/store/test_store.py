@@ -168,3 +168,11 @@ async def test_timeline_interleaves_messages_and_cells_in_order(store_target: Pa
             "traceback": ["Traceback...", "NameError: name 'x' is not defined"],
         }
     ]
+
+
+async def test_an_unreachable_database_is_one_line_without_the_password() -> None:
+    with pytest.raises(StoreError) as caught:
+        await Store.open("postgresql://bot:pw-secret-4711@127.0.0.1:1/threadbook")
+    message = str(caught.value)
+    assert message.startswith("cannot open the store postgresql://bot:***@127.0.0.1:1/threadbook: ")
+    assert "pw-secret-4711" not in message and "\n" not in message
