@@ -29,7 +29,7 @@ from bot.commands import Commands
 from bot.config import Settings
 from bot.events import InboundMessage, Outbox, ThreadKey
 from bot.store import Store
-from bot.turn import TurnRunner
+from bot.turn import TurnRunner, kernel_options
 from kernels import KernelPool
 
 log = logging.getLogger(__name__)
@@ -167,9 +167,7 @@ class Dispatcher:
         """Run the turn with this replica's kernel up to date, and leave the variables saved
         for the next replica when replicas share the store."""
         key = str(message.key)
-        previous = await self._store.claim_kernel(key)
-        if previous is not None and previous != self._store.run:
-            await self._pool.discard(key)  # another replica served the thread since
+        await self._take_kernel(message.key)
         if not self._store.shared:
             await self._run(message, outbox)
             return
@@ -179,6 +177,24 @@ class Dispatcher:
         finally:
             watcher.cancel()
         await self._pool.save(key)
+        session = self._pool.get(key)
+        await self._store.record_kernel(key, session.remote_id if session is not None else None)
+
+    async def _take_kernel(self, thread: ThreadKey) -> None:
+        """Make this replica's kernel of the thread the one that holds its variables: when
+        another replica served the thread since, drop ours (out of date); when that replica is
+        gone, take over its gateway kernel if it still runs (variables live), else the next
+        kernel restores the saved variables."""
+        key = str(thread)
+        owner = await self._store.claim_kernel(key)
+        if owner is None or owner.run == self._store.run:
+            return
+        if owner.gone and owner.remote_id is not None:
+            options = kernel_options(self._settings, thread)
+            if await self._pool.take_over(key, owner.remote_id, options):
+                log.info("took over the kernel of %s from a replica that is gone", key)
+                return
+        await self._pool.discard(key)
 
     async def _watch_for_stop(self, message: InboundMessage) -> None:
         """Stop this turn when Stop was pressed on another replica."""

@@ -20,6 +20,8 @@ threads = sa.Table(
     sa.Column("last_ticket", sa.Integer, nullable=False, server_default="0"),
     #: The replica (``replicas.run``) whose kernel holds the thread's live variables.
     sa.Column("kernel_run", sa.Text),
+    #: That kernel's id on a Jupyter gateway, which another replica can attach to (None: local).
+    sa.Column("kernel_id", sa.Text),
 )
 
 messages = sa.Table(

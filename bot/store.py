@@ -51,7 +51,7 @@ from bot.schema import cells, messages, processed, replicas, threads, turns_in_f
 from kernels.result import ExecutionResult
 
 __all__ = [
-    "SCHEMA_VERSION", "CellEntry", "InterruptedTurn", "MessageEntry", "QueuedTurn", "Store", "StoreError",
+    "SCHEMA_VERSION", "CellEntry", "InterruptedTurn", "KernelOwner", "MessageEntry", "QueuedTurn", "Store", "StoreError",
     "TimelineEntry", "TurnCheck",
 ]  # fmt: skip
 
@@ -98,6 +98,17 @@ class QueuedTurn:
     ticket: int
     #: Turns of the thread before this one, on any replica.
     ahead: int
+
+
+@dataclass(frozen=True, slots=True)
+class KernelOwner:
+    """The replica whose kernel last held a thread's variables."""
+
+    run: str
+    #: Its kernel's id on a Jupyter gateway (None: a local kernel, or not known yet).
+    remote_id: str | None
+    #: That replica is gone (killed, crashed): its gateway kernel has nobody driving it.
+    gone: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,14 +396,31 @@ class Store:
                     taken.append(InterruptedTurn(thread, message_id, float(started)))
         return taken
 
-    async def claim_kernel(self, key: str) -> str | None:
+    async def claim_kernel(self, key: str) -> KernelOwner | None:
         """Record that this replica's kernel now holds thread ``key``'s variables; returns the
-        replica whose kernel held them before (None when none did)."""
+        owner before (None when none was recorded)."""
         async with self._transaction() as conn:
-            before = await conn.scalar(sa.select(threads.c.kernel_run).where(threads.c.key == key).with_for_update())
-            if before != self._run:
-                await conn.execute(sa.update(threads).where(threads.c.key == key).values(kernel_run=self._run))
-        return None if before is None else str(before)
+            row = (await conn.execute(
+                sa.select(threads.c.kernel_run, threads.c.kernel_id).where(threads.c.key == key).with_for_update()
+            )).first()  # fmt: skip
+            if row is None or row.kernel_run is None:
+                before = None
+            else:
+                gone = await conn.scalar(sa.select(sa.func.count()).select_from(replicas).where(
+                    replicas.c.run == row.kernel_run, replicas.c.seen_at >= time.time() - self._timeout_s
+                )) == 0 if self.shared else row.kernel_run != self._run  # fmt: skip
+                before = KernelOwner(str(row.kernel_run), row.kernel_id, bool(gone))
+            if before is None or before.run != self._run:
+                await conn.execute(
+                    sa.update(threads).where(threads.c.key == key).values(kernel_run=self._run, kernel_id=None)
+                )
+        return before
+
+    async def record_kernel(self, key: str, remote_id: str | None) -> None:
+        """Record the gateway id of the kernel this replica holds thread ``key``'s variables in."""
+        async with self._transaction() as conn:
+            await conn.execute(sa.update(threads).where(threads.c.key == key, threads.c.kernel_run == self._run)
+                               .values(kernel_id=remote_id))  # fmt: skip
 
     async def live_replicas(self) -> list[str]:
         """The runs of the replicas that showed signs of life within the timeout, this one included."""

@@ -46,6 +46,16 @@ KERNEL_START_NOTICE = "⚠️ I could not start a Python kernel for this thread.
 KERNEL_SERVICE_NOTICE = "⚠️ The service that runs Python kernels is not reachable right now; please ask again in a minute."
 
 
+def kernel_options(settings: Settings, key: ThreadKey) -> KernelOptions:
+    """What the thread's kernel may see and do, from its channel's policy."""
+    policy = settings.policy_for(key.channel_key)
+    return KernelOptions(
+        data_dir=policy.data_dir,
+        network=settings.kernels.network if policy.network is None else policy.network,
+        background_processes=policy.background_processes,
+    )
+
+
 @dataclass
 class _ActiveTurn:
     """What Stop needs to reach a running turn."""
@@ -198,11 +208,7 @@ class TurnRunner:
         """Get the thread's kernel (waiting in the queue if need be), then converse."""
         key = t.message.key
         policy = self._settings.policy_for(key.channel_key)
-        options = KernelOptions(
-            data_dir=policy.data_dir,
-            network=self._settings.kernels.network if policy.network is None else policy.network,
-            background_processes=policy.background_processes,
-        )
+        options = kernel_options(self._settings, key)
         kernels = self._settings.kernels
 
         async def waiting(ahead: int) -> None:
@@ -234,7 +240,7 @@ class TurnRunner:
         """The agent loop against the thread's (leased) kernel, then the reply."""
         key = t.message.key
         t.active.session = session
-        kernel_is_fresh = session.executions == 0 and await self._store.cell_count(str(key)) > 0
+        kernel_is_fresh = session.fresh and await self._store.cell_count(str(key)) > 0
         if t.uploads.saved:  # previews are computed by the thread's (sandboxed) kernel, never here
             saved = await add_previews(t.uploads.saved, session)
             t.user_content = f"{t.user_content}\n\n{describe_for_model(saved, t.uploads.refused)}".strip()

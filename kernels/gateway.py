@@ -302,6 +302,11 @@ class GatewayKernelHandle:
         """None: the process is the gateway's."""
         return None
 
+    @property
+    def remote_id(self) -> str | None:
+        """The gateway's id of the kernel: any replica of the bot can attach to it."""
+        return self.kernel_id
+
     async def reply(self, msg_id: str, timeout: float) -> dict[str, Any] | None:
         """The shell reply to ``msg_id`` (see :func:`kernels.launcher.shell_reply`)."""
         return await shell_reply(self.channels, msg_id, timeout)
@@ -402,6 +407,26 @@ class GatewayLauncher:
                 if isinstance(exc, Exception) and not isinstance(exc, KernelStartError):
                     raise KernelStartError(f"could not start a kernel on the gateway: {exc}") from exc
                 raise
+
+    async def attach(self, remote_id: str) -> KernelHandle | None:
+        """Connect to a kernel on the gateway that another replica started (it died): interrupt
+        what it was running and wait until it answers. None when the gateway no longer has it
+        or it does not answer (then it is deleted)."""
+        if await self.api.kernel(remote_id) is None:
+            return None
+        channels = GatewayChannels(self.api, remote_id)
+        handle = GatewayKernelHandle(self.api, remote_id, channels)
+        timeout = max(START_TIMEOUT_S, self.settings.gateway.request_timeout_s)
+        try:
+            await channels.open()
+            await self.api.interrupt(remote_id)
+            await wait_ready(handle, timeout)
+            return handle
+        except Exception as exc:
+            log.warning("could not take over kernel %s on the gateway (%s): deleting it", remote_id, exc)
+            with contextlib.suppress(Exception):
+                await handle.shutdown()
+            return None
 
     async def open(self) -> None:
         """Nothing runs in the background."""

@@ -160,6 +160,12 @@ class KernelHandle(Protocol):
         """The local process id; None for a remote kernel."""
         ...
 
+    @property
+    def remote_id(self) -> str | None:
+        """The id another process can attach to it by (:meth:`Launcher.attach`); None for a
+        local kernel, which only the process that started it can drive."""
+        ...
+
     async def reply(self, msg_id: str, timeout: float) -> dict[str, Any] | None:
         """The shell reply to ``msg_id`` within ``timeout`` seconds (0: only what arrived), else None."""
         ...
@@ -221,6 +227,12 @@ class Launcher(Protocol):
     async def start(self, plan: LaunchPlan) -> KernelHandle:
         """Start a kernel as ``plan`` says and wait until it answers; raises
         :class:`kernels.result.KernelStartError` and leaves nothing behind when it cannot."""
+        ...
+
+    async def attach(self, remote_id: str) -> KernelHandle | None:
+        """Drive a running kernel that another process started (its :attr:`KernelHandle.remote_id`),
+        its variables intact; its running code, if any, is interrupted. None when this kind of
+        launcher cannot, or the kernel is gone."""
         ...
 
     async def open(self) -> None:

@@ -262,6 +262,11 @@ class LocalKernelHandle:
         return getattr(self.manager.provisioner, "pid", None)
 
     @property
+    def remote_id(self) -> str | None:
+        """None: a local kernel is driven only by the process that started it."""
+        return None
+
+    @property
     def cgroup(self) -> KernelCgroup | None:
         """The kernel's cgroup, if it has one."""
         return getattr(self.manager.provisioner, "cgroup", None)
@@ -455,6 +460,10 @@ class KernelLauncher:
         return ThreadbookProvisioner(
             plan=plan, cgroups=self.cgroups, kernel_id=manager.kernel_id, kernel_spec=manager.kernel_spec, parent=manager
         )
+
+    async def attach(self, remote_id: str) -> KernelHandle | None:
+        """None: local kernels cannot be taken over by another process."""
+        return None
 
     async def open(self) -> None:
         """Nothing runs in the background of a spawning launcher."""

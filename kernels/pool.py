@@ -256,10 +256,12 @@ class KernelPool:
         self._sessions[key] = session
         return session
 
-    async def _room(self, options: KernelOptions) -> tuple[bool, WarmKernel | None]:
+    async def _room(self, options: KernelOptions, *, use_warm: bool = True) -> tuple[bool, WarmKernel | None]:
         """(Under the lock) whether a new kernel fits, making room when it can: a warm kernel
-        to hand out, a free slot, a warm kernel given back, or the LRU idle kernel evicted."""
-        warm = await self.warm.take() if self.warm is not None and self.warm.fits(options) else None
+        to hand out (unless not ``use_warm``), a free slot, a warm kernel given back, or the
+        LRU idle kernel evicted."""
+        usable = use_warm and self.warm is not None and self.warm.fits(options)
+        warm = await self.warm.take() if usable and self.warm is not None else None
         if warm is not None or self._kernel_count() < self.settings.max_kernels:
             return True, warm
         if self.warm is not None and await self.warm.shrink():
@@ -325,6 +327,27 @@ class KernelPool:
         session = self._sessions.get(key)
         if session is not None:
             await self._save(session)
+
+    async def take_over(self, key: str, remote_id: str, options: KernelOptions = KernelOptions()) -> bool:
+        """Take over ``key``'s running kernel ``remote_id``, which another process of the bot
+        started and left when it died: the thread's variables stay live. A kernel of ``key``
+        here is stopped first, unsaved (it is out of date). False when the launcher cannot
+        attach (local kernels), the kernel is gone, or there is no room for another kernel."""
+        handle = await self.launcher.attach(remote_id)
+        if handle is None:
+            return False
+        await self.discard(key)
+        async with self._lock:
+            room = key not in self._sessions and (await self._room(options, use_warm=False))[0]
+            if not room:
+                await handle.shutdown()
+                return False
+            session = KernelSession(key, self.workspaces.for_key(key), self.settings, launcher=self.launcher,
+                                    options=options, taken_over=handle)  # fmt: skip
+            self._lost.discard(key)
+            self._sessions[key] = session
+        await session.start()
+        return True
 
     async def discard(self, key: str) -> None:
         """Stop ``key``'s kernel without saving: another process served the thread since, so

@@ -65,9 +65,12 @@ class KernelSession:
         launcher: Launcher,
         options: KernelOptions = KernelOptions(),
         lost_state: bool = False,
+        taken_over: KernelHandle | None = None,
     ) -> None:
         """``lost_state``: an earlier kernel of this thread ran code and is gone (reaped,
-        evicted); the first result of this session then says so."""
+        evicted); the first result of this session then says so. ``taken_over``: a running
+        kernel of this thread that another process of the bot started and left (it died),
+        with the thread's variables in it: the session starts with it instead of a new one."""
         self.key = key
         self.workspace = workspace
         self.settings = settings
@@ -92,6 +95,20 @@ class KernelSession:
         self.last_save: SaveReport | None = None
         #: Code ran since the last save.
         self._unsaved = False
+        self._taken_over = taken_over
+        #: The current kernel was taken over with the thread's variables in it.
+        self._inherited = False
+
+    @property
+    def fresh(self) -> bool:
+        """The current kernel holds nothing of the thread's own: no code ran in it, and it was
+        not taken over with the thread's variables (restored ones are reported apart)."""
+        return self.executions == 0 and not self._inherited
+
+    @property
+    def remote_id(self) -> str | None:
+        """The current kernel's :attr:`~kernels.launch.KernelHandle.remote_id` (None: local, or none running)."""
+        return self._handle.remote_id if self._handle is not None else None
 
     @property
     def busy(self) -> bool:
@@ -123,6 +140,12 @@ class KernelSession:
             if self.executions:
                 self._lost_state = True
             await self._discard_handle()
+        if self._taken_over is not None:
+            self._handle, self._taken_over = self._taken_over, None
+            self.executions, self._inherited, self.state = 0, True, "idle"
+            self.last_activity = time.monotonic()
+            log.info("took over the running kernel of %s", self.key)
+            return True
         await self._start_kernel()
         self.restored = await self._restore() if self.settings.snapshot else None
         if self._handle is None:  # it died loading the snapshot (now discarded): once more, without it
@@ -137,6 +160,7 @@ class KernelSession:
             self.state = "dead"
             raise
         self.executions = 0
+        self._inherited = False
         self.state = "idle"
         self.last_activity = time.monotonic()
         log.info("kernel started for %s (pid %s)", self.key, self._handle.pid)
@@ -516,6 +540,8 @@ class KernelSession:
         """Kill the kernel and everything it started. The session cannot be used again."""
         self._closed = True
         self.state = "stopped"
+        if self._taken_over is not None and self._handle is None:  # never started: stop it instead
+            self._handle, self._taken_over = self._taken_over, None
         await self._discard_handle()
         log.info("kernel of %s shut down", self.key)
 

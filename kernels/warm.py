@@ -158,6 +158,10 @@ class HandOff:
                 await warm.discard()
         return await self.fallback.start(plan)
 
+    async def attach(self, remote_id: str) -> KernelHandle | None:
+        """The fallback's."""
+        return await self.fallback.attach(remote_id)
+
     async def open(self) -> None:
         """Nothing to start: the fallback's background work belongs to the pool."""
 

@@ -8,7 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from bot.store import SCHEMA_VERSION, Store
+from bot.store import SCHEMA_VERSION, KernelOwner, Store
 
 KEY = "slack:T1:C1:1700000000.000100"
 
@@ -89,6 +89,21 @@ async def test_the_kernel_owner_moves_with_the_thread(store_target: Path | str) 
     async with await Store.open(store_target) as a, await Store.open(store_target) as b:
         await a.touch_thread(KEY, "slack:C1")
         assert await a.claim_kernel(KEY) is None
-        assert await a.claim_kernel(KEY) == a.run  # still a's kernel: keep it
-        assert await b.claim_kernel(KEY) == a.run  # b takes over: a's kernel is stale for b
-        assert await a.claim_kernel(KEY) == b.run
+        await a.record_kernel(KEY, "gateway-kernel-1")
+        assert await a.claim_kernel(KEY) == KernelOwner(a.run, "gateway-kernel-1", gone=False)  # keep it
+        await b.record_kernel(KEY, "not-b's-to-record")  # b does not own the kernel: nothing changes
+        # a's is stale for b; with SQLite (one process by contract) every other process is gone.
+        assert await b.claim_kernel(KEY) == KernelOwner(a.run, "gateway-kernel-1", gone=not b.shared)
+        assert await a.claim_kernel(KEY) == KernelOwner(b.run, None, gone=not a.shared)
+
+
+async def test_the_kernel_of_a_gone_replica_is_reported_gone(pg_url: str) -> None:
+    killed = await Store.open(pg_url, replica_timeout_s=1.0)
+    await killed.touch_thread(KEY, "slack:C1")
+    await killed.claim_kernel(KEY)
+    await killed.record_kernel(KEY, "gateway-kernel-7")
+    await abandon(killed)
+    async with await Store.open(pg_url, replica_timeout_s=1.0) as other:
+        await asyncio.sleep(1.2)
+        assert await other.claim_kernel(KEY) == KernelOwner(killed.run, "gateway-kernel-7", gone=True)
+        assert await other.claim_kernel(KEY) == KernelOwner(other.run, None, gone=False)

@@ -6,8 +6,10 @@
   in the order their messages were claimed, whichever replica claimed them.
 - ``turns_in_flight.stop_requested``: a Stop button clicked on one replica reaches the turn
   running on another.
-- ``threads.kernel_run``: the replica whose kernel holds the thread's live variables; another
-  replica that takes the thread drops its own, older kernel and restores the saved variables.
+- ``threads.kernel_run`` and ``threads.kernel_id``: the replica whose kernel holds the thread's
+  live variables, and that kernel's id on a Jupyter gateway (None for a local kernel). Another
+  replica that takes the thread drops its own, older kernel; if the owner is gone, it takes
+  over the owner's gateway kernel, else it restores the saved variables.
 
 Revision ID: 0002
 """
@@ -32,6 +34,7 @@ def upgrade() -> None:
     )
     op.add_column("threads", sa.Column("last_ticket", sa.Integer, nullable=False, server_default="0"))
     op.add_column("threads", sa.Column("kernel_run", sa.Text))
+    op.add_column("threads", sa.Column("kernel_id", sa.Text))
     # Turns left by an earlier bot keep ticket 0: ahead of every new one, and reported first.
     op.add_column("turns_in_flight", sa.Column("ticket", sa.Integer, nullable=False, server_default="0"))
     op.add_column("turns_in_flight", sa.Column("stop_requested", sa.Boolean, nullable=False, server_default=sa.false()))
@@ -45,6 +48,7 @@ def downgrade() -> None:
         batch.drop_column("stop_requested")
         batch.drop_column("ticket")
     with op.batch_alter_table("threads") as batch:
+        batch.drop_column("kernel_id")
         batch.drop_column("kernel_run")
         batch.drop_column("last_ticket")
     op.drop_table("replicas")
