@@ -136,9 +136,13 @@ class DiscordAdapter:
                                     "Privileged Gateway Intents (docs/discord-setup.md)") from None
         raise DiscordStartError(f"the Discord gateway connection ended before READY: {error!r}") from None
 
-    async def stop(self) -> None:
-        """Cancel running turns, disconnect, restore discord.py's endpoints."""
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Take no new messages; give running turns ``grace_s`` to finish (the connection stays
+        up so they can answer), cancel the rest (each tells its thread), disconnect, restore
+        discord.py's endpoints."""
         self._stopping = True
+        if grace_s > 0 and not await self._tasks.drain(grace_s):
+            log.warning("Discord: %d turn(s) still running after %.0f s; cutting them off", len(self._tasks), grace_s)
         await self._tasks.cancel_all()
         if self._client is not None:
             await self._client.close()

@@ -28,6 +28,7 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeDiscord, ScriptedOpen
             "discord": {"token": TOKEN, "api_url": discord.api_url, "gateway_url": discord.gateway_url},
             "kernels": kernel_config(tmp_path),
             "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
+            "ops": {"shutdown_grace_s": 1},  # the hanging turn is cut off at once
         }))
         bots = BotProcesses(tmp_path, config)
         try:

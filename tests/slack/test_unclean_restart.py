@@ -80,7 +80,8 @@ async def test_kill_9_mid_turn_then_restart_tells_the_thread_once(
 
     # A leftover for a platform this configuration does not run: kept, and a line to wait for.
     with sqlite3.connect(db) as raw:
-        raw.execute("INSERT INTO turns_in_flight VALUES ('discord:G1:C9:99', '99', 'dead-run', ?)", (time.time(),))
+        raw.execute("INSERT INTO turns_in_flight (thread, message_id, run, started_at) VALUES ('discord:G1:C9:99', '99', 'dead-run', ?)",
+                    (time.time(),))
     raw.close()
 
     # Run 3: nobody is told again.
