@@ -125,8 +125,7 @@ class Dispatcher:
         if not await self._store.claim_message(f"{key.platform}:{message.message_id}"):
             log.info("dropped duplicate delivery of %s in %s", message.message_id, key)
             return False
-        await self._store.touch_thread(str(key), key.channel_key)
-        return True
+        return True  # the thread's row is made (or marked active) when its turn is queued
 
     async def _serialised(self, message: InboundMessage, outbox: Outbox) -> None:
         """Queue the turn in the store, wait for its turn, run it; the mark goes when it ends."""
@@ -136,9 +135,9 @@ class Dispatcher:
         try:
             queued = await self._store.begin_turn(key, message.message_id)
             try:
-                if queued.ahead:
+                if queued.ahead:  # else it is first in line already
                     await outbox.notify(QUEUED_NOTICE)
-                await self._wait_for_turn(key, queued.ticket, slot, outbox)
+                    await self._wait_for_turn(key, queued.ticket, slot, outbox)
                 await self._run_turn(message, outbox)
             except asyncio.CancelledError:
                 raise  # shutdown: handle() clears the mark once the restart notice is out
@@ -186,6 +185,8 @@ class Dispatcher:
         gone, take over its gateway kernel if it still runs (variables live), else the next
         kernel restores the saved variables."""
         key = str(thread)
+        if not self._store.shared:
+            return  # one process: any other owner was an earlier process, whose kernels are gone
         owner = await self._store.claim_kernel(key)
         if owner is None or owner.run == self._store.run:
             return

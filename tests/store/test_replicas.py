@@ -17,7 +17,7 @@ async def abandon(store: Store) -> None:
     """What ``kill -9`` leaves: the store stops marking itself alive and never signs off."""
     assert store._heartbeat is not None
     store._heartbeat.cancel()
-    await store._engine.dispose()
+    await store._db.close()
 
 
 async def test_replicas_starting_together_migrate_once(pg_url: str) -> None:
