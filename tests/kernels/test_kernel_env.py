@@ -14,7 +14,8 @@ from tests.security.conftest import SKIP_REASON
 
 TOOLBOX = ("seaborn", "sklearn", "scipy", "statsmodels", "pandas", "numpy", "matplotlib", "openpyxl", "pyarrow",
            "plotly", "altair", "tabulate", "PIL")
-BOT_LIBRARIES = ("slack_bolt", "slack_sdk", "discord", "openai", "aiosqlite", "apscheduler", "bot", "kernels", "adapters")
+BOT_LIBRARIES = ("slack_bolt", "slack_sdk", "discord", "openai", "sqlalchemy", "asyncpg", "apscheduler", "bot", "kernels",
+                 "adapters")
 CHECK = f"""
 import importlib, json, sys
 found = {{}}
