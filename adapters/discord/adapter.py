@@ -11,6 +11,9 @@
   :meth:`DiscordAdapter.stop` can cancel what is still running.
 - ``discord.api_url`` / ``discord.gateway_url`` are installed before login: see
   :mod:`adapters.discord.endpoints` for the mechanism.
+- Replicas: with ``discord.shard_count`` the client is discord.py's ``AutoShardedClient`` and
+  runs ``discord.shard_ids`` (all shards when unset); Discord sends each replica only the
+  events of its shards' guilds (DMs: shard 0), so replicas never see each other's messages.
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ class _Client(discord.Client):
         log.exception("discord event %s failed", event_method)
 
 
+class _ShardedClient(discord.AutoShardedClient, _Client):
+    """The same, running a set of shards (``discord.shard_count`` / ``discord.shard_ids``)."""
+
+
 class DiscordAdapter:
     """Connects to Discord's gateway and serves one session per thread (or DM)."""
 
@@ -107,14 +114,22 @@ class DiscordAdapter:
             await self.stop()
             raise
         me = self.client.user
-        log.info("Discord: connected as %s (%s)", me, me and me.id)
+        shards = self._settings.shard_ids or range(self._settings.shard_count or 1)
+        log.info("Discord: connected as %s (%s), shard(s) %s of %d", me, me and me.id, ", ".join(map(str, shards)),
+                 self._settings.shard_count or 1)
 
     async def _start(self) -> None:
         self._undo_endpoints = endpoints.install(self._settings.api_url, self._settings.gateway_url)
         intents = discord.Intents.none()
         intents.guilds = intents.guild_messages = intents.dm_messages = intents.message_content = True
-        self._client = _Client(self, intents=intents, guild_ready_timeout=self._guild_ready_timeout_s,
-                               allowed_mentions=discord.AllowedMentions.none(), chunk_guilds_at_startup=False)
+        options: dict[str, Any] = dict(intents=intents, guild_ready_timeout=self._guild_ready_timeout_s,
+                                       allowed_mentions=discord.AllowedMentions.none(), chunk_guilds_at_startup=False)
+        if self._settings.shard_count is None:
+            self._client = _Client(self, **options)
+        else:
+            if self._settings.shard_ids is not None:  # unset: this replica runs every shard
+                options["shard_ids"] = list(self._settings.shard_ids)
+            self._client = _ShardedClient(self, shard_count=self._settings.shard_count, **options)
         self._cdn = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60))
         try:
             await self._client.login(self._settings.token.get_secret_value())

@@ -13,7 +13,8 @@ Usage::
         thread = await fake.wait_for_thread(msg["id"])
         sent = await fake.wait_for_sent(thread["id"], lambda s: any(f.name.endswith(".png") for f in s.files))
 
-World: one guild (``GUILD_ID``) with one text channel (``CHANNEL_ID``), the bot user
+World: one guild (``GUILD_ID``) with one text channel (``CHANNEL_ID``) — with ``guilds=2`` a
+second one (``SECOND_GUILD_ID``, ``SECOND_CHANNEL_ID``) on the other shard of two — the bot user
 (``BOT_ID``; also the application id), a human (``USER``) and another bot (``OTHER_BOT``).
 DM channels come from :meth:`FakeDiscord.dm_channel`, user-made threads from
 :meth:`FakeDiscord.user_thread`; :meth:`FakeDiscord.edit_user_message` dispatches MESSAGE_UPDATE and
@@ -21,7 +22,10 @@ DM channels come from :meth:`FakeDiscord.dm_channel`, user-made threads from
 
 Gateway (``/gateway``, JSON encoding, ``compress=zlib-stream`` honoured as discord.py asks):
 HELLO → client heartbeats (ACKed) → IDENTIFY (token checked, close 4004 otherwise) → READY
-(``resume_gateway_url`` points back here) + GUILD_CREATE. RESUME replays the events after the
+(``resume_gateway_url`` points back here) + GUILD_CREATE. Sharding: each connection that
+IDENTIFYs with ``shard: [id, count]`` gets the guilds of its shard (``(guild_id >> 22) % count``,
+Discord's rule) and only their events; DM events go to shard 0; an unsharded connection gets
+everything; ``GET gateway/bot`` recommends ``shards``. RESUME replays the events after the
 client's sequence number, then RESUMED. :meth:`request_reconnect` sends op 7. Dispatches sent
 while no client is connected are kept and replayed on RESUME, like Discord does.
 
@@ -63,6 +67,9 @@ from tests.fakes.local_http import serve_locally
 
 BOT_ID = 1_100_000_000_000_000_001
 GUILD_ID = 1_100_000_000_000_000_010
+#: On the other shard of two: ``(GUILD_ID >> 22) % 2 != (SECOND_GUILD_ID >> 22) % 2``.
+SECOND_GUILD_ID = GUILD_ID + (1 << 22)
+SECOND_CHANNEL_ID = 1_100_000_000_000_000_050
 CHANNEL_ID = 1_100_000_000_000_000_020
 USER_ID = 1_100_000_000_000_000_030
 OTHER_BOT_ID = 1_100_000_000_000_000_040
@@ -141,6 +148,8 @@ class _Session:
     seq: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     connection: _Connection | None = None
+    #: (shard id, shard count) from IDENTIFY; None: unsharded.
+    shard: tuple[int, int] | None = None
 
 
 def _now_iso() -> str:
@@ -150,9 +159,12 @@ def _now_iso() -> str:
 class FakeDiscord:
     """The fake Discord server; use as ``async with FakeDiscord() as fake``."""
 
-    def __init__(self, *, token: str = "fake-discord-token", upload_limit: int = 10 * 2**20) -> None:
+    def __init__(
+        self, *, token: str = "fake-discord-token", upload_limit: int = 10 * 2**20, guilds: int = 1, shards: int = 1
+    ) -> None:
         self.token = token
         self.upload_limit = upload_limit
+        self.shards = shards
         self._ids = itertools.count(1_200_000_000_000_000_000)
         self._runner: web.AppRunner | None = None
         self._port = 0
@@ -163,6 +175,10 @@ class FakeDiscord:
         self._cdn: dict[str, tuple[str, bytes]] = {}  # attachment id → (filename, bytes)
         self._messages: dict[int, dict[str, Any]] = {}  # every message payload by id
         self._channels: dict[int, dict[str, Any]] = {CHANNEL_ID: self._text_channel()}
+        self._guild_ids = [GUILD_ID]
+        if guilds > 1:
+            self._guild_ids.append(SECOND_GUILD_ID)
+            self._channels[SECOND_CHANNEL_ID] = self._text_channel(SECOND_CHANNEL_ID, SECOND_GUILD_ID)
         self._dm_by_user: dict[int, int] = {}
         self.sent: dict[int, list[Sent]] = {}
         self.threads: dict[int, dict[str, Any]] = {}
@@ -172,6 +188,8 @@ class FakeDiscord:
         self.interaction_responses: list[dict[str, Any]] = []
         self.gateway_queries: list[str] = []
         self.identifies = 0
+        #: The ``shard`` field of each IDENTIFY, in order (None: unsharded).
+        self.identified_shards: list[tuple[int, int] | None] = []
         self.resumes = 0
         self.requests: list[str] = []
         self.unknown_routes: list[str] = []
@@ -212,7 +230,7 @@ class FakeDiscord:
     @property
     def connected(self) -> bool:
         """True while a client holds an identified gateway connection."""
-        return self._session is not None and self._session.connection is not None
+        return any(s.connection is not None for s in self._sessions.values())
 
     # ---- driving the world from a test ---------------------------------------------------
 
@@ -361,16 +379,20 @@ class FakeDiscord:
             if data.get("token") != self.token:
                 await conn.ws.close(code=4004, message=b"Authentication failed.")
                 return
-            session = _Session(id=f"session-{next(self._ids)}")
+            shard = tuple(data["shard"]) if data.get("shard") else None
+            session = _Session(id=f"session-{next(self._ids)}", shard=shard)  # type: ignore[arg-type]
             self._sessions[session.id] = session
             self._session, session.connection, conn.session = session, conn, session
             self.identifies += 1
-            await self._dispatch("READY", {
-                "v": 10, "user": BOT_USER, "guilds": [{"id": str(GUILD_ID), "unavailable": True}],
-                "session_id": session.id, "resume_gateway_url": self.gateway_url,
+            self.identified_shards.append(session.shard)
+            guilds = [g for g in self._guild_ids if self._shard_of(g, session.shard)]
+            await self._send(session, "READY", {
+                "v": 10, "user": BOT_USER, "guilds": [{"id": str(g), "unavailable": True} for g in guilds],
+                "session_id": session.id, "resume_gateway_url": self.gateway_url, "shard": data.get("shard"),
                 "application": {"id": str(BOT_ID), "flags": 0}, "private_channels": [],
             })
-            await self._dispatch("GUILD_CREATE", self._guild())
+            for guild in guilds:
+                await self._send(session, "GUILD_CREATE", self._guild(guild))
         elif op == 6:
             session = self._sessions.get(data.get("session_id", ""))
             if session is None or data.get("token") != self.token:
@@ -381,12 +403,30 @@ class FakeDiscord:
             for event in session.history:
                 if event["s"] > (data.get("seq") or 0):
                     await conn.send(event)
-            await self._dispatch("RESUMED", {})
+            await self._send(session, "RESUMED", {})
 
     async def _dispatch(self, event: str, data: dict[str, Any]) -> None:
-        session = self._session
-        if session is None:
+        """Send an event to the connection that serves its guild (see the module docstring)."""
+        if self._session is None:
             raise AssertionError("no gateway session: start the client first")
+        guild = data.get("guild_id") or self._channels.get(int(data.get("channel_id") or 0), {}).get("guild_id")
+        sharded = [s for s in self._sessions.values() if s.shard is not None]
+        if not sharded:
+            await self._send(self._session, event, data)
+            return
+        targets = [s for s in sharded if self._shard_of(int(guild) if guild else None, s.shard)]
+        if targets:  # the newest session of that shard (an older one was replaced by a new IDENTIFY)
+            await self._send(targets[-1], event, data)
+
+    @staticmethod
+    def _shard_of(guild_id: int | None, shard: tuple[int, int] | None) -> bool:
+        """Whether ``shard`` receives the events of ``guild_id`` (None: DMs, shard 0)."""
+        if shard is None:
+            return True
+        index, count = shard
+        return index == (0 if guild_id is None else (guild_id >> 22) % count)
+
+    async def _send(self, session: _Session, event: str, data: dict[str, Any]) -> None:
         session.seq += 1
         payload = {"op": 0, "t": event, "s": session.seq, "d": data}
         session.history.append(payload)
@@ -445,8 +485,8 @@ class FakeDiscord:
         })
 
     async def _gateway_bot(self, request: web.Request) -> web.Response:
-        return _json({"url": self.gateway_url, "shards": 1, "session_start_limit": {
-            "total": 1000, "remaining": 999, "reset_after": 0, "max_concurrency": 1}})
+        return _json({"url": self.gateway_url, "shards": self.shards, "session_start_limit": {
+            "total": 1000, "remaining": 999, "reset_after": 0, "max_concurrency": 16}})
 
     async def _get_channel(self, request: web.Request, channel_id: str) -> web.Response:
         channel = self._channels.get(int(channel_id))
@@ -553,15 +593,16 @@ class FakeDiscord:
 
     # ---- payload builders ----------------------------------------------------------------
 
-    def _text_channel(self) -> dict[str, Any]:
-        return {"id": str(CHANNEL_ID), "type": 0, "guild_id": str(GUILD_ID), "name": "general", "position": 0,
+    def _text_channel(self, channel_id: int = CHANNEL_ID, guild_id: int = GUILD_ID) -> dict[str, Any]:
+        return {"id": str(channel_id), "type": 0, "guild_id": str(guild_id), "name": "general", "position": 0,
                 "permission_overwrites": [], "nsfw": False, "parent_id": None, "topic": None,
                 "last_message_id": None, "rate_limit_per_user": 0, "default_auto_archive_duration": 1440}
 
     def _thread_payload(self, thread_id: int, parent_id: int, name: str, *, owner_id: int,
                         archive_minutes: int = 1440) -> dict[str, Any]:
         return {
-            "id": str(thread_id), "guild_id": str(GUILD_ID), "parent_id": str(parent_id), "owner_id": str(owner_id),
+            "id": str(thread_id), "guild_id": self._channels[parent_id]["guild_id"], "parent_id": str(parent_id),
+            "owner_id": str(owner_id),
             "name": name, "type": _PUBLIC_THREAD, "last_message_id": None, "rate_limit_per_user": 0,
             "message_count": 0, "member_count": 1, "flags": 0,
             "thread_metadata": {"archived": False, "auto_archive_duration": archive_minutes,
@@ -572,12 +613,13 @@ class FakeDiscord:
         return {"user": user, "roles": [], "joined_at": _now_iso(), "deaf": False, "mute": False, "flags": 0,
                 "permissions": "0"}
 
-    def _guild(self) -> dict[str, Any]:
+    def _guild(self, guild_id: int = GUILD_ID) -> dict[str, Any]:
+        mine = [c for c in self._channels.values() if c.get("guild_id") == str(guild_id) and c.get("type") == 0]
         return {
-            "id": str(GUILD_ID), "name": "Test Guild", "owner_id": str(USER_ID), "unavailable": False,
-            "channels": [self._channels[CHANNEL_ID]], "threads": list(self.threads.values()),
+            "id": str(guild_id), "name": "Test Guild", "owner_id": str(USER_ID), "unavailable": False,
+            "channels": mine, "threads": [t for t in self.threads.values() if t["guild_id"] == str(guild_id)],
             "members": [self._member(BOT_USER)], "member_count": 3, "large": False, "features": [],
-            "roles": [{"id": str(GUILD_ID), "name": "@everyone", "permissions": "1071698660929", "position": 0,
+            "roles": [{"id": str(guild_id), "name": "@everyone", "permissions": "1071698660929", "position": 0,
                        "color": 0, "hoist": False, "managed": False, "mentionable": False, "flags": 0}],
             "emojis": [], "stickers": [], "voice_states": [], "presences": [], "stage_instances": [],
             "guild_scheduled_events": [], "soundboard_sounds": [], "premium_tier": 0, "preferred_locale": "en-US",
