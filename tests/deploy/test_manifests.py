@@ -119,7 +119,7 @@ def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"]
+    spec: dict[str, Any] = doc["spec"]["template"]["spec"] if doc["kind"] in ("Deployment", "StatefulSet") else doc["spec"]
     return spec
 
 
@@ -128,7 +128,8 @@ def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
 
 def test_there_are_manifests() -> None:
     kinds = {d["kind"] for d in DOCS.values()}
-    assert {"Deployment", "Service", "PersistentVolumeClaim", "NetworkPolicy", "Role", "RoleBinding"} <= kinds
+    assert {"Deployment", "StatefulSet", "Service", "PersistentVolumeClaim", "NetworkPolicy", "Role", "RoleBinding",
+            "PodDisruptionBudget"} <= kinds
 
 
 @pytest.mark.parametrize("name", sorted(DOCS))
@@ -237,11 +238,10 @@ def assert_hardened(spec: dict[str, Any], what: str) -> None:
 
 
 def test_bot_is_sandboxed() -> None:
-    spec = pod_spec(find("Deployment", "threadbook-bot"))
+    spec = pod_spec(find("StatefulSet", "threadbook-bot"))
     assert_hardened(spec, "bot")
     assert spec["automountServiceAccountToken"] is False
     assert find("ServiceAccount", spec["serviceAccountName"])["automountServiceAccountToken"] is False
-    assert find("Deployment", "threadbook-bot")["spec"]["replicas"] == 1
 
 
 def test_gateway_is_sandboxed_and_holds_only_pod_rights() -> None:
@@ -318,7 +318,7 @@ def gateway_labels() -> dict[str, str]:
 
 
 def bot_labels() -> dict[str, str]:
-    labels: dict[str, str] = find("Deployment", "threadbook-bot")["spec"]["template"]["metadata"]["labels"]
+    labels: dict[str, str] = find("StatefulSet", "threadbook-bot")["spec"]["template"]["metadata"]["labels"]
     return labels
 
 
@@ -371,17 +371,79 @@ def test_gateway_api_is_reachable_only_from_the_bot() -> None:
 # --- the bot's config and the images agree with the manifests --------------------------------
 
 
+def bot_env(pod_index: int) -> dict[str, str]:
+    """The bot's environment as Kubernetes would give it to replica ``pod_index``: literal values
+    as written, the pod index from its label, secrets as fakes (the storage URL a real-looking one)."""
+    env: dict[str, str] = {}
+    for entry in bot_container()["env"]:
+        source = entry.get("valueFrom", {})
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+        elif source.get("fieldRef", {}).get("fieldPath") == "metadata.labels['apps.kubernetes.io/pod-index']":
+            env[entry["name"]] = str(pod_index)
+        elif "secretKeyRef" in source:
+            env[entry["name"]] = "postgresql://bot:pw@db:5432/threadbook" if entry["name"] == "THREADBOOK_STORAGE_URL" else "x"
+        else:
+            raise AssertionError(f"unexpected env source for {entry['name']}: {source}")
+    return env
+
+
+def test_every_variable_the_config_needs_is_in_the_bot_env() -> None:
+    values = yaml.safe_dump(yaml.safe_load(CONFIG.read_text(encoding="utf-8")))  # comments left out
+    required = set(re.findall(r"\$\{([A-Za-z0-9_]+)\}", values))  # ${VAR} without a default
+    defined = {e["name"] for e in bot_container()["env"]}
+    assert required <= defined, f"config.yaml needs {sorted(required - defined)}, which the bot's env lacks"
+
+
+def test_replicas_run_one_discord_shard_each_and_share_postgres() -> None:
+    bot = find("StatefulSet", "threadbook-bot")
+    replicas = bot["spec"]["replicas"]
+    assert replicas >= 2 and bot["spec"]["podManagementPolicy"] == "Parallel"
+    governing = find("Service", bot["spec"]["serviceName"])
+    assert governing["spec"]["clusterIP"] == "None" and matches({"matchLabels": governing["spec"]["selector"]},
+                                                                 bot["spec"]["template"]["metadata"]["labels"])
+    raw = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    shards = set()
+    for index in range(replicas):
+        settings = parse_settings(raw, env=bot_env(pod_index=index))
+        assert settings.discord.shard_count == replicas, "discord.shard_count must equal the replica count"
+        assert settings.discord.shard_ids is not None
+        shards.update(settings.discord.shard_ids)
+        assert settings.storage.resolved_url == "postgresql://bot:pw@db:5432/threadbook"
+    assert shards == set(range(replicas)), "the replicas together run every shard, each its own"
+    url = next(e for e in bot_container()["env"] if e["name"] == "THREADBOOK_STORAGE_URL")
+    assert url["valueFrom"]["secretKeyRef"] == {"name": "threadbook-postgres", "key": "url"}
+
+
+def test_the_postgres_secret_is_an_example_kubectl_apply_never_writes() -> None:
+    example = DEPLOY / "examples" / "postgres-secret.yaml"
+    secret = yaml.safe_load(example.read_text(encoding="utf-8"))
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(secret, version, strict=True)
+    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == "threadbook-postgres"
+    assert "CHANGE-ME" in secret["stringData"]["url"] and secret["stringData"]["url"].startswith("postgresql://")
+    kustomization = (DEPLOY / "kustomization.yaml").read_text(encoding="utf-8")
+    assert "examples" not in kustomization and "Secret" not in {d["kind"] for d in DOCS.values()}
+
+
+def test_disruptions_and_shutdown_leave_the_others_answering() -> None:
+    bot = find("StatefulSet", "threadbook-bot")
+    budget = find("PodDisruptionBudget", "threadbook-bot")
+    assert matches(budget["spec"]["selector"], bot["spec"]["template"]["metadata"]["labels"])
+    assert budget["spec"]["maxUnavailable"] == 1 < bot["spec"]["replicas"]
+    settings = parse_settings(yaml.safe_load(CONFIG.read_text(encoding="utf-8")), env=bot_env(pod_index=0))
+    grace = pod_spec(bot)["terminationGracePeriodSeconds"]
+    assert grace > settings.ops.shutdown_grace_s + 10, "room after the turns' grace to save variables and sign off"
+
+
 def bot_container() -> dict[str, Any]:
-    container: dict[str, Any] = pod_spec(find("Deployment", "threadbook-bot"))["containers"][0]
+    container: dict[str, Any] = pod_spec(find("StatefulSet", "threadbook-bot"))["containers"][0]
     return container
 
 
 def test_bot_config_loads_and_matches_the_manifests() -> None:
     raw = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
-    secrets = {e["name"] for e in bot_container()["env"] if "secretKeyRef" in e.get("valueFrom", {})}
-    required = set(re.findall(r"\$\{([A-Za-z0-9_]+)\}", yaml.safe_dump(raw)))  # ${VAR} without a default
-    assert required <= secrets, f"config.yaml needs {sorted(required - secrets)}, which the bot's env lacks"
-    settings = parse_settings(raw, env={name: "x" for name in secrets})
+    settings = parse_settings(raw, env=bot_env(pod_index=0))
     kernels = settings.kernels
     gateway = find("Service", "kernel-gateway")
     assert kernels.gateway.url == f"http://{gateway['metadata']['name']}:{gateway['spec']['ports'][0]['port']}"
@@ -389,7 +451,7 @@ def test_bot_config_loads_and_matches_the_manifests() -> None:
     # Paths: the workspaces on the shared claim (the template's root), the rest on the bot's
     # own writable claim; the root file system is read-only.
     mounts = {m["mountPath"]: m["name"] for m in bot_container()["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod_spec(find("Deployment", "threadbook-bot"))["volumes"]}
+    volumes = {v["name"]: v for v in pod_spec(find("StatefulSet", "threadbook-bot"))["volumes"]}
 
     def claim_of(path: Path) -> str:
         owner = max((m for m in mounts if path.is_relative_to(m)), key=len)
@@ -400,8 +462,8 @@ def test_bot_config_loads_and_matches_the_manifests() -> None:
     assert '{% set root = "/data/workspaces/" %}' in TEMPLATE.read_text(encoding="utf-8")
     assert claim_of(kernels.workspace_root) == "threadbook-shared"
     assert find("PersistentVolumeClaim", "threadbook-shared")["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert claim_of(settings.storage.path) == "threadbook-state"
-    assert claim_of(kernels.packages.dir) == "threadbook-state"
+    assert kernels.packages.dir.is_relative_to("/tmp") and "emptyDir" in volumes[mounts["/tmp"]]
+    assert settings.storage.resolved_url.startswith("postgresql://")
     config_dir = next(p for p, name in mounts.items() if "configMap" in volumes[name])
     assert volumes[mounts[config_dir]]["configMap"]["name"] == "threadbook-config"
     assert bot_container()["args"][-2:] == ["--config", f"{config_dir}/config.yaml"]
@@ -412,7 +474,7 @@ def test_images_agree_with_the_manifests() -> None:
     gateway_dockerfile = (DEPLOY / "images" / "kernel-gateway" / "Dockerfile").read_text(encoding="utf-8")
     assert f"--uid {BOT_UID} " in (ROOT / "Dockerfile").read_text(encoding="utf-8")
     assert f"--uid {BOT_UID} " in kernel_dockerfile
-    assert pod_spec(find("Deployment", "threadbook-bot"))["securityContext"]["runAsUser"] == BOT_UID
+    assert pod_spec(find("StatefulSet", "threadbook-bot"))["securityContext"]["runAsUser"] == BOT_UID
     gateway_uid = pod_spec(find("Deployment", "kernel-gateway"))["securityContext"]["runAsUser"]
     assert f"--uid {gateway_uid} " in gateway_dockerfile
     # The launcher in the kernel pod answers the provisioner in the gateway: one version.
