@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import kernels, slack, snapshots
+from bench import kernels, replicas, slack, snapshots
 from bench.gateway import GATEWAY, stop_shared_gateway
 from bench.kernels import Sandbox
 
@@ -38,10 +38,12 @@ class Sizes:
     concurrent: int
     queued: int
     restores: int
+    #: Threads of the ``replicas`` scenario (each gets ``replicas.MESSAGES`` messages).
+    replica_threads: int
 
 
-FULL = Sizes(first=10, burst=20, turns=30, concurrent=100, queued=24, restores=5)
-QUICK = Sizes(first=2, burst=3, turns=5, concurrent=5, queued=4, restores=1)
+FULL = Sizes(first=10, burst=20, turns=30, concurrent=100, queued=24, restores=5, replica_threads=10)
+QUICK = Sizes(first=2, burst=3, turns=5, concurrent=5, queued=4, restores=1, replica_threads=2)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ TARGETS = (
     Target("queued", "fork", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (fork server)"),
     Target("queued", "pool", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (warm pool)"),
     Target("restore", "fork", "p50_ms", 1000, "restore a thread's 1M-row DataFrame into its next kernel: p50 <= 1 s"),
+    Target("replicas", "2-replicas", "errors", 0,
+           "100 messages in 10 threads through 2 replicas on PostgreSQL: each answered once, in order"),
 )
 
 
@@ -80,7 +84,12 @@ def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[st
         "concurrent": lambda mode, root: slack.concurrent_threads(mode, root, sizes.concurrent, sandbox=sandbox),
         "queued": lambda mode, root: slack.queued_threads(mode, root, sizes.queued, sandbox=sandbox),
         "restore": lambda mode, root: snapshots.restore(mode, root, sizes.restores, sandbox=sandbox),
+        "replicas": lambda mode, root: replicas.turns_per_second(mode, root, sizes.replica_threads),
     }
+
+
+#: Scenarios whose modes are not kernel sources.
+SCENARIO_MODES: dict[str, tuple[str, ...]] = {"replicas": replicas.MODES}
 
 
 async def run(sizes: Sizes, only: set[str] | None, sandbox: Sandbox = "none") -> dict[str, dict[str, dict[str, Any]]]:
@@ -89,7 +98,7 @@ async def run(sizes: Sizes, only: set[str] | None, sandbox: Sandbox = "none") ->
     for name, scenario in scenarios(sizes, sandbox).items():
         if only and name not in only:
             continue
-        for mode in kernels.MODES:
+        for mode in SCENARIO_MODES.get(name, kernels.MODES):
             if mode in kernels.GATEWAY_MODES and (name not in kernels.GATEWAY_SCENARIOS or not GATEWAY.exists()):
                 continue  # without .venv-gateway (make gateway-env) the gateway sources are left out
             with tempfile.TemporaryDirectory(prefix=f"bench-{name}-{mode}-") as scratch:
@@ -120,7 +129,8 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 #: Scenario-specific numbers shown in the table's last column: key → label.
-_ALSO = {"save_ms": "save {:.0f} ms", "csv_ms": "CSV re-read {:.0f} ms", "snapshot_mib": "snapshot {:.1f} MiB"}
+_ALSO = {"save_ms": "save {:.0f} ms", "csv_ms": "CSV re-read {:.0f} ms", "snapshot_mib": "snapshot {:.1f} MiB",
+         "turns_per_s": "{:.1f} turns/s"}
 
 
 def _also(result: dict[str, Any]) -> str:

@@ -64,6 +64,14 @@ class LocalPostgres:
         if self._user is not None:
             os.chown(self.root, self._user.pw_uid, self._user.pw_gid)
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync")
+        self._serve()
+
+    def restart(self) -> None:
+        """Stop the server (every connection drops) and start it again on the same data."""
+        self._halt()
+        self._serve()
+
+    def _serve(self) -> None:
         options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.root}"
                    " -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", options, "-w", "-t", "60",
@@ -79,6 +87,10 @@ class LocalPostgres:
 
     def stop(self) -> None:
         """Stop the server by its pid (fast shutdown) and delete the cluster."""
+        self._halt()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _halt(self) -> None:
         if self.pid is not None:
             try:
                 os.kill(self.pid, signal.SIGINT)
@@ -90,7 +102,6 @@ class LocalPostgres:
             except ProcessLookupError:
                 pass
             self.pid = None
-        shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> LocalPostgres:
         self.start()

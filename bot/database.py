@@ -10,7 +10,8 @@ whole as one read or one transaction:
   the write lock up front (two deferred transactions that both write would deadlock).
 - **PostgreSQL** (replicas): SQLAlchemy's async engine on ``asyncpg``, the same function run
   through ``AsyncConnection.run_sync`` (SQLAlchemy's bridge: each statement awaits the
-  network, nothing blocks the event loop), a pool of connections with pre-ping.
+  network, nothing blocks the event loop), a pool of connections; reads in autocommit; an
+  operation whose connection the database dropped (restart, failover) runs once more.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 __all__ = ["Database", "database_url", "open_database"]
@@ -99,18 +101,31 @@ class _Postgres(Database):
 
     def __init__(self, url: URL, shown: str) -> None:
         self.shown = shown
-        # pre_ping: a connection the database dropped (restart, failover) is replaced, not used.
-        self._engine: AsyncEngine = create_async_engine(
-            url, pool_size=10, max_overflow=10, pool_pre_ping=True, pool_recycle=1800
-        )
+        # No pre-ping (it costs a round trip per operation): a connection the database dropped
+        # (restart, failover) fails its operation, the pool drops it, and the operation runs once more.
+        self._engine: AsyncEngine = create_async_engine(url, pool_size=10, max_overflow=10, pool_recycle=1800)
+        #: Reads run in autocommit: one statement needs no BEGIN and ROLLBACK round trips.
+        self._reader = self._engine.execution_options(isolation_level="AUTOCOMMIT")
 
     async def read(self, operation: Callable[[Connection], T]) -> T:
-        async with self._engine.connect() as conn:
-            return await conn.run_sync(operation)
+        for attempt in (1, 2):
+            try:
+                async with self._reader.connect() as conn:
+                    return await conn.run_sync(operation)
+            except DBAPIError as exc:
+                if not exc.connection_invalidated or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     async def write(self, operation: Callable[[Connection], T]) -> T:
-        async with self._engine.begin() as conn:
-            return await conn.run_sync(operation)
+        for attempt in (1, 2):
+            try:
+                async with self._engine.begin() as conn:
+                    return await conn.run_sync(operation)
+            except DBAPIError as exc:  # the connection was lost: nothing was committed
+                if not exc.connection_invalidated or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         await self._engine.dispose()

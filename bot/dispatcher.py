@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from bot.commands import Commands
 from bot.config import Settings
 from bot.events import InboundMessage, Outbox, ThreadKey
-from bot.store import Store
+from bot.store import QueuedTurn, Store
 from bot.turn import TurnRunner, kernel_options
 from kernels import KernelPool
 
@@ -54,6 +54,10 @@ class _ThreadSlot:
 
     #: Set (and replaced) each time a turn of the thread ends here.
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Held from a message's arrival until its turn is queued in the store (a FIFO lock), so
+    #: this process queues a thread's messages in the order they arrived, though the store's
+    #: connections may answer in any order.
+    intake: asyncio.Lock = field(default_factory=asyncio.Lock)
     users: int = 0
 
     def wake(self) -> None:
@@ -77,10 +81,14 @@ class Dispatcher:
 
     async def handle(self, message: InboundMessage, outbox: Outbox) -> None:
         """Handle one inbound message end to end. Never raises, except to pass on cancellation."""
+        slot = self._slots.setdefault(message.key, _ThreadSlot())  # before any await: arrival order
+        slot.users += 1
         try:
-            if not await self._accepts(message):
-                return
-            await self._serialised(message, outbox)
+            async with slot.intake:
+                if not await self._accepts(message):
+                    return
+                queued = await self._store.begin_turn(str(message.key), message.message_id)
+            await self._serialised(message, outbox, queued, slot)
         except asyncio.CancelledError:
             # The bot is shutting down mid-turn: say so, so nobody waits for an answer that never comes.
             with contextlib.suppress(Exception):
@@ -95,6 +103,11 @@ class Dispatcher:
                 await outbox.notify(FAILURE_NOTICE)
             except Exception:
                 log.exception("could not report the failure to %s", message.key)
+        finally:
+            slot.users -= 1
+            slot.wake()
+            if slot.users == 0:
+                self._slots.pop(message.key, None)
 
     async def stop(self, key: ThreadKey) -> bool:
         """Interrupt the running turn of a thread (the Stop button), on whichever replica runs
@@ -127,29 +140,20 @@ class Dispatcher:
             return False
         return True  # the thread's row is made (or marked active) when its turn is queued
 
-    async def _serialised(self, message: InboundMessage, outbox: Outbox) -> None:
-        """Queue the turn in the store, wait for its turn, run it; the mark goes when it ends."""
+    async def _serialised(self, message: InboundMessage, outbox: Outbox, queued: QueuedTurn, slot: _ThreadSlot) -> None:
+        """Wait for the queued turn's turn, run it; its mark in the store goes when it ends."""
         key = str(message.key)
-        slot = self._slots.setdefault(message.key, _ThreadSlot())
-        slot.users += 1
         try:
-            queued = await self._store.begin_turn(key, message.message_id)
-            try:
-                if queued.ahead:  # else it is first in line already
-                    await outbox.notify(QUEUED_NOTICE)
-                    await self._wait_for_turn(key, queued.ticket, slot, outbox)
-                await self._run_turn(message, outbox)
-            except asyncio.CancelledError:
-                raise  # shutdown: handle() clears the mark once the restart notice is out
-            except BaseException:
-                await self._store.end_turn(key, message.message_id)
-                raise
+            if queued.ahead:  # else it is first in line already
+                await outbox.notify(QUEUED_NOTICE)
+                await self._wait_for_turn(key, queued.ticket, slot, outbox)
+            await self._run_turn(message, outbox)
+        except asyncio.CancelledError:
+            raise  # shutdown: handle() clears the mark once the restart notice is out
+        except BaseException:
             await self._store.end_turn(key, message.message_id)
-        finally:
-            slot.users -= 1
-            slot.wake()
-            if slot.users == 0:
-                self._slots.pop(message.key, None)
+            raise
+        await self._store.end_turn(key, message.message_id)
 
     async def _wait_for_turn(self, key: str, ticket: int, slot: _ThreadSlot, outbox: Outbox) -> None:
         poll = POLL_SHARED_S if self._store.shared else POLL_ALONE_S

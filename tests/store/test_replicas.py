@@ -8,6 +8,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from bench.postgres import LocalPostgres
 from bot.store import SCHEMA_VERSION, KernelOwner, Store
 
 KEY = "slack:T1:C1:1700000000.000100"
@@ -107,3 +108,14 @@ async def test_the_kernel_of_a_gone_replica_is_reported_gone(pg_url: str) -> Non
         await asyncio.sleep(1.2)
         assert await other.claim_kernel(KEY) == KernelOwner(killed.run, "gateway-kernel-7", gone=True)
         assert await other.claim_kernel(KEY) == KernelOwner(other.run, None, gone=False)
+
+
+async def test_a_postgres_restart_costs_no_operation(postgres: LocalPostgres) -> None:
+    url = postgres.database()
+    async with await Store.open(url) as store:
+        await store.add_messages(KEY, [{"role": "user", "content": "before"}])
+        await asyncio.to_thread(postgres.restart)  # every pooled connection is now dead
+        assert await store.history(KEY) == [{"role": "user", "content": "before"}]  # a read, once more
+        await asyncio.to_thread(postgres.restart)
+        await store.add_messages(KEY, [{"role": "user", "content": "after"}])  # a write, once more
+        assert [m["content"] for m in await store.history(KEY)] == ["before", "after"]
