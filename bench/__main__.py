@@ -24,6 +24,7 @@ from typing import Any
 from bench import kernels, replicas, slack, snapshots
 from bench.gateway import GATEWAY, stop_shared_gateway
 from bench.kernels import Sandbox
+from bench.postgres import find_postgres
 
 RESULTS = Path(__file__).with_name("results.json")
 
@@ -101,6 +102,8 @@ async def run(sizes: Sizes, only: set[str] | None, sandbox: Sandbox = "none") ->
         for mode in SCENARIO_MODES.get(name, kernels.MODES):
             if mode in kernels.GATEWAY_MODES and (name not in kernels.GATEWAY_SCENARIOS or not GATEWAY.exists()):
                 continue  # without .venv-gateway (make gateway-env) the gateway sources are left out
+            if mode in replicas.POSTGRES_MODES and find_postgres()[0] is None:
+                continue  # without PostgreSQL (Debian: postgresql) the replica modes are left out
             with tempfile.TemporaryDirectory(prefix=f"bench-{name}-{mode}-") as scratch:
                 started = time.perf_counter()
                 try:

@@ -26,7 +26,7 @@ import yaml
 
 from bench.gateway import KERNEL_PYTHON, free_port
 from bench.kernels import summary
-from bench.postgres import LocalPostgres, find_postgres
+from bench.postgres import LocalPostgres
 from tests.fakes.bot_process import BotProcesses
 from tests.fakes.openai_server import ScriptedOpenAI, answer
 from tests.fakes.slack_server import FakeSlack
@@ -35,6 +35,8 @@ from tests.fakes.slack_server import FakeSlack
 #: round-robin per message (a thread's messages alternate between replicas, as a load balancer
 #: that knows no threads would), or "sticky" (each thread's messages to one replica).
 MODES = ("sqlite", "1-replica", "2-replicas", "2-replicas-sticky")
+#: The modes that need PostgreSQL.
+POSTGRES_MODES = frozenset(MODES[1:])
 #: Messages per thread.
 MESSAGES = 10
 #: A pause between deliveries, as between events of a busy channel (and so that a thread's
@@ -68,9 +70,6 @@ async def turns_per_second(mode: str, root: Path, threads: int) -> dict[str, Any
     """``threads`` × :data:`MESSAGES` messages through the replicas of ``mode``."""
     if mode == "sqlite":
         return await _measure(root, 1, {"path": str(root / "threadbook.db")}, threads)
-    folder, why = find_postgres()
-    if folder is None:
-        raise RuntimeError(why)
     postgres = LocalPostgres()
     await asyncio.to_thread(postgres.start)
     try:
