@@ -62,7 +62,7 @@ def test_outputs_merge_streams_and_keep_every_kind() -> None:
     json.dumps(outputs)  # plain JSON, storable as is
 
 
-async def test_export_of_a_stored_thread_is_a_valid_notebook_with_the_image(tmp_path: Path) -> None:
+async def test_export_of_a_stored_thread_is_a_valid_notebook_with_the_image(store_target: Path | str) -> None:
     png = _png(40, 20)
     plot_code = "df.plot()\nplt.show()"
     plotted = ExecutionResult(
@@ -71,7 +71,7 @@ async def test_export_of_a_stored_thread_is_a_valid_notebook_with_the_image(tmp_
         execution_count=2,
         duration_s=0.3,
     )
-    async with await Store.open(tmp_path / "t.db") as store:
+    async with await Store.open(store_target) as store:
         await store.add_messages(KEY, [{"role": "user", "content": "plot sales.csv"}], user_id="U42")
         await store.add_messages(
             KEY, [{"role": "assistant", "content": "Let me plot it.", "tool_calls": [_call("c1", plot_code)]}]

@@ -46,8 +46,8 @@ def make_v2_database(path: Path) -> None:
     raw.close()
 
 
-async def test_notices_are_in_the_timeline_not_the_history(tmp_path: Path) -> None:
-    async with await Store.open(tmp_path / "t.db") as store:
+async def test_notices_are_in_the_timeline_not_the_history(store_target: Path | str) -> None:
+    async with await Store.open(store_target) as store:
         await store.add_messages(KEY, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
         await store.add_messages(KEY, [{"role": NOTICE_ROLE, "content": "_(answer cut off at the length limit)_"}])
         assert await store.history(KEY) == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]

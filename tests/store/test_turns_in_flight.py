@@ -92,8 +92,8 @@ async def test_begin_end_and_take_once(tmp_path: Path) -> None:
     assert in_flight_rows(path) == []
 
 
-async def test_two_starts_racing_take_each_turn_once(tmp_path: Path) -> None:
-    path = tmp_path / "tb.db"
+async def test_two_starts_racing_take_each_turn_once(store_target: Path | str) -> None:
+    path = store_target  # PostgreSQL too: a process that signed off is gone at once
     async with await Store.open(path) as old:
         for i in range(50):
             await old.begin_turn(f"slack:T1:C{i}:1.0", f"m{i}")
@@ -103,8 +103,8 @@ async def test_two_starts_racing_take_each_turn_once(tmp_path: Path) -> None:
     assert sorted(ids) == sorted(f"m{i}" for i in range(50))  # every one, none twice
 
 
-async def test_a_failing_filter_takes_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "tb.db"
+async def test_a_failing_filter_takes_nothing(store_target: Path | str) -> None:
+    path = store_target
     async with await Store.open(path) as old:
         await old.begin_turn(SLACK, "m1")
 
