@@ -5,18 +5,22 @@ template, rendered the way gateway-provisioners' ``launch_kubernetes.py`` render
 validated against the Kubernetes JSON schemas that ``kubernetes-validate`` ships (strict: an
 unknown field fails). Then what the deployment promises: kustomization.yaml and the files agree,
 the pods are sandboxed (non-root, read-only root, no service-account token where none is
-needed), kernel pods reach nothing but the gateway unless their channel allows the network, and
-the bot's config.yaml matches the manifests.
+needed), kernel pods reach nothing but the gateway unless their channel allows the network and
+never PostgreSQL, which the bot reaches, and the bot's config.yaml matches the manifests: its
+replicas run one Discord shard each, share the database named by a Secret that ships no real
+password, and stop within their pods' grace, one at a time.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jinja2
 import kubernetes_validate
@@ -30,6 +34,8 @@ DEPLOY = ROOT / "deploy" / "kubernetes"
 KERNELSPEC = DEPLOY / "images" / "kernel-gateway" / "kernelspec" / "python3"
 TEMPLATE = KERNELSPEC / "scripts" / "kernel-pod.yaml.j2"
 CONFIG = DEPLOY / "config" / "config.yaml"
+POSTGRES_SECRET = DEPLOY / "examples" / "postgres-secret.yaml"
+GUIDE = ROOT / "docs" / "deploy-kubernetes.md"
 #: The oldest Kubernetes release these manifests are meant for, and the newest schemas shipped.
 K8S_VERSIONS = ("1.29", kubernetes_validate.latest_version())
 
@@ -368,12 +374,87 @@ def test_gateway_api_is_reachable_only_from_the_bot() -> None:
                     assert matches(peer["podSelector"], bot_labels()) and ports == {8888}
 
 
+#: A pod elsewhere in the cluster: (its namespace, its labels).
+Pod = tuple[str, dict[str, str]]
+
+
+def peer_matches(peer: dict[str, Any], address: str, pod: Pod | None) -> bool:
+    if "ipBlock" in peer:
+        ip = ipaddress.ip_address(address)
+        block = ipaddress.ip_network(peer["ipBlock"]["cidr"])
+        excepted = [ipaddress.ip_network(e) for e in peer["ipBlock"].get("except", [])]
+        return ip.version == block.version and ip in block and not any(ip.version == e.version and ip in e for e in excepted)
+    if pod is None:
+        return False
+    namespace, labels = pod
+    if "namespaceSelector" in peer:
+        in_namespace = matches(peer["namespaceSelector"], {"kubernetes.io/metadata.name": namespace})
+    else:
+        in_namespace = namespace == "threadbook"
+    return in_namespace and matches(peer.get("podSelector", {}), labels)
+
+
+def may_reach(source: dict[str, str], port: int, address: str, pod: Pod | None = None, protocol: str = "TCP") -> bool:
+    """Whether the egress policies let the pod labelled ``source`` (in this namespace) open
+    ``port`` on ``address``, which is ``pod``'s address when it is a pod. Where network plugins
+    differ this errs towards "reachable": an ipBlock is taken to match pod addresses as well
+    (Calico does, Cilium does not)."""
+    policies = policies_for(source, "Egress")
+    if not policies:
+        return True
+    for policy in policies:
+        for rule in policy["spec"].get("egress", []):
+            ports = rule.get("ports")
+            if ports is not None and not any(p.get("protocol", "TCP") == protocol and p.get("port") == port for p in ports):
+                continue
+            if "to" not in rule or any(peer_matches(peer, address, pod) for peer in rule["to"]):
+                return True
+    return False
+
+
+def postgres_port() -> int:
+    url = yaml.safe_load(POSTGRES_SECRET.read_text(encoding="utf-8"))["stringData"]["url"]
+    return urlsplit(url).port or 5432
+
+
+#: Where PostgreSQL may live: a managed service's private address (IPv4, IPv6), and the pods
+#: of an operator (CloudNativePG) in a namespace of their own, or in this one.
+POSTGRES_PLACES: list[tuple[str, Pod | None]] = [
+    ("10.20.0.5", None),
+    ("fd12:3456::5", None),
+    ("10.244.3.9", ("databases", {"cnpg.io/cluster": "threadbook", "cnpg.io/instanceRole": "primary"})),
+    ("10.244.1.9", ("threadbook", {"cnpg.io/cluster": "threadbook", "cnpg.io/instanceRole": "primary"})),
+]
+
+
+@pytest.mark.parametrize(("address", "pod"), POSTGRES_PLACES)
+def test_the_bot_reaches_postgres_and_kernel_pods_do_not(address: str, pod: Pod | None) -> None:
+    port = postgres_port()
+    assert may_reach(bot_labels(), port, address, pod), "the bot must reach PostgreSQL"
+    for network in ("false", "true"):
+        kernel = kernel_pod(KERNEL_NETWORK=network)["metadata"]["labels"]
+        assert not may_reach(kernel, port, address, pod), f"a kernel pod (network: {network}) reaches PostgreSQL"
+
+
+def test_the_bot_reaches_everything_else_it_needs() -> None:
+    gateway = find("Service", "kernel-gateway")["spec"]["ports"][0]["port"]
+    assert may_reach(bot_labels(), gateway, "10.244.1.2", ("threadbook", gateway_labels()))
+    assert may_reach(bot_labels(), 53, "10.96.0.10", protocol="UDP") and may_reach(bot_labels(), 53, "169.254.20.10")
+    settings = parse_settings(yaml.safe_load(CONFIG.read_text(encoding="utf-8")), env=bot_env(pod_index=0))
+    # The LLM, Slack's Web API, Discord (REST and gateway: https and wss) at public addresses.
+    for url in (settings.llm.base_url, settings.slack.api_url, "https://discord.com/api", "wss://gateway.discord.gg"):
+        parts = urlsplit(url)
+        port = parts.port or {"https": 443, "wss": 443}[parts.scheme]
+        assert may_reach(bot_labels(), port, "203.0.113.10"), f"the bot's egress policy blocks {url}"
+        assert may_reach(bot_labels(), port, "2001:db8::10"), f"the bot's egress policy blocks {url} (IPv6)"
+
+
 # --- the bot's config and the images agree with the manifests --------------------------------
 
 
 def bot_env(pod_index: int) -> dict[str, str]:
     """The bot's environment as Kubernetes would give it to replica ``pod_index``: literal values
-    as written, the pod index from its label, secrets as fakes (the storage URL a real-looking one)."""
+    as written, the pod index from its label, secrets as fakes (the storage URL a valid one)."""
     env: dict[str, str] = {}
     for entry in bot_container()["env"]:
         source = entry.get("valueFrom", {})
@@ -403,27 +484,52 @@ def test_replicas_run_one_discord_shard_each_and_share_postgres() -> None:
     assert governing["spec"]["clusterIP"] == "None" and matches({"matchLabels": governing["spec"]["selector"]},
                                                                  bot["spec"]["template"]["metadata"]["labels"])
     raw = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
-    shards = set()
+    shards: set[int] = set()
     for index in range(replicas):
         settings = parse_settings(raw, env=bot_env(pod_index=index))
         assert settings.discord.shard_count == replicas, "discord.shard_count must equal the replica count"
-        assert settings.discord.shard_ids is not None
+        assert settings.discord.shard_ids == (index,), "a replica runs the shard of its pod index"
         shards.update(settings.discord.shard_ids)
         assert settings.storage.resolved_url == "postgresql://bot:pw@db:5432/threadbook"
     assert shards == set(range(replicas)), "the replicas together run every shard, each its own"
     url = next(e for e in bot_container()["env"] if e["name"] == "THREADBOOK_STORAGE_URL")
     assert url["valueFrom"]["secretKeyRef"] == {"name": "threadbook-postgres", "key": "url"}
+    # Slack's Events API: one Service (one public URL behind the Ingress) over every replica.
+    events = find("Service", "threadbook-bot")
+    assert events["spec"].get("clusterIP") != "None"
+    assert matches({"matchLabels": events["spec"]["selector"]}, bot["spec"]["template"]["metadata"]["labels"])
+    settings = parse_settings(raw, env=bot_env(pod_index=0))
+    assert [p["port"] for p in events["spec"]["ports"]] == [settings.slack.http_port]
 
 
 def test_the_postgres_secret_is_an_example_kubectl_apply_never_writes() -> None:
-    example = DEPLOY / "examples" / "postgres-secret.yaml"
-    secret = yaml.safe_load(example.read_text(encoding="utf-8"))
+    secret = yaml.safe_load(POSTGRES_SECRET.read_text(encoding="utf-8"))
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(secret, version, strict=True)
     assert secret["kind"] == "Secret" and secret["metadata"]["name"] == "threadbook-postgres"
-    assert "CHANGE-ME" in secret["stringData"]["url"] and secret["stringData"]["url"].startswith("postgresql://")
+    url = urlsplit(secret["stringData"]["url"])
+    assert url.scheme == "postgresql" and url.username and url.hostname and url.path.strip("/")
     kustomization = (DEPLOY / "kustomization.yaml").read_text(encoding="utf-8")
     assert "examples" not in kustomization and "Secret" not in {d["kind"] for d in DOCS.values()}
+    # The bot takes storage.url from it, and does not start without it.
+    reference = next(e for e in bot_container()["env"] if e["name"] == "THREADBOOK_STORAGE_URL")["valueFrom"]["secretKeyRef"]
+    assert reference["name"] == secret["metadata"]["name"] and reference["key"] in secret["stringData"]
+    assert not reference.get("optional", False)
+
+
+#: What a password may be where one is shown: an obvious placeholder, never a real-looking one.
+PLACEHOLDER_PASSWORDS = {"PASSWORD", "CHANGE-ME"}
+
+
+def test_no_real_looking_database_password_is_shipped() -> None:
+    texts = [*manifest_files(), CONFIG, *sorted((DEPLOY / "examples").iterdir()), GUIDE]
+    found = 0
+    for path in texts:
+        for url in re.findall(r"postgres(?:ql)?://[^\s'\"`]+", path.read_text(encoding="utf-8")):
+            found += 1
+            password = urlsplit(url).password
+            assert password is None or password in PLACEHOLDER_PASSWORDS, f"{path.name}: {url} holds a real-looking password"
+    assert found, "the example Secret and the guide show the URL's shape"
 
 
 def test_disruptions_and_shutdown_leave_the_others_answering() -> None:
@@ -432,8 +538,10 @@ def test_disruptions_and_shutdown_leave_the_others_answering() -> None:
     assert matches(budget["spec"]["selector"], bot["spec"]["template"]["metadata"]["labels"])
     assert budget["spec"]["maxUnavailable"] == 1 < bot["spec"]["replicas"]
     settings = parse_settings(yaml.safe_load(CONFIG.read_text(encoding="utf-8")), env=bot_env(pod_index=0))
+    assert "shutdown_grace_s" in yaml.safe_load(CONFIG.read_text(encoding="utf-8"))["ops"], "set, not a default"
     grace = pod_spec(bot)["terminationGracePeriodSeconds"]
     assert grace > settings.ops.shutdown_grace_s + 10, "room after the turns' grace to save variables and sign off"
+    assert not matches(budget["spec"]["selector"], gateway_labels()), "the gateway runs one replica: no budget"
 
 
 def bot_container() -> dict[str, Any]:
@@ -448,8 +556,8 @@ def test_bot_config_loads_and_matches_the_manifests() -> None:
     gateway = find("Service", "kernel-gateway")
     assert kernels.gateway.url == f"http://{gateway['metadata']['name']}:{gateway['spec']['ports'][0]['port']}"
     assert kernels.gateway.kernel_name == "python3" == KERNELSPEC.name
-    # Paths: the workspaces on the shared claim (the template's root), the rest on the bot's
-    # own writable claim; the root file system is read-only.
+    # Paths: the workspaces on the shared claim (the template's root), scratch on /tmp; the
+    # root file system is read-only. State is in PostgreSQL: the bot has no claim of its own.
     mounts = {m["mountPath"]: m["name"] for m in bot_container()["volumeMounts"]}
     volumes = {v["name"]: v for v in pod_spec(find("StatefulSet", "threadbook-bot"))["volumes"]}
 
@@ -463,7 +571,12 @@ def test_bot_config_loads_and_matches_the_manifests() -> None:
     assert claim_of(kernels.workspace_root) == "threadbook-shared"
     assert find("PersistentVolumeClaim", "threadbook-shared")["spec"]["accessModes"] == ["ReadWriteMany"]
     assert kernels.packages.dir.is_relative_to("/tmp") and "emptyDir" in volumes[mounts["/tmp"]]
-    assert settings.storage.resolved_url.startswith("postgresql://")
+    assert settings.storage.resolved_url.startswith("postgresql://") and settings.storage.sqlite_path is None
+    assert [c["metadata"]["name"] for c in of_kind("PersistentVolumeClaim")] == ["threadbook-shared"]
+    assert sorted(v["persistentVolumeClaim"]["claimName"] for v in volumes.values() if "persistentVolumeClaim" in v) == [
+        "threadbook-shared"
+    ]
+    assert "volumeClaimTemplates" not in find("StatefulSet", "threadbook-bot")["spec"], "replicas keep no state of their own"
     config_dir = next(p for p, name in mounts.items() if "configMap" in volumes[name])
     assert volumes[mounts[config_dir]]["configMap"]["name"] == "threadbook-config"
     assert bot_container()["args"][-2:] == ["--config", f"{config_dir}/config.yaml"]
