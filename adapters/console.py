@@ -165,6 +165,8 @@ class _LineReader:
 
 
 class _ConsoleProgress:
+    shows_drafts = False
+
     def __init__(self, console: ConsoleAdapter) -> None:
         self._console = console
 
@@ -176,6 +178,12 @@ class _ConsoleProgress:
 
     async def finish(self, ok: bool) -> None:
         self._console.status("done" if ok else "stopped" if self._console.stopping else "failed")
+
+    async def draft(self, text: str) -> None:
+        """The console prints the answer once it is whole."""
+
+    async def drop_draft(self) -> None:
+        """Nothing was shown."""
 
 
 class ConsoleAdapter:

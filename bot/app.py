@@ -75,7 +75,7 @@ def platform_adapters(settings: Settings, dispatcher: Dispatcher) -> list[Adapte
     if settings.slack.enabled:
         from adapters.slack import SlackAdapter
 
-        adapters.append(SlackAdapter(settings.slack, dispatcher))
+        adapters.append(SlackAdapter(settings.slack, dispatcher, channels=settings.channels))
     if settings.discord.enabled:
         from adapters.discord import DiscordAdapter
 

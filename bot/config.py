@@ -46,6 +46,29 @@ class LLMSettings(_Model):
     context_chars: int = Field(48_000, ge=1000)
 
 
+class SuggestedPrompt(_Model):
+    """A prompt offered in a new Slack assistant thread: ``title`` is shown, ``message`` is sent."""
+
+    title: str = Field(min_length=1, max_length=75)
+    message: str = Field(min_length=1, max_length=4000)
+
+
+DEFAULT_PROMPTS = (
+    SuggestedPrompt(title="Summarise a CSV", message="Summarise the CSV I'm attaching: columns, types, missing values and anything odd."),
+    SuggestedPrompt(title="Chart a trend", message="Plot the monthly totals from the attached file and tell me what stands out."),
+    SuggestedPrompt(title="What can you do?", message="help"),
+)
+
+
+class SlackAssistantSettings(_Model):
+    """Slack's AI-app surface (assistant threads in the side panel)."""
+
+    greeting: str = "Hi! Attach a file (CSV, Excel, JSON…) and ask me about it: I run Python and answer here, with charts."
+    #: At most four (Slack's limit); a channel's ``suggested_prompts`` replace them while the
+    #: user views that channel.
+    prompts: tuple[SuggestedPrompt, ...] = Field(DEFAULT_PROMPTS, max_length=4)
+
+
 class SlackSettings(_Model):
     """Slack app credentials and endpoints. Enabled when ``bot_token`` is set."""
 
@@ -56,6 +79,10 @@ class SlackSettings(_Model):
     http_host: str = "0.0.0.0"
     http_port: int = Field(3000, ge=0, le=65535)
     reply_without_mention: bool = True
+    #: Stream answers as the model writes them (Slack's chat streaming, or an edited message
+    #: where Slack refuses it).
+    streaming: bool = True
+    assistant: SlackAssistantSettings = Field(default_factory=SlackAssistantSettings)
 
     @property
     def enabled(self) -> bool:
@@ -74,6 +101,12 @@ class DiscordSettings(_Model):
     #: (all of them when unset). Unset count: one shard, or Discord's recommendation with ids.
     shard_count: int | None = Field(None, ge=1)
     shard_ids: tuple[int, ...] | None = None
+    #: Guilds whose slash commands are registered directly (updates show at once); empty: the
+    #: commands are registered globally (every guild and DMs; Discord may take a while to show them).
+    guild_ids: list[int] = Field(default_factory=list)
+    #: Forum channels where every new post is a session of its own, mention or not (in other
+    #: forums a post must mention the bot).
+    forum_channels: list[int] = Field(default_factory=list)
 
     @property
     def enabled(self) -> bool:
@@ -147,6 +180,8 @@ class ChannelPolicy(_Model):
     max_rounds: int | None = Field(None, ge=1, le=100)
     #: Let processes a cell starts keep running after it returns (default: they are killed).
     background_processes: bool = False
+    #: Offered in a Slack assistant thread opened while viewing this channel (at most four).
+    suggested_prompts: tuple[SuggestedPrompt, ...] | None = Field(None, max_length=4)
 
     @field_validator("data_dir")
     @classmethod

@@ -4,7 +4,7 @@ Order: ignore bots → allow-list → ignore unmentioned messages in threads the
 session for → drop duplicates (the claim is in the store, so across replicas too) → one turn at
 a time per thread, in order (others queue, and are told) → in-thread command or agent turn.
 Adapters call :meth:`Dispatcher.handle` and nothing else (plus :meth:`Dispatcher.stop` for a
-Stop button).
+Stop button and :meth:`Dispatcher.feedback` for 👍/👎).
 
 The line of a thread's turns is in the store (``Store.begin_turn`` hands out tickets), so it
 holds across replicas: a turn waits until no earlier ticket of its thread is left, woken at
@@ -115,6 +115,13 @@ class Dispatcher:
         if await self._turns.stop(key):
             return True
         return self._store.shared and await self._store.request_stop(str(key))
+
+    async def feedback(self, key: ThreadKey, turn_id: str, user_id: str, good: bool) -> None:
+        """Store a 👍 (``good``) or 👎 click on the answer to message ``turn_id`` of thread ``key``."""
+        try:
+            await self._store.add_feedback(str(key), turn_id, user_id, good=good)
+        except Exception:
+            log.exception("could not store feedback on %s in %s", turn_id, key)
 
     def admits(self, *, platform: str, channel: str, user_id: str) -> bool:
         """The allow-list rule alone, for adapters that must decide before opening a thread."""

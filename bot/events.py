@@ -109,10 +109,16 @@ class Reply:
     images: tuple[ImageOut, ...] = ()
     files: tuple[FileOut, ...] = ()
     ok: bool = True
+    #: The model's answer to a question: platforms offer 👍/👎 under it (not under notices or commands).
+    rateable: bool = False
 
 
 class Progress(Protocol):
     """A live status for a running turn (Slack edits one message, Discord too)."""
+
+    @property
+    def shows_drafts(self) -> bool:
+        """Whether :meth:`draft` shows anything (else the model's replies are not streamed)."""
 
     async def start(self, status: str) -> None:
         """Show the first status."""
@@ -122,6 +128,13 @@ class Progress(Protocol):
 
     async def finish(self, ok: bool) -> None:
         """Remove or close the status and mark the turn as done or failed."""
+
+    async def draft(self, text: str) -> None:
+        """Show the model's reply as it is written (the whole text so far, each time); a
+        platform that cannot stream ignores it, and :meth:`Outbox.post` posts the answer."""
+
+    async def drop_draft(self) -> None:
+        """The reply shown by :meth:`draft` is not the answer after all (it runs code): remove it."""
 
 
 class Outbox(Protocol):

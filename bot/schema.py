@@ -89,3 +89,14 @@ replicas = sa.Table(
     sa.Column("started_at", sa.Float, nullable=False),
     sa.Column("seen_at", sa.Float, nullable=False),
 )
+
+feedback = sa.Table(
+    "feedback",
+    metadata,
+    sa.Column("thread", sa.Text, primary_key=True),
+    #: The platform message id of the question whose answer was rated.
+    sa.Column("turn_id", sa.Text, primary_key=True),
+    sa.Column("user_id", sa.Text, primary_key=True),
+    sa.Column("good", sa.Boolean, nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+)

@@ -47,7 +47,7 @@ from bot.database import Database, database_url, open_database
 from bot.events import ThreadKey
 from bot.migrations import legacy
 from bot.notebook import CellEntry, MessageEntry, TimelineEntry, result_to_outputs
-from bot.schema import cells, messages, processed, replicas, threads, turns_in_flight, usage
+from bot.schema import cells, feedback, messages, processed, replicas, threads, turns_in_flight, usage
 from kernels.result import ExecutionResult
 
 __all__ = [
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 _MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 #: The Alembic revision this code writes (the newest in ``bot/migrations/versions``).
-SCHEMA_VERSION = "0002"
+SCHEMA_VERSION = "0003"
 
 #: The ``role`` of stored notices: shown in the timeline, never replayed to the model.
 NOTICE_ROLE = "notice"
@@ -89,6 +89,14 @@ class InterruptedTurn:
     thread: str
     message_id: str
     started_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class FeedbackCounts:
+    """How many 👍 and 👎 answers got."""
+
+    good: int
+    bad: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +274,25 @@ class Store:
                               sa.func.coalesce(sa.func.sum(usage.c.completion_tokens), 0)).where(usage.c.thread == key)
         row = await self._db.read(lambda conn: conn.execute(statement).first())
         return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    async def add_feedback(self, key: str, turn_id: str, user_id: str, *, good: bool) -> None:
+        """Record a 👍 (``good``) or 👎 on the answer to ``turn_id``; a person's later click replaces theirs."""
+        insert = self._insert(feedback).values(thread=key, turn_id=turn_id, user_id=user_id, good=good, at=time.time())
+        statement = insert.on_conflict_do_update(
+            index_elements=[feedback.c.thread, feedback.c.turn_id, feedback.c.user_id],
+            set_={"good": insert.excluded.good, "at": insert.excluded.at},
+        )
+        await self._db.write(lambda conn: conn.execute(statement))
+
+    async def feedback_counts(self, key: str | None = None) -> FeedbackCounts:
+        """👍 and 👎 on the thread's answers (every thread's when ``key`` is None)."""
+        good = sa.func.coalesce(sa.func.sum(sa.case((feedback.c.good, 1), else_=0)), 0)
+        bad = sa.func.coalesce(sa.func.sum(sa.case((feedback.c.good, 0), else_=1)), 0)
+        statement = sa.select(good, bad).select_from(feedback)
+        if key is not None:
+            statement = statement.where(feedback.c.thread == key)
+        row = await self._db.read(lambda conn: conn.execute(statement).first())
+        return FeedbackCounts(int(row[0]), int(row[1])) if row else FeedbackCounts(0, 0)
 
     async def timeline(self, key: str) -> list[TimelineEntry]:
         """Messages and cells of the thread interleaved in the order they were written."""

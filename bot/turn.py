@@ -272,6 +272,7 @@ class TurnRunner:
                 max_rounds=policy.max_rounds,
                 on_step=on_step,
                 has_files=t.has_files,
+                drafts=t.progress if t.progress.shows_drafts else None,
             )
         finally:
             # Also when the turn fails: the cells that ran belong in the store, and a failed
@@ -304,7 +305,7 @@ def _reply(result: TurnResult, images: list[ImageOut], files: list[FileOut], ext
     text, full = cap_answer(result.text)
     attached = [*files[:MAX_FILES], *([full] if full is not None else [])]
     text = "\n\n".join([text, *notes]).strip() or "(no answer)"
-    return Reply(text=text, images=tuple(images[:MAX_IMAGES]), files=tuple(attached), ok=result.ok)
+    return Reply(text=text, images=tuple(images[:MAX_IMAGES]), files=tuple(attached), ok=result.ok, rateable=result.ok)
 
 
 def cap_answer(text: str, limit: int = MAX_REPLY_CHARS) -> tuple[str, FileOut | None]:

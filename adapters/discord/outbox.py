@@ -103,6 +103,15 @@ class DiscordProgress:
         await _quietly(self._to.source.remove_reaction(WORKING, self._to.me), "remove 👀")
         await _quietly(self._to.source.add_reaction(outcome), f"add {outcome}")
 
+    shows_drafts = False
+
+    async def draft(self, text: str) -> None:
+        """Discord gets the answer once it is whole (an edited message per second would cost
+        more than it shows)."""
+
+    async def drop_draft(self) -> None:
+        """Nothing was shown."""
+
     async def _on_stop(self, interaction: discord.Interaction) -> None:
         await _quietly(interaction.response.defer(), "acknowledge Stop")
         if self._stopped:

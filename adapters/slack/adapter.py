@@ -2,7 +2,10 @@
 
 Bolt receives events over Socket Mode (``slack.app_token`` set) or the HTTP Events API
 (``POST /slack/events``, signature-checked by bolt); its middleware drops the bot's own
-events. Each listener only translates: it builds an :class:`~bot.events.InboundMessage`
+events. Bolt's ``Assistant`` middleware serves Slack's AI-app surface: a new assistant thread
+gets the greeting and suggested prompts (``slack.assistant``, or the viewed channel's
+``suggested_prompts``), and its messages are turns like any thread's, with Slack's status line
+and a title from the first question. Each listener only translates: it builds an :class:`~bot.events.InboundMessage`
 plus a :class:`SlackOutbox` and starts ``dispatcher.handle`` as a tracked task, so Slack is
 acknowledged at once. All other rules (other bots, allow-list, duplicates, queueing) are the
 dispatcher's.
@@ -20,14 +23,23 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.context.async_context import AsyncBoltContext
+from slack_bolt.middleware.assistant.async_assistant import AsyncAssistant
 
 from adapters.base import AdapterStartError
 from adapters.slack.api import Failure, call, make_client
 from adapters.slack.files import FileDownloader
 from adapters.slack.inbound import to_inbound
-from adapters.slack.outbox import STOP_ACTION_ID, SlackOutbox, stopping_text
+from adapters.slack.outbox import (
+    FEEDBACK_ACTION_ID,
+    STOP_ACTION_ID,
+    AssistantThread,
+    SlackOutbox,
+    parse_feedback,
+    stopping_text,
+)
+from adapters.slack.stream import StreamingSupport
 from adapters.tasks import BackgroundTasks
-from bot.config import SlackSettings
+from bot.config import ChannelPolicy, SlackSettings, SuggestedPrompt
 from bot.events import ThreadKey
 
 if TYPE_CHECKING:
@@ -36,6 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("threadbook.slack")
 
 EVENTS_PATH = "/slack/events"
+#: Assistant threads opened since start-up whose first question names them (bounded).
+_MAX_UNTITLED = 10_000
+_TITLE_CHARS = 60
 
 
 class SlackStartError(AdapterStartError):
@@ -45,9 +60,15 @@ class SlackStartError(AdapterStartError):
 class SlackAdapter:
     """Runs the Slack side of Threadbook (see the module docstring)."""
 
-    def __init__(self, settings: SlackSettings, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self, settings: SlackSettings, dispatcher: Dispatcher, *, channels: Mapping[str, ChannelPolicy] | None = None
+    ) -> None:
+        """``channels``: the per-channel policies (for their assistant ``suggested_prompts``)."""
         self._settings = settings
         self._dispatcher = dispatcher
+        self._channels = dict(channels or {})
+        self._streaming = StreamingSupport() if settings.streaming else None
+        self._untitled: dict[str, None] = {}
         self._token = settings.bot_token.get_secret_value()
         self._client = make_client(self._token, settings.api_url)
         self._tasks = BackgroundTasks(log, "Slack")
@@ -130,9 +151,15 @@ class SlackAdapter:
             name="threadbook",
             logger=_bolt_logger(),
         )
+        assistant = AsyncAssistant(logger=_bolt_logger())
+        assistant.thread_started(self._on_assistant_thread_started)
+        assistant.user_message(self._on_assistant_message)
+        assistant.thread_context_changed(self._on_assistant_context_changed)
+        app.assistant(assistant)
         app.event("app_mention")(self._on_message)
         app.event("message")(self._on_message)
         app.action(STOP_ACTION_ID)(self._on_stop)
+        app.action(FEEDBACK_ACTION_ID)(self._on_feedback)
         return app
 
     async def _open_socket_url(self) -> str:
@@ -166,6 +193,9 @@ class SlackAdapter:
         self._port = int(self._runner.addresses[0][1])
 
     async def _on_message(self, event: Mapping[str, Any], context: AsyncBoltContext) -> None:
+        self._turn(event, context)
+
+    def _turn(self, event: Mapping[str, Any], context: AsyncBoltContext, assistant: AssistantThread | None = None) -> None:
         assert self._downloader is not None
         message = to_inbound(
             event, team_id=context.team_id or self._team_id, bot_user_id=self._bot_user_id, fetcher=self._downloader.fetcher
@@ -174,8 +204,71 @@ class SlackAdapter:
             return
         if not (message.mentioned or message.is_dm or self._settings.reply_without_mention):
             return
-        outbox = SlackOutbox(self._client, key=message.key, message_ts=str(event["ts"]), user_id=message.user_id)
+        outbox = SlackOutbox(
+            self._client,
+            key=message.key,
+            message_ts=str(event["ts"]),
+            user_id=message.user_id,
+            turn_id=message.message_id,
+            streaming=self._streaming,
+            assistant=assistant,
+        )
         self._tasks.spawn(self._dispatcher.handle(message, outbox), name=f"slack turn {message.message_id}")
+
+    async def _on_assistant_thread_started(self, event: Mapping[str, Any]) -> None:
+        """A new assistant thread: greet, offer prompts, and name it after its first question."""
+        thread = event.get("assistant_thread") or {}
+        channel, thread_ts = str(thread.get("channel_id") or ""), str(thread.get("thread_ts") or "")
+        if not channel or not thread_ts:
+            return
+        self._untitled[thread_ts] = None
+        while len(self._untitled) > _MAX_UNTITLED:
+            self._untitled.pop(next(iter(self._untitled)))
+        viewed = str((thread.get("context") or {}).get("channel_id") or "")
+        prompts = self._prompts_for(viewed)
+        await call(
+            "chat.postMessage",
+            self._client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=self._settings.assistant.greeting),
+        )
+        if prompts:
+            await call(
+                "assistant.threads.setSuggestedPrompts",
+                self._client.assistant_threads_setSuggestedPrompts(
+                    channel_id=channel,
+                    thread_ts=thread_ts,
+                    prompts=[{"title": p.title, "message": p.message} for p in prompts],
+                ),
+            )
+
+    async def _on_assistant_message(self, event: Mapping[str, Any], context: AsyncBoltContext) -> None:
+        """A message in an assistant thread: a turn like any, with Slack's status line."""
+        thread_ts = str(event.get("thread_ts") or "")
+        title = None
+        if thread_ts in self._untitled:
+            del self._untitled[thread_ts]
+            words = " ".join(str(event.get("text") or "").split())
+            title = (words[: _TITLE_CHARS - 1] + "…" if len(words) > _TITLE_CHARS else words) or None
+        self._turn(event, context, AssistantThread(title=title))
+
+    async def _on_assistant_context_changed(self, event: Mapping[str, Any]) -> None:
+        """The user moved to another channel with the side panel open; the prompts were given already."""
+        log.debug("Slack: assistant thread context changed: %s", (event.get("assistant_thread") or {}).get("context"))
+
+    def _prompts_for(self, channel: str) -> tuple[SuggestedPrompt, ...]:
+        policy = self._channels.get(f"slack:{channel}") if channel else None
+        if policy is not None and policy.suggested_prompts is not None:
+            return policy.suggested_prompts
+        return self._settings.assistant.prompts
+
+    async def _on_feedback(self, ack: Any, body: Mapping[str, Any], action: Mapping[str, Any]) -> None:
+        await ack()
+        parsed = parse_feedback(str(action.get("value", "")))
+        user = str((body.get("user") or {}).get("id") or "")
+        if parsed is None or parsed[1].platform != "slack" or not user:
+            log.warning("Slack: feedback click with a bad value %r", action.get("value"))
+            return
+        good, key, turn_id = parsed
+        self._tasks.spawn(self._dispatcher.feedback(key, turn_id, user, good), name=f"slack feedback {turn_id}")
 
     async def _on_stop(self, ack: Any, body: Mapping[str, Any], action: Mapping[str, Any]) -> None:
         await ack()

@@ -1,4 +1,11 @@
-"""Answering one Slack message: notices, the reply (text chunks, uploads), reactions, live status."""
+"""Answering one Slack message: notices, the reply (text chunks, uploads, 👍/👎), reactions, live status.
+
+The answer streams in while the model writes it (:mod:`adapters.slack.stream`) and ends with
+the feedback buttons; charts and files follow. An answer that did not stream is posted whole,
+its last part in one message with its charts and files where there are any. In an assistant
+thread (Slack's AI-app surface) the status goes to Slack's own status line instead of a
+status message, and the first question names the thread.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +14,23 @@ import functools
 import io
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.api import Failure, call
 from adapters.slack.format import escape, to_chunks, to_mrkdwn
+from adapters.slack.stream import AnswerStream, StreamingSupport
 from adapters.slack.uploads import UploadItem, share_files
+from adapters.textsplit import split_markdown
 from bot.events import Reply, ThreadKey
 from bot.attachments import human_size
 
 STOP_ACTION_ID = "threadbook_stop"
+FEEDBACK_ACTION_ID = "threadbook_feedback"
+#: What the status line cycles through while a turn runs in an assistant thread.
+LOADING_MESSAGES = ["Reading the question…", "Writing Python…", "Running it in this thread's kernel…", "Checking the result…"]
 RECEIVED, DONE, FAILED = "eyes", "white_check_mark", "x"
 #: chat.update is rate-limited (~50/min per channel): at most one status edit per second.
 STATUS_INTERVAL_S = 1.0
@@ -27,6 +40,14 @@ _SECTION_LIMIT = 2900  # a section block's text may hold 3,000 characters
 _NO_CHANNEL_ERRORS = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
 
 
+@dataclass(frozen=True, slots=True)
+class AssistantThread:
+    """A thread of Slack's AI-app surface: its status line is Slack's, and ``title`` (when
+    set) names it as the turn starts."""
+
+    title: str | None = None
+
+
 class SlackOutbox:
     """The :class:`~bot.events.Outbox` for one inbound Slack message, answering in its thread.
 
@@ -34,11 +55,30 @@ class SlackOutbox:
     get no reaction); the end of the turn swaps it for :white_check_mark: or :x:.
     """
 
-    def __init__(self, client: AsyncWebClient, *, key: ThreadKey, message_ts: str, user_id: str) -> None:
+    def __init__(
+        self,
+        client: AsyncWebClient,
+        *,
+        key: ThreadKey,
+        message_ts: str,
+        user_id: str,
+        turn_id: str = "",
+        streaming: StreamingSupport | None = None,
+        assistant: AssistantThread | None = None,
+    ) -> None:
+        """``turn_id``: the question's message id, which feedback clicks refer to (none: no
+        buttons); ``streaming``: stream answers (None: post them whole); ``assistant``: the
+        thread is an assistant thread."""
         self._client = client
         self.key = key
         self._message_ts = message_ts
         self._user_id = user_id
+        self._turn_id = turn_id
+        self._streaming = streaming
+        self.assistant = assistant
+        self._stream: AnswerStream | None = None
+        #: The last upload's message carried the answer's last part.
+        self._shared_text = False
         self._lock = asyncio.Lock()
         self._mark: str | None = None
         self._warned_user = False
@@ -65,13 +105,51 @@ class SlackOutbox:
             await self.say(chunk)
 
     async def post(self, reply: Reply) -> None:
-        """Post the reply's text (split to fit), then its images and files in one upload."""
+        """Post the reply: finish its streamed draft, or post its text (split to fit) with its
+        images and files shared in the last part's message; 👍/👎 under an answer."""
         await self.received()
-        for chunk in to_chunks(reply.text):
-            await self.say(chunk)
-        if reply.images or reply.files:
-            await self._upload(reply)
+        feedback = feedback_blocks(self.key, self._turn_id) if reply.rateable and self._turn_id else []
+        if self._stream is not None and await self._stream.finish(reply.text, feedback):
+            if reply.images or reply.files:
+                for note in await self._upload(reply):
+                    await self.say(note)
+        else:
+            await self._post_whole(reply, feedback)
+        self._stream = None
         await self.finished(reply.ok)
+
+    def answer_stream(self) -> AnswerStream | None:
+        """The draft of this turn's answer (made on first use); None when answers are not streamed."""
+        if self._streaming is None:
+            return None
+        if self._stream is None:
+            self._stream = AnswerStream(
+                self._client,
+                channel=self.channel,
+                thread_ts=self.thread_ts,
+                team_id=self.key.workspace,
+                user_id=self._user_id,
+                support=self._streaming,
+            )
+        return self._stream
+
+    async def _post_whole(self, reply: Reply, feedback: list[dict[str, Any]]) -> None:
+        chunks = to_chunks(reply.text)
+        # The last part goes with the buttons, in a section block (which holds 3,000 characters).
+        last = split_markdown(chunks.pop(), _SECTION_LIMIT) if chunks else []
+        chunks += last[:-1]
+        for chunk in chunks:
+            await self.say(chunk)
+        final = last[-1] if last else ""
+        blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": final}}, *feedback] if final else []
+        notes: list[str] = []
+        self._shared_text = False
+        if reply.images or reply.files:
+            notes = await self._upload(reply, text=final, blocks=blocks)  # text, buttons and files in one message
+        if final and not self._shared_text:
+            await self.say(final, blocks=blocks if feedback else None)
+        for note in notes:
+            await self.say(note)
 
     def progress(self) -> SlackProgress:
         """A status message with a Stop button, edited in place."""
@@ -118,33 +196,39 @@ class SlackOutbox:
         )
         await call(method, request, expected=frozenset({"already_reacted", "no_reaction"}))
 
-    async def _upload(self, reply: Reply) -> None:
-        """Stream the reply's images and files to Slack and share them in the thread as one message."""
+    async def _upload(self, reply: Reply, *, text: str = "", blocks: list[dict[str, Any]] | None = None) -> list[str]:
+        """Stream the reply's images and files to Slack and share them in the thread as one
+        message, carrying ``text`` and ``blocks`` when given (a message that was not shared
+        carries nothing). Returns the notes to post after it: files kept back or that failed."""
         # Names come escaped from the core (FileOut, ImageOut): shown as they are.
         items = [
             UploadItem(image.filename, image.title, len(image.data), functools.partial(io.BytesIO, image.data))
             for image in reply.images
         ]
+        notes: list[str] = []
         for file in reply.files:
             name = file.name
             if file.size > MAX_UPLOAD_BYTES:
-                await self.say(
+                notes.append(
                     f":package: `{escape(name)}` is over {human_size(MAX_UPLOAD_BYTES)}, so it stays in "
                     "this thread's workspace; ask me for a smaller extract or a compressed copy."
                 )
                 continue
             items.append(UploadItem(name, name, file.size, file.open_reader))
         if not items:
-            return
-        outcome = await share_files(self._client, items, channel=self.channel, thread_ts=self.thread_ts)
-        for name in outcome.unreadable:
-            await self.say(f":warning: I could not read `{escape(name)}` to send it.")
+            return notes
+        outcome = await share_files(
+            self._client, items, channel=self.channel, thread_ts=self.thread_ts, text=text, blocks=blocks
+        )
+        self._shared_text = outcome.shared
+        notes += [f":warning: I could not read `{escape(name)}` to send it." for name in outcome.unreadable]
         by_error: dict[str, list[str]] = {}
         for name, error in outcome.failed.items():
             by_error.setdefault(error, []).append(name)
         for error, failed in by_error.items():
             names = ", ".join(f"`{escape(name)}`" for name in failed)
-            await self.say(f":warning: I could not upload {names} to Slack ({escape(error)}).")
+            notes.append(f":warning: I could not upload {names} to Slack ({escape(error)}).")
+        return notes
 
     async def _explain(self, failure: Failure) -> None:
         """Tell the user why the thread got no answer when Slack refuses posts there."""
@@ -163,6 +247,7 @@ class SlackProgress:
 
     def __init__(self, outbox: SlackOutbox, *, interval_s: float = STATUS_INTERVAL_S) -> None:
         self._outbox = outbox
+        self._assistant = outbox.assistant
         self._client = outbox.client
         self._interval = interval_s
         self._ts: str | None = None
@@ -172,14 +257,47 @@ class SlackProgress:
         self._flusher: asyncio.Task[None] | None = None
         self._posting: asyncio.Task[None] | None = None
 
+    @property
+    def shows_drafts(self) -> bool:
+        """True when answers stream in (``slack.streaming``)."""
+        return self._outbox.answer_stream() is not None
+
+    async def draft(self, text: str) -> None:
+        """Show the answer so far (buffered: see :mod:`adapters.slack.stream`)."""
+        if (stream := self._outbox.answer_stream()) is not None:
+            await stream.write(text)
+
+    async def drop_draft(self) -> None:
+        """Delete the draft: the model went on to run code."""
+        if (stream := self._outbox.answer_stream()) is not None:
+            await stream.drop()
+
     async def start(self, status: str) -> None:
-        """Post :eyes: and the status message with its Stop button, without holding up the turn."""
+        """Post :eyes: and the status message with its Stop button, without holding up the turn;
+        in an assistant thread, also set Slack's status line (and the thread's title)."""
         self._posting = asyncio.create_task(self._post(status))
 
     async def _post(self, status: str) -> None:
         await self._outbox.received()
+        if self._assistant is not None:
+            await self._set_status(status, LOADING_MESSAGES)
+            if self._assistant.title:
+                await call(
+                    "assistant.threads.setTitle",
+                    self._client.assistant_threads_setTitle(
+                        channel_id=self._outbox.channel, thread_ts=self._outbox.thread_ts, title=self._assistant.title
+                    ),
+                )
         self._ts = await self._outbox.say(to_mrkdwn(status), blocks=status_blocks(status, self._outbox.key))
         self._shown, self._last = status, time.monotonic()
+
+    async def _set_status(self, status: str, loading: list[str] | None = None) -> None:
+        await call(
+            "assistant.threads.setStatus",
+            self._client.assistant_threads_setStatus(
+                channel_id=self._outbox.channel, thread_ts=self._outbox.thread_ts, status=status, loading_messages=loading
+            ),
+        )
 
     async def _posted(self) -> None:
         """Wait for the status message (posted in the background by :meth:`start`)."""
@@ -214,6 +332,8 @@ class SlackProgress:
                     self._client.chat_update(channel=self._outbox.channel, ts=self._ts, text="Done." if ok else "Failed.", blocks=[]),
                 )
             self._ts = None
+        if self._assistant is not None:
+            await self._set_status("")  # the status line goes (Slack also clears it on our reply)
         await self._outbox.finished(ok)
 
     async def _flush_later(self, delay: float) -> None:
@@ -225,6 +345,9 @@ class SlackProgress:
         if status is None or status == self._shown or self._ts is None:
             return
         self._shown, self._last = status, time.monotonic()
+        if self._assistant is not None:
+            await self._set_status(status.replace("`", ""))
+            return
         await call(
             "chat.update",
             self._client.chat_update(
@@ -253,6 +376,45 @@ def status_blocks(status: str, key: ThreadKey) -> list[dict[str, Any]]:
             ],
         },
     ]
+
+
+def feedback_blocks(key: ThreadKey, turn_id: str) -> list[dict[str, Any]]:
+    """👍/👎 under an answer: Slack's feedback buttons, whose values name the thread and the turn."""
+    value = f"{key}|{turn_id}"
+    return [
+        {
+            "type": "context_actions",
+            "elements": [
+                {
+                    "type": "feedback_buttons",
+                    "action_id": FEEDBACK_ACTION_ID,
+                    "positive_button": {
+                        "text": {"type": "plain_text", "text": "Good answer"},
+                        "accessibility_label": "Mark this answer as good",
+                        "value": f"good|{value}",
+                    },
+                    "negative_button": {
+                        "text": {"type": "plain_text", "text": "Bad answer"},
+                        "accessibility_label": "Mark this answer as bad",
+                        "value": f"bad|{value}",
+                    },
+                }
+            ],
+        }
+    ]
+
+
+def parse_feedback(value: str) -> tuple[bool, ThreadKey, str] | None:
+    """(good, thread, turn id) from a feedback button's value; None for a value we never made."""
+    verdict, _, rest = value.partition("|")
+    key_text, _, turn_id = rest.rpartition("|")
+    if verdict not in ("good", "bad") or not turn_id:
+        return None
+    try:
+        key = ThreadKey.parse(key_text)
+    except ValueError:
+        return None
+    return verdict == "good", key, turn_id
 
 
 def stopping_text(payload: Mapping[str, Any]) -> str:

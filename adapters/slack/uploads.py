@@ -14,6 +14,7 @@ small chunks, read in a worker thread:
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -48,6 +49,8 @@ class UploadOutcome:
 
     unreadable: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    #: Whether a message with the files that arrived was shared in the thread.
+    shared: bool = False
 
 
 class _ReadFailed(Exception):
@@ -62,8 +65,17 @@ class _SendFailed(Exception):
         self.retry = retry
 
 
-async def share_files(client: AsyncWebClient, items: list[UploadItem], *, channel: str, thread_ts: str) -> UploadOutcome:
-    """Upload ``items`` one after another (each streamed) and share those that arrived in the thread."""
+async def share_files(
+    client: AsyncWebClient,
+    items: list[UploadItem],
+    *,
+    channel: str,
+    thread_ts: str,
+    text: str = "",
+    blocks: list[dict[str, Any]] | None = None,
+) -> UploadOutcome:
+    """Upload ``items`` one after another (each streamed) and share those that arrived in the
+    thread, in one message that also carries ``blocks`` (or else ``text``) when given."""
     outcome = UploadOutcome()
     uploaded: list[tuple[str, UploadItem]] = []
     session, owned = client.session, client.session is None
@@ -94,16 +106,20 @@ async def share_files(client: AsyncWebClient, items: list[UploadItem], *, channe
             await session.close()
     if not uploaded:
         return outcome
+    words: dict[str, Any] = {"blocks": json.dumps(blocks)} if blocks else {"initial_comment": text} if text else {}
     result = await call(
         "files.completeUploadExternal",
         client.files_completeUploadExternal(
             files=[{"id": file_id, "title": item.title} for file_id, item in uploaded],
             channel_id=channel,
             thread_ts=thread_ts,
+            **words,
         ),
     )
     if isinstance(result, Failure):
         outcome.failed.update((item.filename, result.error) for _, item in uploaded)
+    else:
+        outcome.shared = True
     return outcome
 
 

@@ -21,11 +21,12 @@ import logging
 import random
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from bot.agent.history import wire_messages
 from bot.config import LLMSettings
@@ -54,6 +55,10 @@ _CONTEXT_EXCEEDED = re.compile(
 )
 _TOKENS_LIMIT = re.compile(r"(?:maximum context length|context window|context size)\D{0,30}?(\d[\d,]*)", re.I)
 _TOKENS_ASKED = re.compile(r"(?:resulted in|requested|request has|requested tokens \(|prompt has)\D{0,12}?(\d[\d,]*)", re.I)
+
+
+#: Receives the reply's text so far (the whole of it each time) while a streamed reply arrives.
+OnText = Callable[[str], Awaitable[None]]
 
 
 class LLMError(Exception):
@@ -133,6 +138,8 @@ class LLMClient:
 
     def __init__(self, settings: LLMSettings, *, client: openai.AsyncOpenAI | None = None) -> None:
         self._settings = settings
+        #: Set when the server refused a streamed request that it answers unstreamed: ask it plainly.
+        self._stream_refused = False
         self._client = client or openai.AsyncOpenAI(
             base_url=settings.base_url,
             # Local servers (Ollama, vLLM) accept any key, but the client insists on one.
@@ -152,8 +159,14 @@ class LLMClient:
         model: str | None = None,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | None = None,
+        on_text: OnText | None = None,
     ) -> Completion:
-        """One non-streaming chat completion; raises :class:`LLMError` on failure."""
+        """One chat completion; raises :class:`LLMError` on failure.
+
+        With ``on_text`` the reply is streamed and ``on_text`` gets its text so far as it grows
+        (from the start again if a retry begins anew). A server that refuses streamed requests
+        is asked unstreamed, from then on.
+        """
         kwargs: dict[str, Any] = {"model": model or self._settings.model, "messages": wire_messages(messages)}
         if tools:
             kwargs["tools"] = tools
@@ -171,6 +184,10 @@ class LLMClient:
                 # The typed ``chat.completions.create`` runs every message of the history through
                 # openai's parameter transformer (tens of ms per call for a long thread); our
                 # messages are plain JSON already, so post them as they are.
+                if on_text is not None and not self._stream_refused:
+                    streamed = await self._streamed(kwargs, on_text)
+                    if streamed is not None:
+                        return streamed
                 response = await self._client.post(
                     "/chat/completions", body=kwargs, cast_to=ChatCompletion, options={"max_retries": 0}
                 )
@@ -194,6 +211,40 @@ class LLMClient:
                 log.warning("LLM request failed (%r); retry %d/%d in %.1fs", exc, attempt + 1, retries, pause)
             await asyncio.sleep(pause)
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+    async def _streamed(self, kwargs: dict[str, Any], on_text: OnText) -> Completion | None:
+        """The reply streamed (Server-Sent Events); None when the server will not stream it."""
+        body = {**kwargs, "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            stream = await self._client.post(
+                "/chat/completions",
+                body=body,
+                cast_to=ChatCompletion,
+                options={"max_retries": 0},
+                stream=True,
+                stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            )
+        except openai.BadRequestError as exc:
+            if is_context_exceeded(_error_message(exc), exc.body):
+                raise
+            log.warning("the LLM server refused a streamed request (%s); asking without streaming from now on", exc)
+            self._stream_refused = True
+            return None
+        reply = _StreamedReply()
+        async with stream:
+            # A stream cut off mid-way raises the client's APITimeoutError or APIConnectionError: retried.
+            async for chunk in stream:
+                if reply.add(chunk):
+                    try:
+                        await on_text(reply.text)
+                    except Exception:  # showing the draft is cosmetic: the answer must not depend on it
+                        log.exception("streamed text callback failed")
+        if not reply.chunks:
+            log.warning("the LLM server sent no chunks for a streamed request; asking without streaming from now on")
+            self._stream_refused = True
+            return None
+        return reply.completion()
 
 
 def _retryable(exc: openai.OpenAIError) -> bool:
@@ -254,6 +305,61 @@ def _parse(response: Any) -> Completion:
         usage=usage,
         finish_reason=getattr(choice, "finish_reason", None),
     )
+
+
+@dataclass
+class _StreamedReply:
+    """A streamed reply put together from its chunks, as leniently as :func:`_parse` reads one."""
+
+    pieces: list[str] = field(default_factory=list)
+    #: index → [id, name, argument pieces]
+    calls: dict[int, list[Any]] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+    chunks: int = 0
+
+    @property
+    def text(self) -> str:
+        """The content so far."""
+        return "".join(self.pieces)
+
+    def add(self, chunk: ChatCompletionChunk) -> bool:
+        """Take one chunk in; True when it added text."""
+        if (reported := getattr(chunk, "usage", None)) is not None:
+            self.usage = Usage(getattr(reported, "prompt_tokens", 0) or 0, getattr(reported, "completion_tokens", 0) or 0)
+        choices = getattr(chunk, "choices", None) or []
+        if not choices:
+            return False
+        self.chunks += 1
+        choice = choices[0]
+        self.finish_reason = getattr(choice, "finish_reason", None) or self.finish_reason
+        delta = getattr(choice, "delta", None)
+        if delta is None:
+            return False
+        for position, call in enumerate(getattr(delta, "tool_calls", None) or ()):
+            index = getattr(call, "index", None)
+            slot = self.calls.setdefault(index if isinstance(index, int) else position, ["", "", []])
+            slot[0] = getattr(call, "id", None) or slot[0]
+            function = getattr(call, "function", None)
+            if function is not None:
+                slot[1] = getattr(function, "name", None) or slot[1]
+                arguments = getattr(function, "arguments", None)
+                if arguments is not None:
+                    slot[2].append(arguments if isinstance(arguments, str) else json.dumps(arguments))
+        content = getattr(delta, "content", None)
+        if isinstance(content, str) and content:
+            self.pieces.append(content)
+            return True
+        return False
+
+    def completion(self) -> Completion:
+        """The whole reply."""
+        calls = tuple(
+            ToolCall(id=call_id or f"call_{uuid.uuid4().hex[:24]}", name=name, arguments="".join(arguments))
+            for call_id, name, arguments in (self.calls[index] for index in sorted(self.calls))
+        )
+        text = self.text
+        return Completion(content=text or None, tool_calls=calls, usage=self.usage, finish_reason=self.finish_reason)
 
 
 def _to_llm_error(exc: openai.OpenAIError, model: str, timeout_s: float) -> LLMError:

@@ -79,6 +79,20 @@ _WRAP_UP = (
 )
 
 
+class Drafts(Protocol):
+    """Shows a reply while the model writes it, before the turn knows it is the answer."""
+
+    async def draft(self, text: str) -> None:
+        """The reply's text so far (it grows; a new reply starts from its beginning)."""
+
+    async def drop_draft(self) -> None:
+        """The reply shown so far is not the answer (it runs code): take it away."""
+
+
+#: A reply starting like this, or holding a Python fence, is code to run, never shown as it comes.
+_CODE_REPLY = re.compile(r"\A\s*(?:\{|<tool_call>|```)|```[ \t]*(?:python|py)\b", re.IGNORECASE)
+
+
 class CodeRunner(Protocol):
     """Runs code in a thread's kernel; :class:`kernels.KernelSession` satisfies it."""
 
@@ -142,13 +156,15 @@ class Agent:
         max_rounds: int | None = None,
         on_step: OnStep | None = None,
         has_files: bool = False,
+        drafts: Drafts | None = None,
     ) -> TurnResult:
         """Answer ``user_content``, running code in ``runner`` as the model asks.
 
         ``history`` is earlier turns' ``new_messages`` (trimmed here to the char budget;
         entries of roles the model does not know, such as stored notices, are skipped);
         ``on_step(round, first_line_of_code)`` is awaited before each execution;
-        ``has_files`` says files came with this message (for the nudge).
+        ``has_files`` says files came with this message (for the nudge); ``drafts`` is shown
+        each reply as it streams in, and told when a reply turns out not to be the answer.
         """
         user = {"role": "user", "content": user_content}
         model = model or self._settings.model
@@ -165,6 +181,7 @@ class Agent:
             replayed=len(replayed),
             question=user_content,
             has_files=has_files,
+            drafts=drafts,
         )
         return await turn.run()
 
@@ -183,29 +200,38 @@ class _Turn:
     replayed: int  # messages[1 : 1 + replayed] are earlier turns' history
     question: str
     has_files: bool
+    drafts: Drafts | None = None
     usage: Usage = field(default_factory=Usage)
     fitted: dict[str, int] = field(default_factory=dict)  # the Agent's: model → history budget that fits
     rounds: int = 0
     nudged: bool = False
     shrunk: bool = False
+    #: The reply being streamed has been shown as a draft; ``_code_reply``: it is code, not shown.
+    _drafted: bool = False
+    _code_reply: bool = False
 
     async def run(self) -> TurnResult:
         while True:
             try:
                 reply = await self._ask()
             except LLMError as exc:
+                await self._drop_draft()
                 return self._failed(str(exc))
             if reply.tool_calls:
+                await self._drop_draft()
                 self._add(reply.message())
                 if (done := await self._run_tool_calls(reply.tool_calls)) is not None:
                     return done
                 continue
             content = reply.content or ""
             code = fenced_python(content) or text_tool_call(content)
+            if code:
+                await self._drop_draft()
             if not code:
                 if should_nudge(
                     self.question, content, has_files=self.has_files, ran_code=self.rounds > 0, nudged=self.nudged
                 ):
+                    await self._drop_draft()
                     self.nudged = True
                     # Sent in this turn only: the stored transcript shows the tool use, not the refusal.
                     self.messages.extend([reply.message(), {"role": "user", "content": NUDGE}])
@@ -222,9 +248,14 @@ class _Turn:
             messages = self.messages
             if wrap_up:  # sent once, not kept in the history
                 messages = [*messages, {"role": "user", "content": _WRAP_UP.format(n=self.max_rounds)}]
+            self._code_reply = False
             try:
                 reply = await self.llm.complete(
-                    messages, model=self.model, tools=[PYTHON_TOOL], tool_choice="none" if wrap_up else None
+                    messages,
+                    model=self.model,
+                    tools=[PYTHON_TOOL],
+                    tool_choice="none" if wrap_up else None,
+                    on_text=self._draft if self.drafts is not None else None,
                 )
             except ContextLengthError as exc:
                 if self.shrunk or not self._shrink(exc):
@@ -232,6 +263,26 @@ class _Turn:
                 continue
             self.usage.add(reply.usage)
             return reply
+
+    async def _draft(self, text: str) -> None:
+        """Show the streaming reply, unless it is (or turns into) code to run."""
+        assert self.drafts is not None
+        if self._code_reply:
+            return
+        if _CODE_REPLY.search(text):
+            self._code_reply = True
+            await self._drop_draft()
+            return
+        self._drafted = True
+        await self.drafts.draft(text)
+
+    async def _drop_draft(self) -> None:
+        if self._drafted and self.drafts is not None:
+            self._drafted = False
+            try:
+                await self.drafts.drop_draft()
+            except Exception:  # cosmetic, as the draft itself
+                log.exception("could not take a draft away")
 
     def _shrink(self, refusal: ContextLengthError) -> bool:
         """Drop the oldest replayed exchanges so the request fits; False when none are left.

@@ -30,6 +30,7 @@ class MemoryProgress:
     """Records progress calls as (event, text) pairs."""
 
     log: list[tuple[str, str]]
+    shows_drafts: bool = True
 
     async def start(self, status: str) -> None:
         self.log.append(("start", status))
@@ -39,6 +40,12 @@ class MemoryProgress:
 
     async def finish(self, ok: bool) -> None:
         self.log.append(("finish", "ok" if ok else "failed"))
+
+    async def draft(self, text: str) -> None:
+        self.log.append(("draft", text))
+
+    async def drop_draft(self) -> None:
+        self.log.append(("drop_draft", ""))
 
 
 @dataclass

@@ -46,6 +46,7 @@ recorded in ``rejected``:
 - ``sparse=True``: replies leave out what local servers leave out (``id``, ``created``,
   ``finish_reason``, a null ``content``) and send ``tool_calls: []``.
 - ``empty_deltas=True``: streamed replies include chunks with empty deltas and null content.
+- ``no_stream=True``: a streamed request (``stream``, ``stream_options``) is refused (400).
 
 Every step takes ``usage=(prompt_tokens, completion_tokens)``; by default usage is derived
 from character counts. ``served_usage`` sums what successful replies reported. A request
@@ -88,6 +89,7 @@ class Strictness:
     omit_usage: bool = False
     sparse: bool = False
     empty_deltas: bool = False
+    no_stream: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ class _Reply:
     tool_calls: tuple[tuple[str, str], ...] = ()  # (name, raw arguments)
     usage: tuple[int, int] | None = None
     finish_reason: str | None = None  # default: "tool_calls" or "stop"
+    #: Seconds between streamed chunks (a model writing at its own pace).
+    pace_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -119,9 +123,12 @@ class _Garbage:
 Step = Union[_Reply, _Error, _Delay, _Garbage, Callable[[dict[str, Any]], "Step"]]
 
 
-def answer(text: str, *, usage: tuple[int, int] | None = None, finish_reason: str | None = None) -> Step:
-    """An assistant reply with text and no tool call (``finish_reason="length"``: cut off)."""
-    return _Reply(content=text, usage=usage, finish_reason=finish_reason)
+def answer(
+    text: str, *, usage: tuple[int, int] | None = None, finish_reason: str | None = None, pace_s: float = 0.0
+) -> Step:
+    """An assistant reply with text and no tool call (``finish_reason="length"``: cut off);
+    streamed, its chunks come ``pace_s`` apart."""
+    return _Reply(content=text, usage=usage, finish_reason=finish_reason, pace_s=pace_s)
 
 
 def text_tool_call(code: str, *, style: str = "json") -> Step:
@@ -265,6 +272,8 @@ class ScriptedOpenAI:
                     if strict.null_fields >= 500:  # llama.cpp's server: a C++ JSON type error
                         return strict.null_fields, "[json.exception.type_error.302] type must be string, but is null"
                     return strict.null_fields, f"messages[{index}].{nulls[0]}: Input should be a valid string"
+        if strict.no_stream and (body.get("stream") or "stream_options" in body):
+            return 400, "stream_options: extra inputs are not permitted"
         if strict.tool_choice_required and body.get("tool_choice") == "required":
             return 400, "tool_choice 'required' is not supported"
         if strict.context_chars is not None:
@@ -285,7 +294,9 @@ class ScriptedOpenAI:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         chunks = _chunks(body.get("model", self.model), reply, usage, body.get("stream_options") or {}, self.strict)
-        for chunk in chunks:
+        for index, chunk in enumerate(chunks):
+            if reply.pace_s and index:
+                await asyncio.sleep(reply.pace_s)
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

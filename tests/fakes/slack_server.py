@@ -14,7 +14,11 @@ Web API (``POST /api/<method>``, form or JSON body, ``Authorization: Bearer``):
 ``auth.test``, ``chat.postMessage`` / ``chat.update`` / ``chat.delete``, ``reactions.add`` /
 ``reactions.remove``, ``conversations.replies``, ``files.getUploadURLExternal`` (+ ``POST
 /upload/<file_id>``) and ``files.completeUploadExternal``, ``apps.connections.open`` (app
-token). Every call is recorded in :attr:`FakeSlack.calls`. A wrong token gets
+token); streaming (``chat.startStream`` / ``appendStream`` / ``stopStream``: the message keeps
+each piece; :attr:`FakeSlack.refuse_streaming` makes Slack refuse, as for an app or plan it
+will not stream for); ``assistant.threads.setStatus`` / ``setTitle`` / ``setSuggestedPrompts``
+(recorded per thread). Events for the AI-app surface: :meth:`FakeSlack.assistant_thread_started`,
+and :meth:`FakeSlack.feedback_action` clicks an answer's feedback buttons. Every call is recorded in :attr:`FakeSlack.calls`. A wrong token gets
 ``invalid_auth``; :meth:`FakeSlack.fail` makes the next calls of a method fail with an error
 (``"ratelimited"`` answers HTTP 429 with ``Retry-After: 1``); channels in
 :attr:`FakeSlack.not_in_channel` refuse posts.
@@ -71,6 +75,12 @@ class Message:
     blocks: list[dict[str, Any]] | None
     updates: list[str] = field(default_factory=list)
     deleted: bool = False
+    #: A streamed message: each piece of Markdown as it arrived (start, appends, stop).
+    pieces: list[str] = field(default_factory=list)
+    #: ``streaming`` until ``chat.stopStream``, then ``stopped``; None for a posted message.
+    stream_state: str | None = None
+    #: Files shared in this very message (``files.completeUploadExternal`` with a comment or blocks).
+    files: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -128,6 +138,12 @@ class FakeSlack:
         self.reactions: dict[tuple[str, str], set[str]] = {}
         self.not_in_channel: set[str] = set()
         self.socket_connects = 0
+        #: An error code ``chat.startStream`` answers with (a workspace or app Slack will not stream for).
+        self.refuse_streaming: str | None = None
+        #: ``assistant.threads.*`` calls per (channel, thread_ts): statuses set, titles, prompt lists.
+        self.statuses: dict[tuple[str, str], list[str]] = {}
+        self.titles: dict[tuple[str, str], str] = {}
+        self.suggested_prompts: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.downloads: list[tuple[str, bool]] = []  # (file id, authorised)
         self._failures: dict[str, list[str]] = {}
         self._files: dict[str, tuple[bytes, str]] = {}
@@ -317,6 +333,38 @@ class FakeSlack:
                 }
             ],
         }
+
+    def assistant_thread_started(
+        self, channel: str, *, user: str = "U1", context_channel: str | None = None
+    ) -> dict[str, Any]:
+        """An ``assistant_thread_started`` event: ``user`` opened a new assistant thread in the
+        bot's DM ``channel`` while viewing ``context_channel``. Its ``thread_ts`` is the thread."""
+        thread_ts = self.next_ts()
+        return {
+            "type": "assistant_thread_started",
+            "assistant_thread": {
+                "user_id": user,
+                "context": {"channel_id": context_channel, "team_id": self.team_id, "enterprise_id": None},
+                "channel_id": channel,
+                "thread_ts": thread_ts,
+            },
+            "event_ts": thread_ts,
+        }
+
+    def feedback_action(self, message: Message, *, positive: bool, user: str = "U1") -> dict[str, Any]:
+        """A ``block_actions`` payload: ``user`` clicked 👍 (``positive``) or 👎 on ``message``'s
+        feedback buttons (a ``context_actions`` block's ``feedback_buttons`` element)."""
+        element = next(
+            element
+            for block in message.blocks or []
+            if block.get("type") == "context_actions"
+            for element in block.get("elements", [])
+            if element.get("type") == "feedback_buttons"
+        )
+        button = element["positive_button" if positive else "negative_button"]
+        payload = self.block_action(message, element["action_id"], button["value"], user=user)
+        payload["actions"][0]["type"] = "feedback_buttons"
+        return payload
 
     # ------------------------------------------------------------------ delivery
     def sign(self, body: bytes, timestamp: str, secret: str | None = None) -> str:
@@ -560,7 +608,78 @@ class FakeSlack:
                 )
             )
             done.append({"id": item["id"], "name": received.filename, "title": title, "size": received.size})
+        if channel and (args.get("initial_comment") or args.get("blocks")):
+            # Shared with words: one message holding the text (or blocks) and the files.
+            sections = [b["text"]["text"] for b in args.get("blocks") or [] if b.get("type") == "section"]
+            text = str(args.get("initial_comment") or "\n".join(sections))
+            message = Message(str(channel), self.next_ts(), text, args.get("thread_ts") or None, args.get("blocks"))
+            message.files = [item["id"] for item in files]
+            self.messages.append(message)
         return {"ok": True, "files": done}
+
+    def _start_stream(self, args: dict[str, Any]) -> dict[str, Any]:
+        if self.refuse_streaming:
+            return {"ok": False, "error": self.refuse_streaming}
+        channel = str(args.get("channel", ""))
+        if channel in self.not_in_channel:
+            return {"ok": False, "error": "not_in_channel"}
+        if not args.get("thread_ts"):
+            return {"ok": False, "error": "invalid_arguments"}
+        if not channel.startswith("D") and not (args.get("recipient_user_id") and args.get("recipient_team_id")):
+            return {"ok": False, "error": "missing_recipient_user_id"}  # required outside DMs
+        message = Message(channel, self.next_ts(), "", str(args["thread_ts"]), None, stream_state="streaming")
+        self.messages.append(message)
+        self._stream_in(message, args)
+        return {"ok": True, "channel": channel, "ts": message.ts}
+
+    def _append_stream(self, args: dict[str, Any]) -> dict[str, Any]:
+        message = self._find(args)
+        if message is None:
+            return {"ok": False, "error": "message_not_found"}
+        if message.stream_state != "streaming":
+            return {"ok": False, "error": "message_not_in_streaming_state"}
+        if not self._stream_in(message, args):
+            return {"ok": False, "error": "no_text"}
+        return {"ok": True, "channel": message.channel, "ts": message.ts}
+
+    def _stop_stream(self, args: dict[str, Any]) -> dict[str, Any]:
+        message = self._find(args)
+        if message is None:
+            return {"ok": False, "error": "message_not_found"}
+        if message.stream_state != "streaming":
+            return {"ok": False, "error": "message_not_in_streaming_state"}
+        self._stream_in(message, args)
+        message.stream_state = "stopped"
+        message.blocks = args.get("blocks")
+        return {"ok": True, "channel": message.channel, "ts": message.ts, "message": _as_event(message, self)}
+
+    @staticmethod
+    def _stream_in(message: Message, args: dict[str, Any]) -> bool:
+        """Append the call's Markdown (``markdown_text`` or ``markdown_text`` chunks); False if none."""
+        texts = [str(args["markdown_text"])] if args.get("markdown_text") else []
+        chunks = args.get("chunks") or []
+        texts += [str(c.get("text", "")) for c in chunks if isinstance(c, dict) and c.get("type") == "markdown_text"]
+        for text in texts:
+            if len(text) > 12_000:
+                raise ValueError("markdown_text over 12,000 characters")
+            message.pieces.append(text)
+            message.text += text
+        return bool(texts)
+
+    def _assistant(self, args: dict[str, Any], field_name: str) -> dict[str, Any]:
+        where = (str(args.get("channel_id", "")), str(args.get("thread_ts", "")))
+        if not all(where):
+            return {"ok": False, "error": "invalid_arguments"}
+        if field_name == "status":
+            self.statuses.setdefault(where, []).append(str(args.get("status", "")))
+        elif field_name == "title":
+            self.titles[where] = str(args.get("title", ""))
+        else:
+            prompts = args.get("prompts")
+            if isinstance(prompts, str):
+                prompts = json.loads(prompts)
+            self.suggested_prompts[where] = list(prompts or [])
+        return {"ok": True}
 
     def _connections_open(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "url": f"ws://127.0.0.1:{self.port}/socket?ticket={uuid.uuid4().hex}"}
@@ -577,6 +696,12 @@ _METHODS: dict[str, Callable[[FakeSlack, dict[str, Any]], dict[str, Any]]] = {
     "files.getUploadURLExternal": FakeSlack._get_upload_url,
     "files.completeUploadExternal": FakeSlack._complete_upload,
     "apps.connections.open": FakeSlack._connections_open,
+    "chat.startStream": FakeSlack._start_stream,
+    "chat.appendStream": FakeSlack._append_stream,
+    "chat.stopStream": FakeSlack._stop_stream,
+    "assistant.threads.setStatus": lambda s, a: s._assistant(a, "status"),
+    "assistant.threads.setTitle": lambda s, a: s._assistant(a, "title"),
+    "assistant.threads.setSuggestedPrompts": lambda s, a: s._assistant(a, "prompts"),
 }
 
 
@@ -601,7 +726,7 @@ async def _read_args(request: web.Request) -> dict[str, Any]:
         args.update(await request.json())
     elif request.can_read_body:
         args.update({k: v for k, v in (await request.post()).items() if isinstance(v, str)})
-    for key in ("blocks", "files", "attachments"):
+    for key in ("blocks", "files", "attachments", "chunks", "prompts"):
         value = args.get(key)
         if isinstance(value, str) and value[:1] in "[{":
             args[key] = json.loads(value)

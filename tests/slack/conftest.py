@@ -44,8 +44,15 @@ class Bot:
 
 
 @asynccontextmanager
-async def running_bot(tmp_path: Path, *, socket_mode: bool) -> AsyncIterator[Bot]:
-    """Start fake Slack, scripted model, Core and the Slack adapter; stop them in reverse."""
+async def running_bot(
+    tmp_path: Path, *, socket_mode: bool, streaming: bool = False, **config: Any
+) -> AsyncIterator[Bot]:
+    """Start fake Slack, scripted model, Core and the Slack adapter; stop them in reverse.
+
+    Answers are posted whole unless ``streaming`` (tests/slack/test_streaming.py covers that
+    path; the rest check the text, parts and uploads of whole answers, also its fallback).
+    ``config``: more settings sections (``channels=...``).
+    """
     async with FakeSlack() as slack, ScriptedOpenAI() as llm:
         slack_settings: dict[str, Any] = {
             "bot_token": slack.bot_token,
@@ -53,12 +60,15 @@ async def running_bot(tmp_path: Path, *, socket_mode: bool) -> AsyncIterator[Bot
             "api_url": slack.api_url,
             "http_host": "127.0.0.1",
             "http_port": 0,
+            "streaming": streaming,
         }
         if socket_mode:
             slack_settings["app_token"] = slack.app_token
-        settings = make_settings(tmp_path, llm_url=llm.base_url, slack=slack_settings, kernels={"max_kernels": 10})
+        settings = make_settings(
+            tmp_path, llm_url=llm.base_url, slack=slack_settings, kernels={"max_kernels": 10}, **config
+        )
         async with Core.open(settings) as core:
-            adapter = SlackAdapter(settings.slack, core.dispatcher)
+            adapter = SlackAdapter(settings.slack, core.dispatcher, channels=settings.channels)
             await adapter.start()
             try:
                 yield Bot(slack, llm, core, adapter)

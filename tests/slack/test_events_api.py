@@ -70,9 +70,13 @@ async def test_mention_with_csv_gets_chart_in_thread_and_follow_up_reuses_variab
     assert upload.data.startswith(PNG_MAGIC) and len(upload.data) > 1000
     assert upload.filename.endswith(".png") and upload.title
     assert (upload.channel, upload.thread_ts) == ("C_CSV", event["ts"])
+    # The chart came in the answer's own message, with 👍/👎 under the answer.
+    [answered] = [m for m in slack.messages if m.channel == "C_CSV" and m.files]
+    assert answered.files == [upload.file_id] and answered.text == "Sales grew every month, peaking in *March*."
+    assert [b["type"] for b in answered.blocks or []] == ["section", "context_actions"]
 
     # The status message had a Stop button, showed the steps, was edited at most once a second, then deleted.
-    [status_msg] = [m for m in slack.messages if m.channel == "C_CSV" and m.blocks]
+    [status_msg] = [m for m in slack.messages if m.channel == "C_CSV" and m.blocks and not m.files]
     assert status_msg.deleted and status_msg.thread_ts == event["ts"]
     button = status_msg.blocks[1]["elements"][0]  # type: ignore[index]
     assert button["action_id"] == "threadbook_stop" and button["value"] == f"slack:T1:C_CSV:{event['ts']}"
@@ -156,8 +160,11 @@ async def test_long_answer_is_split_without_breaking_code_blocks_and_attached_wh
     assert parts[0].startswith("*Report*") and "answer.md" in parts[-1]
     whole = [u for u in slack.uploads if u.filename == "answer.md"]
     assert len(whole) == 1 and whole[0].data.decode() == long_text
+    # The last part came with the whole answer attached, in one message.
+    [with_file] = [m for m in slack.bot_messages("C_LONG", event["ts"]) if m.files]
+    assert with_file.text == parts[-1] and with_file.files == [whole[0].file_id]
     posts = [c for c in slack.calls_to("chat.postMessage") if c.args.get("channel") == "C_LONG"]
-    assert len(posts) == 1 + len(parts) + 1  # status message + parts + the retried 429
+    assert len(posts) == 1 + len(parts) - 1 + 1  # status message + the parts before the last + the retried 429
 
 
 async def test_stop_button_interrupts_a_sleeping_cell(bot: Bot) -> None:
