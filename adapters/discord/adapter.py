@@ -14,11 +14,21 @@
 - Replicas: with ``discord.shard_count`` the client is discord.py's ``AutoShardedClient`` and
   runs ``discord.shard_ids`` (all shards when unset); Discord sends each replica only the
   events of its shards' guilds (DMs: shard 0), so replicas never see each other's messages.
+- Forum channels: a new post is a thread like any other; its starter message (which has the
+  post's id) opens the session when it mentions the bot, or always in ``discord.forum_channels``.
+  The post's title is part of the question.
+- Slash commands (:mod:`adapters.discord.slash`) are registered once READY, per guild in
+  ``discord.guild_ids`` (else globally), by the replica running shard 0. Every interaction is
+  deferred at once and answered afterwards; one that cannot be served gets one sentence.
+- Buttons survive a restart: Stop (a persistent view) and 👍/👎 (dynamic items) are registered
+  with the client at start-up and find their thread from the channel of the clicked message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,19 +39,25 @@ import yarl
 
 from adapters.base import AdapterStartError
 from adapters.discord import endpoints
+from adapters.discord.feedback import THANKS, feedback_item, feedback_view
 from adapters.discord.inbound import (
     PLATFORM,
+    attachment_of,
+    forum_question,
     is_bot_author,
     is_mentioned,
+    is_post_start,
     session_key,
     strip_mention,
     thread_name,
     to_inbound,
 )
-from adapters.discord.outbox import Conversation, DiscordOutbox
+from adapters.discord.interactions import InteractionReplies
+from adapters.discord.outbox import STOPPED, Conversation, DiscordOutbox, StopView
+from adapters.discord.slash import CommandTree, build_tree
 from adapters.tasks import BackgroundTasks
 from bot.config import DiscordSettings
-from bot.events import ThreadKey
+from bot.events import Attachment, InboundMessage, ThreadKey
 
 if TYPE_CHECKING:
     from bot.dispatcher import Dispatcher
@@ -56,6 +72,17 @@ NO_THREAD_PERMISSION = (
     "I can't open a thread for this here: I need the **Create Public Threads** and **Send Messages in "
     "Threads** permissions in this channel."
 )
+NOT_ALLOWED = "Sorry, Threadbook is not enabled for you here."
+OUTSIDE_SESSION = "This command works inside a Threadbook thread or a DM with me; `/ask` opens a thread."
+HELP_OUTSIDE_SESSION = (
+    "**Threadbook** runs Python for you: `/ask` (or mention me) in a channel and I open a thread with its own "
+    "kernel, where I write and run the code and post the answer, charts and files. Inside that thread, "
+    "`/files`, `/status`, `/export` and `/reset` work."
+)
+ASK_NOWHERE = "`/ask` works in a text channel, a thread or a DM with me."
+NO_ANSWER = "⚠️ I could not answer that; please try again."
+RESTARTING = "🔁 I'm restarting; please try again in a minute."
+_ASKED_LIMIT = 1800  # of the question shown in the command's reply (a message holds 2,000)
 
 
 class DiscordStartError(AdapterStartError):
@@ -99,6 +126,8 @@ class DiscordAdapter:
         self._tasks = BackgroundTasks(log, "Discord")
         self._undo_endpoints: Callable[[], None] | None = None
         self._stopping = False
+        self._tree: CommandTree | None = None
+        self._feedback_item = feedback_item(self._feedback_clicked)
 
     @property
     def client(self) -> discord.Client:
@@ -130,6 +159,9 @@ class DiscordAdapter:
             if self._settings.shard_ids is not None:  # unset: this replica runs every shard
                 options["shard_ids"] = list(self._settings.shard_ids)
             self._client = _ShardedClient(self, shard_count=self._settings.shard_count, **options)
+        self._tree = build_tree(self._client, self)
+        self._client.add_view(StopView(self._stop_clicked))  # a Stop on a status from before a restart
+        self._client.add_dynamic_items(self._feedback_item)
         self._cdn = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60))
         try:
             await self._client.login(self._settings.token.get_secret_value())
@@ -143,6 +175,7 @@ class DiscordAdapter:
         ready = asyncio.create_task(self._client.wait_until_ready())
         await asyncio.wait({ready, self._connection}, return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
+            await self._sync_commands()
             return
         ready.cancel()
         error = None if self._connection.cancelled() else self._connection.exception()
@@ -195,11 +228,192 @@ class DiscordAdapter:
             me = self.client.user
             assert me is not None
             inbound = to_inbound(message, key=key, bot_id=me.id, download=self._download)
-            conversation = Conversation(channel=channel, source=message, me=me, key=key, stop_turn=self._dispatcher.stop)
-            outbox = DiscordOutbox(conversation, upload_limit=self._upload_limit, status_interval_s=self._status_interval_s)
-            await self._dispatcher.handle(inbound, outbox)
+            if isinstance(channel, discord.Thread) and is_post_start(message, channel):
+                inbound = self._forum_post(inbound, channel)
+            await self._dispatcher.handle(inbound, self._outbox(channel, message, key, turn_id=inbound.message_id))
         except Exception:
             log.exception("handling Discord message %s failed", message.id)
+
+    def _forum_post(self, inbound: InboundMessage, thread: discord.Thread) -> InboundMessage:
+        """The starter message of a forum post asks the post's title too; in ``discord.forum_channels``
+        it opens a session without a mention."""
+        listed = thread.parent_id in self._settings.forum_channels
+        if not listed and not isinstance(thread.parent, discord.ForumChannel):
+            return inbound  # a thread opened from a message: its first message is not a post
+        return dataclasses.replace(inbound, text=forum_question(thread.name, inbound.text),
+                                   mentioned=inbound.mentioned or listed)
+
+    def _outbox(self, channel: discord.abc.Messageable, source: discord.PartialMessage, key: ThreadKey, *,
+                turn_id: str) -> DiscordOutbox:
+        """Where the answers to the question ``turn_id`` (shown by ``source``) go: ``channel``."""
+        me = self.client.user
+        assert me is not None
+        conversation = Conversation(channel=channel, source=source, me=me, key=key, stop_turn=self._dispatcher.stop)
+        return DiscordOutbox(conversation, upload_limit=self._upload_limit, status_interval_s=self._status_interval_s,
+                             turn_id=turn_id, feedback=functools.partial(feedback_view, self._feedback_item))
+
+    # ---- slash commands ------------------------------------------------------------------
+
+    async def _sync_commands(self) -> None:
+        """Register the slash commands: per guild in ``discord.guild_ids`` (at once), else globally.
+        Only the replica running shard 0 does it; a refusal is logged, never fatal."""
+        assert self._tree is not None
+        if self._settings.shard_ids is not None and 0 not in self._settings.shard_ids:
+            return
+        targets: list[discord.Object | None] = [discord.Object(id=g) for g in self._settings.guild_ids] or [None]
+        for guild in targets:
+            if guild is not None:
+                self._tree.copy_global_to(guild=guild)
+            where = f"guild {guild.id}" if guild is not None else "all guilds"
+            try:
+                commands = await self._tree.sync(guild=guild)
+                log.info("Discord: %d slash command(s) registered for %s", len(commands), where)
+            except discord.Forbidden as exc:
+                log.warning("Discord: could not register the slash commands for %s (%s): invite the bot with the "
+                            "applications.commands scope (docs/discord-setup.md)", where, exc.text)
+            except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+                log.warning("Discord: could not register the slash commands for %s: %r", where, exc)
+
+    async def in_thread(self, interaction: discord.Interaction, text: str) -> None:
+        """A slash command that runs in the current thread (``/status`` → ``status``): deferred
+        at once, then handled like the message ``text`` in that thread; its answers are followups."""
+        if await self._defer(interaction):
+            self._tasks.spawn(self._command(interaction, text), name=f"discord-command-{interaction.id}")
+
+    async def ask(self, interaction: discord.Interaction, question: str, attachment: discord.Attachment | None) -> None:
+        """``/ask``: deferred at once; then a thread opens (in a text channel) as for a mention."""
+        if await self._defer(interaction):
+            self._tasks.spawn(self._ask(interaction, question, attachment), name=f"discord-ask-{interaction.id}")
+
+    async def _defer(self, interaction: discord.Interaction) -> bool:
+        """Acknowledge the interaction (Discord shows "thinking…"); False when it cannot be served."""
+        try:
+            if self._stopping:
+                await interaction.response.send_message(RESTARTING, ephemeral=True)
+                return False
+            await interaction.response.defer(thinking=True)
+            return True
+        except discord.HTTPException as exc:  # expired (over 3 s) or answered by another replica
+            log.warning("could not acknowledge Discord interaction %s: %s", interaction.id, exc)
+            return False
+
+    async def _command(self, interaction: discord.Interaction, text: str) -> None:
+        replies = InteractionReplies(interaction, upload_limit=self._upload_limit)
+        try:
+            channel = await self._interaction_channel(interaction)
+            if not isinstance(channel, (discord.Thread, discord.DMChannel)):
+                await replies.say(HELP_OUTSIDE_SESSION if text == "help" else OUTSIDE_SESSION)
+                return
+            key = session_key(channel)
+            if not self._dispatcher.admits(platform=PLATFORM, channel=key.channel, user_id=str(interaction.user.id)):
+                await replies.say(NOT_ALLOWED)
+                return
+            await self._dispatcher.handle(self._interaction_message(interaction, key, text), replies)
+        except Exception:
+            log.exception("Discord command %r (interaction %s) failed", text, interaction.id)
+        finally:
+            if not replies.answered:
+                await replies.say(NO_ANSWER)
+
+    async def _ask(self, interaction: discord.Interaction, question: str, attachment: discord.Attachment | None) -> None:
+        answered = False
+        try:
+            channel = await self._interaction_channel(interaction)
+            if not isinstance(channel, (discord.Thread, discord.DMChannel, discord.TextChannel)):
+                answered = await self._edit_answer(interaction, ASK_NOWHERE)
+                return
+            future_key = session_key(channel) if not isinstance(channel, discord.TextChannel) else None
+            allow_channel = future_key.channel if future_key is not None else str(channel.id)
+            if not self._dispatcher.admits(platform=PLATFORM, channel=allow_channel, user_id=str(interaction.user.id)):
+                answered = await self._edit_answer(interaction, NOT_ALLOWED)
+                return
+            asked = f"❓ **{interaction.user.display_name}** asked: {_cut(question.strip(), _ASKED_LIMIT)}"
+            if attachment is not None:
+                asked += f" 📎 `{attachment.filename}`"
+            source = await interaction.edit_original_response(content=asked)
+            answered = True
+            if isinstance(channel, discord.TextChannel):
+                names = [attachment.filename] if attachment is not None else []
+                try:
+                    thread = await source.create_thread(name=thread_name(question, names),
+                                                        auto_archive_duration=THREAD_ARCHIVE_MINUTES)
+                except discord.Forbidden as exc:
+                    log.warning("no permission to open a thread in channel %s: %s", channel.id, exc.text)
+                    await self._edit_answer(interaction, NO_THREAD_PERMISSION)
+                    return
+                await self._edit_answer(interaction, f"{asked}\n🧵 {thread.mention}")
+                session: discord.Thread | discord.DMChannel = thread
+            else:
+                session = channel
+            key = session_key(session)
+            attachments = (attachment_of(attachment, self._download),) if attachment is not None else ()
+            inbound = self._interaction_message(interaction, key, question.strip(), attachments=attachments)
+            await self._dispatcher.handle(inbound, self._outbox(session, source, key, turn_id=inbound.message_id))
+        except Exception:
+            log.exception("Discord /ask (interaction %s) failed", interaction.id)
+            if not answered:
+                await self._edit_answer(interaction, NO_ANSWER)
+
+    def _interaction_message(self, interaction: discord.Interaction, key: ThreadKey, text: str, *,
+                             attachments: tuple[Attachment, ...] = ()) -> InboundMessage:
+        """The message a slash command stands for: its id is the interaction's (so feedback and
+        the dispatcher's dedupe refer to it)."""
+        return InboundMessage(key=key, message_id=str(interaction.id), user_id=str(interaction.user.id),
+                              user_name=interaction.user.display_name, text=text, attachments=attachments,
+                              mentioned=True, is_dm=key.workspace == "dm", is_bot=interaction.user.bot)
+
+    async def _edit_answer(self, interaction: discord.Interaction, text: str) -> bool:
+        """Make ``text`` the interaction's answer (its deferred message); True when it went through."""
+        try:
+            await interaction.edit_original_response(content=text)
+            return True
+        except discord.HTTPException as exc:
+            log.warning("could not answer Discord interaction %s: %s", interaction.id, exc)
+            return False
+
+    async def _interaction_channel(self, interaction: discord.Interaction) -> Any:
+        """The channel an interaction came from, fetched when discord.py only knows its id."""
+        channel: Any = interaction.channel
+        if (channel is None or isinstance(channel, discord.PartialMessageable)) and interaction.channel_id is not None:
+            channel = await self.client.fetch_channel(interaction.channel_id)
+        return channel
+
+    # ---- buttons -------------------------------------------------------------------------
+
+    async def _stop_clicked(self, interaction: discord.Interaction) -> None:
+        """Stop on a status message no running progress of this process owns (posted before a
+        restart, or by another replica): stop the thread's turn wherever it runs."""
+        try:
+            await interaction.response.defer()
+            channel = await self._interaction_channel(interaction)
+            if not isinstance(channel, (discord.Thread, discord.DMChannel)):
+                return
+            key = session_key(channel)
+            stopped = await self._dispatcher.stop(key)
+            log.info("Stop pressed by %s in %s after a restart (turn running: %s)", interaction.user.id, key, stopped)
+            message = interaction.message
+            if message is None:
+                return
+            if stopped:
+                await message.edit(content=f"{STOPPED} Stopping…", view=None)
+            elif message.content.startswith("⏳"):
+                await message.edit(content=f"{STOPPED} Not running any more.", view=None)
+        except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+            log.warning("handling Stop in channel %s failed: %r", interaction.channel_id, exc)
+
+    async def _feedback_clicked(self, interaction: discord.Interaction, turn_id: str, good: bool) -> None:
+        """👍/👎: thank the user at once (ephemeral), then record the vote for the thread's turn."""
+        try:
+            await interaction.response.send_message(THANKS, ephemeral=True)
+        except discord.HTTPException as exc:
+            log.warning("could not acknowledge feedback %s: %s", interaction.id, exc)
+        try:
+            channel = await self._interaction_channel(interaction)
+        except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
+            log.warning("feedback on %s: no channel: %r", turn_id, exc)
+            return
+        if isinstance(channel, (discord.Thread, discord.DMChannel)):
+            await self._dispatcher.feedback(session_key(channel), turn_id, str(interaction.user.id), good)
 
     async def _session_channel(self, message: discord.Message) -> discord.Thread | discord.DMChannel | None:
         """The thread or DM the session lives in; opens a thread for a mention in a text channel."""
@@ -242,3 +456,7 @@ class DiscordAdapter:
                 raise DiscordFileError(f"downloading {yarl.URL(url).name!r} failed: HTTP {response.status}")
             async for chunk in response.content.iter_chunked(_CHUNK):
                 yield chunk
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"

@@ -73,14 +73,29 @@ def to_inbound(message: discord.Message, *, key: ThreadKey, bot_id: int, downloa
         user_id=str(message.author.id),
         user_name=message.author.display_name,
         text=strip_mention(message.content, bot_id),
-        attachments=tuple(_attachment(item, download) for item in message.attachments),
+        attachments=tuple(attachment_of(item, download) for item in message.attachments),
         mentioned=is_mentioned(message, bot_id),
         is_dm=isinstance(message.channel, discord.DMChannel),
         is_bot=is_bot_author(message),
     )
 
 
-def _attachment(item: discord.Attachment, download: Downloader) -> Attachment:
+def forum_question(title: str, body: str) -> str:
+    """The question a forum post asks: its title, then its text (the title alone when the text
+    adds nothing, e.g. only a mention)."""
+    title, body = title.strip(), body.strip()
+    if not title or title == _DEFAULT_THREAD_NAME or body.startswith(title):
+        return body
+    return f"{title}\n\n{body}" if body else title
+
+
+def is_post_start(message: discord.Message, thread: discord.Thread) -> bool:
+    """True for the starter message of a forum post (it has the post's id)."""
+    return message.id == thread.id
+
+
+def attachment_of(item: discord.Attachment, download: Downloader) -> Attachment:
+    """The core's :class:`Attachment` for a Discord attachment (fetched from the CDN on demand)."""
     def fetch() -> AsyncIterator[bytes]:
         return download(item.url)
 

@@ -1,4 +1,11 @@
-"""Answer in one Discord thread: split text, attachments, a live status with a Stop button, reactions."""
+"""Answer in one Discord thread: split text, attachments, a live status with a Stop button, reactions,
+👍/👎 under an answer.
+
+The Stop button's custom id is the same on every status message (:data:`STOP_ID`): the message's
+own view handles it while its turn runs in this process, and the persistent view the adapter
+registers at start-up (:class:`StopView` without a message) handles it after a restart, taking the
+thread from the channel the message is in.
+"""
 
 from __future__ import annotations
 
@@ -12,18 +19,21 @@ from dataclasses import dataclass
 import aiohttp
 import discord
 
-from adapters.discord.uploads import Upload, open_files, plan_uploads, release
-from adapters.textsplit import split_markdown
+from adapters.discord.replies import MESSAGE_LIMIT, message_extras, send_reply, send_text
 from bot.events import Reply, ThreadKey
 
 log = logging.getLogger(__name__)
 
-MESSAGE_LIMIT = 2000
+__all__ = ["MESSAGE_LIMIT", "STOP_ID", "Conversation", "DiscordOutbox", "DiscordProgress", "StopView"]
+
+STOP_ID = "threadbook:stop"
 TYPING_EVERY_S = 8.0  # Discord shows "typing…" for about 10 s per trigger
 WORKING, DONE, FAILED, STOPPED = "👀", "✅", "❌", "⏹️"
 
 #: Interrupts the running turn of a thread; True if one was running.
 StopTurn = Callable[[ThreadKey], Awaitable[bool]]
+#: The 👍/👎 buttons for the answer to the question with this id.
+FeedbackButtons = Callable[[str], discord.ui.View]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +48,9 @@ class Conversation:
 
 
 class StopView(discord.ui.View):
-    """The Stop button under the status message."""
+    """The Stop button under the status message (persistent: no timeout, a fixed custom id)."""
 
-    def __init__(self, on_stop: Callable[[discord.Interaction], Awaitable[None]], *, custom_id: str) -> None:
+    def __init__(self, on_stop: Callable[[discord.Interaction], Awaitable[None]], *, custom_id: str = STOP_ID) -> None:
         super().__init__(timeout=None)
         self._on_stop = on_stop
         button: discord.ui.Button[StopView] = discord.ui.Button(
@@ -71,7 +81,7 @@ class DiscordProgress:
         """React 👀, start typing, post the status with its Stop button."""
         await _quietly(self._to.source.add_reaction(WORKING), "add 👀")
         self._typing = asyncio.create_task(self._keep_typing())
-        self._view = StopView(self._on_stop, custom_id=f"threadbook:stop:{self._to.source.id}")
+        self._view = StopView(self._on_stop)
         self._latest = status
         try:
             self._message = await self._to.channel.send(f"⏳ {status}", view=self._view)
@@ -139,54 +149,34 @@ class DiscordProgress:
 class DiscordOutbox:
     """Where the core's answers to one Discord message go: the session's thread (or DM)."""
 
-    def __init__(self, conversation: Conversation, *, upload_limit: int, status_interval_s: float = 1.5) -> None:
+    def __init__(self, conversation: Conversation, *, upload_limit: int, status_interval_s: float = 1.5,
+                 turn_id: str | None = None, feedback: FeedbackButtons | None = None) -> None:
+        """``turn_id``: the question's id, which 👍/👎 clicks refer to; ``feedback`` makes those
+        buttons (either None: no buttons)."""
         self._to = conversation
         self._upload_limit = upload_limit
         self._status_interval_s = status_interval_s
+        self._turn_id = turn_id
+        self._feedback = feedback
 
     async def notify(self, text: str) -> None:
         """Post a short notice into the thread."""
-        await self._send_text(text)
+        await send_text(self._send, text)
 
     async def post(self, reply: Reply) -> None:
-        """Post the text (split at 2,000 characters), then images and files in upload-sized batches."""
-        await self._send_text(reply.text)
-        plan = await plan_uploads(reply.images, reply.files, self._upload_limit)
-        notes = list(plan.notes)
-        try:
-            for batch in plan.batches:
-                notes.extend(await self._send_batch(batch))
-        finally:
-            await asyncio.to_thread(plan.close)
-        if notes:
-            await self._send_text("\n".join(notes))
+        """Post the reply: text in 2,000-character chunks, the last one carrying the images and
+        files (further ones follow in upload-sized batches) and, under an answer, 👍/👎."""
+        view = None
+        if reply.rateable and self._turn_id is not None and self._feedback is not None:
+            view = self._feedback(self._turn_id)
+        await send_reply(self._send, reply, upload_limit=self._upload_limit, view=view, where=self._to.key)
 
     def progress(self) -> DiscordProgress:
         """A progress handle for this turn."""
         return DiscordProgress(self._to, interval_s=self._status_interval_s)
 
-    async def _send_batch(self, batch: list[Upload]) -> list[str]:
-        """Send one message of attachments (streamed from their readers); returns notes for the user."""
-        files, unreadable = await asyncio.to_thread(open_files, batch)
-        notes = [f"📄 `{name}` could not be read any more." for name in unreadable]
-        if not files:
-            return notes
-        names = ", ".join(f"`{file.filename}`" for file in files)
-        try:
-            await self._to.channel.send(files=files)
-        except discord.HTTPException as exc:
-            log.warning("uploading %s to %s failed: %s", names, self._to.key, exc)
-            notes.append(f"⚠️ Could not upload {names}: {exc.text or exc.status}.")
-        except (aiohttp.ClientError, OSError) as exc:  # a reader that broke mid-upload, a dropped connection
-            log.warning("uploading %s to %s failed: %r", names, self._to.key, exc)
-            notes.append(f"⚠️ Could not upload {names}: the upload broke off.")
-        finally:
-            await asyncio.to_thread(release, files)
-        return notes
-
-    async def _send_text(self, text: str) -> None:
-        for chunk in split_markdown(text, MESSAGE_LIMIT):
-            await self._to.channel.send(chunk)
+    async def _send(self, text: str | None, files: list[discord.File], view: discord.ui.View | None) -> None:
+        await self._to.channel.send(text, **message_extras(files, view))
 
 
 async def _quietly(action: Awaitable[object], what: str) -> None:

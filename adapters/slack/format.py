@@ -3,21 +3,21 @@
 Pure functions, no I/O. Code blocks and inline code keep their content (only Slack's three
 control characters are escaped there); prose gets bold, italics, strike-through, links,
 headings, bullets and tables translated. Slack shows a fence's language tag as text, so it is
-dropped; a Markdown table becomes a code block, the only way Slack keeps its columns aligned.
+dropped; a Markdown table becomes an aligned code block (:mod:`adapters.tables`), the only way
+Slack keeps its columns aligned.
 """
 
 from __future__ import annotations
 
 import re
 
+from adapters.tables import table_at
 from adapters.textsplit import split_markdown
 
 #: Slack rejects or truncates longer messages in practice (KERNELS.md: "~4k").
 MESSAGE_LIMIT = 3_800
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+.#-]*)\s*$")
-_TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
-_TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
 _INLINE_CODE = re.compile(r"(`+)(.+?)\1")
 _LINK = re.compile(r"!?\[([^\]\n]+)\]\((\S+?)(?:\s+\"[^\"]*\")?\)")
 _AUTOLINK = re.compile(r"&lt;(https?://[^\s&]+)&gt;")
@@ -52,14 +52,12 @@ def to_mrkdwn(markdown: str) -> str:
             out.append(_code_block(body))
             i += 1  # skip the closing fence (or run past the end of an unclosed block)
             continue
-        if _TABLE_ROW.match(line) and i + 1 < len(lines) and _TABLE_RULE.match(lines[i + 1]):
+        table = table_at(lines, i)
+        if table is not None:
             out.extend(_prose(prose))
             prose = []
-            table: list[str] = []
-            while i < len(lines) and _TABLE_ROW.match(lines[i]):
-                table.append(lines[i].strip())
-                i += 1
-            out.append(_code_block(table))
+            rows, i = table
+            out.append(_code_block(rows))
             continue
         prose.append(line)
         i += 1

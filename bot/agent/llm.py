@@ -16,6 +16,7 @@ right before they are sent, whatever the stored history holds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -244,7 +245,14 @@ class LLMClient:
             log.warning("the LLM server sent no chunks for a streamed request; asking without streaming from now on")
             self._stream_refused = True
             return None
-        return reply.completion()
+        completion = reply.completion()
+        if not reply.usage_reported:
+            # Some servers (llama-cpp-python) ignore stream_options.include_usage: count about
+            # four characters a token rather than nothing, so usage and budgets see the turn.
+            sent = len(json.dumps(body["messages"], ensure_ascii=False))
+            written = len(completion.content or "") + sum(len(c.arguments) for c in completion.tool_calls)
+            completion = dataclasses.replace(completion, usage=Usage(sent // 4, max(1, written // 4)))
+        return completion
 
 
 def _retryable(exc: openai.OpenAIError) -> bool:
@@ -315,6 +323,7 @@ class _StreamedReply:
     #: index → [id, name, argument pieces]
     calls: dict[int, list[Any]] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
+    usage_reported: bool = False
     finish_reason: str | None = None
     chunks: int = 0
 
@@ -327,6 +336,7 @@ class _StreamedReply:
         """Take one chunk in; True when it added text."""
         if (reported := getattr(chunk, "usage", None)) is not None:
             self.usage = Usage(getattr(reported, "prompt_tokens", 0) or 0, getattr(reported, "completion_tokens", 0) or 0)
+            self.usage_reported = True
         choices = getattr(chunk, "choices", None) or []
         if not choices:
             return False

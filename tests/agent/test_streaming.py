@@ -113,3 +113,15 @@ async def _nothing() -> None:
 
 def _printed(text: str) -> ExecutionResult:
     return ExecutionResult(streams=[StreamChunk("stdout", text + "\n")])
+
+
+async def test_a_stream_without_usage_is_counted_by_its_length(scripted_openai: ScriptedOpenAI) -> None:
+    # llama-cpp-python ignores stream_options.include_usage: a turn must still count.
+    scripted_openai.strict = Strictness(omit_usage=True)
+    scripted_openai.script(answer("x" * 400))
+    client = LLMClient(llm_settings(scripted_openai))
+    try:
+        reply = await client.complete(MESSAGES, on_text=lambda text: _nothing())
+    finally:
+        await client.close()
+    assert reply.usage.completion_tokens == 100 and reply.usage.prompt_tokens > 0

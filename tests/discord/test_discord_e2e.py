@@ -96,7 +96,7 @@ async def test_mention_with_csv_opens_thread_with_chart_and_follow_up_reuses_var
     chart = await fake.wait_for_sent(thread_id, lambda s: any(f.name.endswith(".png") for f in s.files))
     image = Image.open(io.BytesIO(chart.files[0].data))
     assert image.format == "PNG" and image.width > 100
-    assert answer_msg.id < chart.id  # text first, then the chart
+    assert answer_msg.id == chart.id  # the chart arrives in the same message as its answer
     # Everything went into the thread: nothing the bot wrote landed in #general.
     assert CHANNEL_ID not in fake.sent
     assert fake.cdn_downloads == ["sales.csv"]

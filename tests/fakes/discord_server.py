@@ -18,7 +18,20 @@ second one (``SECOND_GUILD_ID``, ``SECOND_CHANNEL_ID``) on the other shard of tw
 (``BOT_ID``; also the application id), a human (``USER``) and another bot (``OTHER_BOT``).
 DM channels come from :meth:`FakeDiscord.dm_channel`, user-made threads from
 :meth:`FakeDiscord.user_thread`; :meth:`FakeDiscord.edit_user_message` dispatches MESSAGE_UPDATE and
-:meth:`FakeDiscord.redeliver` a duplicate MESSAGE_CREATE.
+:meth:`FakeDiscord.redeliver` a duplicate MESSAGE_CREATE. Forum channels (type 15) come from
+:meth:`FakeDiscord.forum_channel` (made before the client connects, they are in GUILD_CREATE;
+after, CHANNEL_CREATE is dispatched), their posts from :meth:`FakeDiscord.forum_post`
+(THREAD_CREATE, then the starter MESSAGE_CREATE, whose id is the post's).
+
+Interactions: :meth:`FakeDiscord.press_button` (type 3, a component) and
+:meth:`FakeDiscord.slash_command` (type 2, with options and resolved attachments) dispatch
+INTERACTION_CREATE; each callback is recorded with its type and how long after the interaction
+it arrived (``callbacks``). A callback of type 4 or 5 (a message, or "thinking…") creates the
+interaction's original message; followups (``POST webhooks/{app}/{token}``) and edits of the
+original (``PATCH webhooks/{app}/{token}/messages/@original``) are messages in the interaction's
+channel too, in ``sent`` with ``interaction_id`` set. Slash command registrations
+(``PUT applications/{app}/commands``, ``PUT applications/{app}/guilds/{guild}/commands``) are kept
+in ``registered_commands`` (key: the guild id, None for global ones).
 
 Gateway (``/gateway``, JSON encoding, ``compress=zlib-stream`` honoured as discord.py asks):
 HELLO → client heartbeats (ACKed) → IDENTIFY (token checked, close 4004 otherwise) → READY
@@ -34,7 +47,8 @@ REST (``/api/v10``): ``GET users/@me``, ``GET oauth2/applications/@me``, ``GET g
 ``upload_limit`` answer 413 like Discord), ``PATCH``/``DELETE channels/{c}/messages/{m}``,
 ``POST channels/{c}/messages/{m}/threads`` (the thread id equals the message id; THREAD_CREATE
 is dispatched), ``PUT``/``DELETE channels/{c}/messages/{m}/reactions/{emoji}/@me``,
-``POST channels/{c}/typing``, ``POST interactions/{id}/{token}/callback``. Messages the bot posts
+``POST channels/{c}/typing``, ``POST interactions/{id}/{token}/callback``, the interaction webhooks
+and command registrations above. Messages the bot posts
 are echoed back as MESSAGE_CREATE, like Discord does. Any other route answers 404 and is listed
 in ``unknown_routes``. ``fail_next(method, pattern, status)`` makes the next matching request
 fail (403 with a Discord error body, or 429 with ``retry_after`` and a ``Via`` header so
@@ -53,6 +67,7 @@ import asyncio
 import itertools
 import json
 import re
+import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -84,6 +99,11 @@ OTHER_BOT: dict[str, Any] = {"id": str(OTHER_BOT_ID), "username": "otherbot", "d
 _HEARTBEAT_MS = 41_250
 _PUBLIC_THREAD = 11
 _DM = 1
+_FORUM = 15
+_EPHEMERAL = 64
+#: Application command option types the fake knows (Discord's numbers).
+OPTION_TYPES = {str: 3, int: 4, bool: 5}
+_ATTACHMENT_OPTION = 11
 
 
 @dataclass
@@ -106,11 +126,30 @@ class Sent:
     edits: list[str] = field(default_factory=list)
     deleted: bool = False
     content_length: int | None = None  # the request's Content-Length header (None: sent chunked)
+    interaction_id: int | None = None  # set for an interaction's original message and its followups
+    original: bool = False  # the interaction's original (deferred) message, not a followup
+    ephemeral: bool = False  # only the user of the interaction sees it
 
     @property
     def custom_ids(self) -> list[str]:
         """The custom ids of the buttons currently on the message."""
         return [c["custom_id"] for row in self.components for c in row.get("components", []) if "custom_id" in c]
+
+
+@dataclass
+class Callback:
+    """An interaction callback: its type (5: deferred "thinking…", 6: deferred update, 4: a
+    message), its data, and how many seconds after the interaction was dispatched it arrived."""
+
+    interaction_id: int
+    type: int
+    data: dict[str, Any]
+    after_s: float
+
+    @property
+    def ephemeral(self) -> bool:
+        """Whether only the user sees the answer."""
+        return bool(self.data.get("flags", 0) & _EPHEMERAL)
 
 
 @dataclass
@@ -186,6 +225,10 @@ class FakeDiscord:
         self.reaction_log: list[tuple[str, int, str]] = []  # ("add"|"remove", message id, emoji)
         self.typing: list[int] = []
         self.interaction_responses: list[dict[str, Any]] = []
+        self.callbacks: list[Callback] = []
+        #: Slash commands as registered: guild id (None: global) → the commands of the last PUT.
+        self.registered_commands: dict[int | None, list[dict[str, Any]]] = {}
+        self._interactions: dict[int, tuple[dict[str, Any], float]] = {}  # id → (payload, dispatched at)
         self.gateway_queries: list[str] = []
         self.identifies = 0
         #: The ``shard`` field of each IDENTIFY, in order (None: unsharded).
@@ -310,8 +353,104 @@ class FakeDiscord:
             interaction["member"] = self._member(user)
         else:
             interaction["user"] = user
-        await self._dispatch("INTERACTION_CREATE", interaction)
+        await self._dispatch_interaction(interaction)
         return interaction
+
+    async def slash_command(
+        self,
+        name: str,
+        options: dict[str, Any] | None = None,
+        *,
+        channel_id: int | str = CHANNEL_ID,
+        user: dict[str, Any] = USER,
+        files: dict[str, tuple[str, bytes]] | None = None,
+    ) -> dict[str, Any]:
+        """Use the slash command ``name`` in ``channel_id``; dispatch INTERACTION_CREATE (type 2).
+
+        ``options``: string, integer and boolean options by name; ``files``: attachment options
+        by name, as (filename, bytes), served by the CDN and listed in ``resolved``. Returns the
+        interaction payload.
+        """
+        channel_id = int(channel_id)
+        channel = self._channels[channel_id]
+        guild_id = channel.get("guild_id")
+        registered = self.registered_commands.get(int(guild_id) if guild_id else None) \
+            or self.registered_commands.get(None, [])
+        command = next((c for c in registered if c["name"] == name), None)
+        interaction_id = next(self._ids)
+        data: dict[str, Any] = {"id": command["id"] if command else str(next(self._ids)), "name": name, "type": 1,
+                                "options": [{"name": k, "type": OPTION_TYPES[type(v)], "value": v}
+                                            for k, v in (options or {}).items()]}
+        if files:
+            attachments = {}
+            for option, (filename, content) in files.items():
+                attachment = self._store_attachment(channel_id, filename, content)
+                attachments[attachment["id"]] = attachment
+                data["options"].append({"name": option, "type": _ATTACHMENT_OPTION, "value": attachment["id"]})
+            data["resolved"] = {"attachments": attachments}
+        if guild_id:
+            data["guild_id"] = guild_id
+        interaction: dict[str, Any] = {
+            "id": str(interaction_id), "application_id": str(BOT_ID), "type": 2, "version": 1,
+            "token": f"itoken-{interaction_id}", "channel_id": str(channel_id), "channel": channel, "data": data,
+            "locale": "en-US", "app_permissions": "0", "attachment_size_limit": self.upload_limit,
+            "entitlements": [], "authorizing_integration_owners": {"0": guild_id or "0"},
+            "context": 0 if guild_id else 1,
+        }
+        if guild_id:
+            interaction["guild_id"] = guild_id
+            interaction["member"] = self._member(user)
+        else:
+            interaction["user"] = user
+        await self._dispatch_interaction(interaction)
+        return interaction
+
+    def forum_channel(self, name: str = "questions") -> int:
+        """A forum channel in the guild; returns its id. Made before the client connects it is
+        part of GUILD_CREATE; after, use :meth:`announce_channel`."""
+        channel_id = next(self._ids)
+        self._channels[channel_id] = {
+            **self._text_channel(channel_id), "type": _FORUM, "name": name, "available_tags": [],
+            "default_reaction_emoji": None, "default_thread_rate_limit_per_user": 0, "default_sort_order": None,
+            "default_forum_layout": 0, "flags": 0,
+        }
+        return channel_id
+
+    async def announce_channel(self, channel_id: int) -> None:
+        """Dispatch CHANNEL_CREATE for a channel made while a client is connected."""
+        await self._dispatch("CHANNEL_CREATE", self._channels[channel_id])
+
+    async def forum_post(
+        self,
+        forum_id: int,
+        title: str,
+        content: str,
+        *,
+        author: dict[str, Any] = USER,
+        mention_bot: bool = False,
+        files: list[tuple[str, bytes]] | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        """A new post in a forum: THREAD_CREATE, then its starter message (MESSAGE_CREATE, same id).
+
+        Returns the post's (thread's) id and the starter message.
+        """
+        assert self._channels[forum_id]["type"] == _FORUM, f"{forum_id} is not a forum channel"
+        thread_id = next(self._ids)
+        thread = self._thread_payload(thread_id, forum_id, title, owner_id=int(author["id"]))
+        thread["applied_tags"] = []
+        self._channels[thread_id] = thread
+        await self._dispatch("THREAD_CREATE", {**thread, "newly_created": True})
+        if mention_bot:
+            content = f"<@{BOT_ID}> {content}"
+        message = self._message_payload(thread_id, author, content, message_id=thread_id)
+        message["mentions"] = [BOT_USER] if mention_bot else []
+        message["attachments"] = [self._store_attachment(thread_id, name, data) for name, data in files or []]
+        await self._dispatch("MESSAGE_CREATE", message)
+        return thread_id, message
+
+    def interaction_messages(self, interaction_id: int | str) -> list[Sent]:
+        """The original message and the followups of an interaction, in order (ephemeral ones included)."""
+        return [s for s in self.all_sent() if s.interaction_id == int(interaction_id)]
 
     async def request_reconnect(self) -> None:
         """Ask the connected client to reconnect (gateway op 7)."""
@@ -405,6 +544,10 @@ class FakeDiscord:
                     await conn.send(event)
             await self._send(session, "RESUMED", {})
 
+    async def _dispatch_interaction(self, interaction: dict[str, Any]) -> None:
+        self._interactions[int(interaction["id"])] = (interaction, time.monotonic())
+        await self._dispatch("INTERACTION_CREATE", interaction)
+
     async def _dispatch(self, event: str, data: dict[str, Any]) -> None:
         """Send an event to the connection that serves its guild (see the module docstring)."""
         if self._session is None:
@@ -439,7 +582,8 @@ class FakeDiscord:
     async def _rest(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["tail"]
         self.requests.append(f"{request.method} {path}")
-        if request.headers.get("Authorization") != f"Bot {self.token}" and not path.startswith("/interactions/"):
+        if request.headers.get("Authorization") != f"Bot {self.token}" and not path.startswith(("/interactions/",
+                                                                                               "/webhooks/")):
             return _error(401, 0, "401: Unauthorized")
         for failure in self._failures:
             if failure.method == request.method and failure.pattern.search(path):
@@ -472,6 +616,11 @@ class FakeDiscord:
             ("DELETE", f"/channels/{c}/messages/{m}/reactions/([^/]+)/@me", self._remove_reaction),
             ("POST", f"/channels/{c}/typing", self._typing),
             ("POST", r"/interactions/(\d+)/([^/]+)/callback", self._interaction_callback),
+            ("PUT", r"/applications/(\d+)/commands", self._register_commands),
+            ("PUT", r"/applications/(\d+)/guilds/(\d+)/commands", self._register_commands),
+            ("POST", r"/webhooks/(\d+)/([^/]+)", self._followup),
+            ("PATCH", r"/webhooks/(\d+)/([^/]+)/messages/@original", self._edit_original),
+            ("GET", r"/webhooks/(\d+)/([^/]+)/messages/@original", self._get_original),
         ]
         return [(method, re.compile(pattern), handler) for method, pattern, handler in table]
 
@@ -496,17 +645,7 @@ class FakeDiscord:
         cid = int(channel_id)
         if cid not in self._channels:
             return _error(404, 10003, "Unknown Channel")
-        files: list[SentFile] = []
-        if request.content_type.startswith("multipart/"):
-            body: dict[str, Any] = {}
-            reader = await request.multipart()
-            async for part in reader:
-                if part.name == "payload_json":
-                    body = json.loads(await part.text())  # type: ignore[union-attr]
-                else:
-                    files.append(SentFile(part.filename or "file", bytes(await part.read())))  # type: ignore[union-attr]
-        else:
-            body = await request.json()
+        body, files = await _message_body(request)
         if any(len(f.data) > self.upload_limit for f in files):
             return _error(413, 40005, "Request entity too large")
         content = body.get("content") or ""
@@ -580,7 +719,90 @@ class FakeDiscord:
             return _error(401, 50027, "Invalid Webhook Token")
         body = await request.json()
         self.interaction_responses.append({"interaction_id": int(interaction_id), **body})
-        return _json({"interaction": {"id": interaction_id, "type": 3}})
+        found = self._interactions.get(int(interaction_id))
+        if found is None:
+            return _error(404, 10062, "Unknown interaction")
+        interaction, dispatched_at = found
+        if any(c.interaction_id == int(interaction_id) for c in self.callbacks):
+            return _error(400, 40060, "Interaction has already been acknowledged.")
+        data = body.get("data") or {}
+        self.callbacks.append(Callback(int(interaction_id), body["type"], data, time.monotonic() - dispatched_at))
+        answer: dict[str, Any] = {"id": interaction_id, "type": interaction["type"]}
+        if body["type"] in (4, 5):  # a message: the answer, or "thinking…" until it is edited
+            message = self._interaction_message(interaction, data.get("content") or "", [], original=True, body=data)
+            answer.update(response_message_id=message["id"], response_message_loading=body["type"] == 5,
+                          response_message_ephemeral=bool((data.get("flags") or 0) & _EPHEMERAL))
+        return _json({"interaction": answer})
+
+    async def _register_commands(self, request: web.Request, application_id: str,
+                                 guild_id: str | None = None) -> web.Response:
+        if int(application_id) != BOT_ID:
+            return _error(403, 50001, "Missing Access")
+        commands = []
+        for command in await request.json():
+            commands.append({"id": str(next(self._ids)), "application_id": application_id, "version": "1",
+                             "type": 1, "options": [], "default_member_permissions": None, "nsfw": False,
+                             **command, **({"guild_id": guild_id} if guild_id else {})})
+        self.registered_commands[int(guild_id) if guild_id else None] = commands
+        return _json(commands)
+
+    def _interaction_for(self, application_id: str, token: str) -> dict[str, Any] | None:
+        match = re.fullmatch(r"itoken-(\d+)", token)
+        found = self._interactions.get(int(match.group(1))) if match else None
+        return found[0] if found and int(application_id) == BOT_ID else None
+
+    def _interaction_message(self, interaction: dict[str, Any], content: str, files: list[SentFile], *,
+                             original: bool, body: dict[str, Any]) -> dict[str, Any]:
+        """A message of an interaction in its channel, recorded in ``sent`` (ephemeral ones too)."""
+        cid = int(interaction["channel_id"])
+        message = self._message_payload(cid, BOT_USER, content)
+        message.update(webhook_id=str(BOT_ID), application_id=str(BOT_ID), flags=body.get("flags") or 0,
+                       components=body.get("components") or [])
+        message["attachments"] = [self._store_attachment(cid, f.name, f.data) for f in files]
+        self.sent.setdefault(cid, []).append(Sent(int(message["id"]), cid, content, files, message["components"],
+                                                  interaction_id=int(interaction["id"]), original=original,
+                                                  ephemeral=bool(message["flags"] & _EPHEMERAL)))
+        return message
+
+    def _original(self, interaction_id: int) -> Sent | None:
+        return next((s for s in self.all_sent() if s.interaction_id == interaction_id and s.original), None)
+
+    async def _followup(self, request: web.Request, application_id: str, token: str) -> web.Response:
+        interaction = self._interaction_for(application_id, token)
+        if interaction is None:
+            return _error(401, 50027, "Invalid Webhook Token")
+        body, files = await _message_body(request)
+        content = body.get("content") or ""
+        if len(content) > 2000:
+            return _error(400, 50035, "Invalid Form Body: content: Must be 2000 or fewer in length.")
+        if not content and not files:
+            return _error(400, 50006, "Cannot send an empty message")
+        if any(len(f.data) > self.upload_limit for f in files):
+            return _error(413, 40005, "Request entity too large")
+        return _json(self._interaction_message(interaction, content, files, original=False, body=body))
+
+    async def _edit_original(self, request: web.Request, application_id: str, token: str) -> web.Response:
+        interaction = self._interaction_for(application_id, token)
+        if interaction is None:
+            return _error(401, 50027, "Invalid Webhook Token")
+        sent = self._original(int(interaction["id"]))
+        if sent is None:
+            return _error(404, 10008, "Unknown Message")
+        body, files = await _message_body(request)
+        message = self._messages[sent.id]
+        if "content" in body:
+            message["content"] = sent.content = body["content"] or ""
+            sent.edits.append(sent.content)
+        if "components" in body:
+            message["components"] = sent.components = body["components"] or []
+        sent.files.extend(files)
+        message["edited_timestamp"] = _now_iso()
+        return _json(message)
+
+    async def _get_original(self, request: web.Request, application_id: str, token: str) -> web.Response:
+        interaction = self._interaction_for(application_id, token)
+        sent = self._original(int(interaction["id"])) if interaction is not None else None
+        return _json(self._messages[sent.id]) if sent is not None else _error(404, 10008, "Unknown Message")
 
     async def _cdn_get(self, request: web.Request) -> web.Response:
         attachment_id = request.match_info["attachment"]
@@ -614,7 +836,7 @@ class FakeDiscord:
                 "permissions": "0"}
 
     def _guild(self, guild_id: int = GUILD_ID) -> dict[str, Any]:
-        mine = [c for c in self._channels.values() if c.get("guild_id") == str(guild_id) and c.get("type") == 0]
+        mine = [c for c in self._channels.values() if c.get("guild_id") == str(guild_id) and c.get("type") in (0, _FORUM)]
         return {
             "id": str(guild_id), "name": "Test Guild", "owner_id": str(USER_ID), "unavailable": False,
             "channels": mine, "threads": [t for t in self.threads.values() if t["guild_id"] == str(guild_id)],
@@ -627,8 +849,9 @@ class FakeDiscord:
             "explicit_content_filter": 0, "mfa_level": 0, "nsfw_level": 0, "system_channel_flags": 0,
         }
 
-    def _message_payload(self, channel_id: int, author: dict[str, Any], content: str) -> dict[str, Any]:
-        message_id = next(self._ids)
+    def _message_payload(self, channel_id: int, author: dict[str, Any], content: str, *,
+                         message_id: int | None = None) -> dict[str, Any]:
+        message_id = message_id or next(self._ids)
         message: dict[str, Any] = {
             "id": str(message_id), "channel_id": str(channel_id), "type": 0, "content": content, "author": author,
             "timestamp": _now_iso(), "edited_timestamp": None, "tts": False, "mention_everyone": False,
@@ -658,6 +881,21 @@ class FakeDiscord:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+
+async def _message_body(request: web.Request) -> tuple[dict[str, Any], list[SentFile]]:
+    """The JSON body of a message request and its files (multipart with ``payload_json``, or JSON)."""
+    files: list[SentFile] = []
+    if not request.content_type.startswith("multipart/"):
+        return await request.json(), files
+    body: dict[str, Any] = {}
+    reader = await request.multipart()
+    async for part in reader:
+        if part.name == "payload_json":
+            body = json.loads(await part.text())  # type: ignore[union-attr]
+        else:
+            files.append(SentFile(part.filename or "file", bytes(await part.read())))  # type: ignore[union-attr]
+    return body, files
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

@@ -35,9 +35,11 @@ def test_code_is_left_alone_except_escaping_and_language_tag() -> None:
     )
 
 
-def test_tables_become_code_blocks() -> None:
-    text = "Totals:\n| month | amount |\n|---|---:|\n| Jan | 100 |\n\nDone."
-    assert to_mrkdwn(text) == "Totals:\n```\n| month | amount |\n|---|---:|\n| Jan | 100 |\n```\n\nDone."
+def test_tables_become_aligned_code_blocks() -> None:
+    text = "Totals:\n| month | amount |\n|---|---:|\n| Jan | 100 |\n| A&B | 7 |\n\nDone."
+    assert to_mrkdwn(text) == (
+        "Totals:\n```\nmonth | amount\n------+-------\nJan   |    100\nA&amp;B   |      7\n```\n\nDone."
+    )
 
 
 def _fences_balanced(chunk: str) -> bool:
