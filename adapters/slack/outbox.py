@@ -133,6 +133,12 @@ class SlackOutbox:
             )
         return self._stream
 
+    async def abandon_draft(self) -> None:
+        """Delete a draft that no reply finished (the turn failed before its answer)."""
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            await stream.drop()
+
     async def _post_whole(self, reply: Reply, feedback: list[dict[str, Any]]) -> None:
         chunks = to_chunks(reply.text)
         # The last part goes with the buttons, in a section block (which holds 3,000 characters).
@@ -319,8 +325,10 @@ class SlackProgress:
             self._flusher = asyncio.create_task(self._flush_later(wait))
 
     async def finish(self, ok: bool) -> None:
-        """Delete the status message and mark the user's message as done or failed."""
+        """Delete the status message (and a draft no answer finished: the turn failed) and
+        mark the user's message as done or failed."""
         await self._posted()
+        await self._outbox.abandon_draft()
         if self._flusher is not None:
             self._flusher.cancel()
             self._flusher = None
