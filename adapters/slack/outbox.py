@@ -285,8 +285,7 @@ class SlackProgress:
 
     async def _post(self, status: str) -> None:
         await self._outbox.received()
-        if self._assistant is not None:
-            await self._set_status(status, LOADING_MESSAGES)
+        if self._assistant is not None and await self._set_status(status, LOADING_MESSAGES):
             if self._assistant.title:
                 await call(
                     "assistant.threads.setTitle",
@@ -297,13 +296,19 @@ class SlackProgress:
         self._ts = await self._outbox.say(to_mrkdwn(status), blocks=status_blocks(status, self._outbox.key))
         self._shown, self._last = status, time.monotonic()
 
-    async def _set_status(self, status: str, loading: list[str] | None = None) -> None:
-        await call(
+    async def _set_status(self, status: str, loading: list[str] | None = None) -> bool:
+        """Set Slack's status line; False (and the status message is edited from then on) when
+        Slack refuses: a reply in a direct message's thread of an app without the AI-app surface."""
+        result = await call(
             "assistant.threads.setStatus",
             self._client.assistant_threads_setStatus(
                 channel_id=self._outbox.channel, thread_ts=self._outbox.thread_ts, status=status, loading_messages=loading
             ),
         )
+        if isinstance(result, Failure):
+            self._assistant = None
+            return False
+        return True
 
     async def _posted(self) -> None:
         """Wait for the status message (posted in the background by :meth:`start`)."""

@@ -178,3 +178,19 @@ async def test_an_assistant_thread_greets_offers_prompts_shows_status_and_answer
     assert slack.titles[("D_PANEL", thread_ts)] == "Chart revenue by region please"  # named once
     tool_output = next(m["content"] for m in reversed(bot.llm.requests[-1]["messages"]) if m["role"] == "tool")
     assert "True" in tool_output
+
+
+async def test_a_dm_thread_slack_gives_no_status_line_gets_the_status_message(bot: Bot) -> None:
+    # Replies in a direct message's thread reach bolt's Assistant middleware too; an app without
+    # the AI-app surface gets no status line there, so the status message shows the steps.
+    slack = bot.slack
+    slack.fail("assistant.threads.setStatus", "not_allowed_token_type")
+    top = slack.message_event("D_PLAIN", "hello", channel_type="im")
+    bot.llm.script(tool_call("import time; time.sleep(1.3)\nprint(1)"), answer("Printed 1."))
+    reply = slack.message_event("D_PLAIN", "print one", thread_ts=top["ts"], channel_type="im")
+    await slack.post_event(bot.events_url, reply)
+    assert await bot.finished(reply) == {"white_check_mark"}
+    [status] = [m for m in slack.messages if m.channel == "D_PLAIN" and m.deleted and m.blocks]
+    assert any(text.startswith("Running step 1") for text in status.updates)
+    assert len(slack.calls_to("assistant.threads.setStatus")) >= 1
+    assert not [c for c in slack.calls_to("assistant.threads.setStatus") if c.args.get("channel_id") == "D_PLAIN"][1:]
