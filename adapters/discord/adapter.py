@@ -58,6 +58,7 @@ from adapters.discord.slash import CommandTree, build_tree
 from adapters.tasks import BackgroundTasks
 from bot.config import DiscordSettings
 from bot.events import Attachment, InboundMessage, ThreadKey
+from bot.safetext import shown
 
 if TYPE_CHECKING:
     from bot.dispatcher import Dispatcher
@@ -329,7 +330,7 @@ class DiscordAdapter:
                 return
             asked = f"❓ **{interaction.user.display_name}** asked: {_cut(question.strip(), _ASKED_LIMIT)}"
             if attachment is not None:
-                asked += f" 📎 `{attachment.filename}`"
+                asked += f" 📎 `{shown(attachment.filename).replace('`', 'ˋ')}`"
             source = await interaction.edit_original_response(content=asked)
             answered = True
             if isinstance(channel, discord.TextChannel):
