@@ -64,7 +64,7 @@ class Core:
             # One installer for the process: its lock serialises every thread's installs.
             packages = package_installer(settings.kernels, launcher)
             turns = TurnRunner(settings=settings, store=store, pool=pool, agent=agent, packages=packages)
-            commands = Commands(store=store, pool=pool)
+            commands = Commands(store=store, pool=pool, settings=settings)
             dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands, pool=pool)
             yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher)
 

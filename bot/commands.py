@@ -5,16 +5,27 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import json
+import logging
+import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from bot.attachments import human_size
+from bot.config import Settings
 from bot.events import FileOut, InboundMessage, Outbox, Reply
 from bot.notebook import export_notebook
 from bot.safetext import shown
 from bot.store import Store
-from kernels import KernelPool
+from bot.turn import KERNEL_SERVICE_NOTICE, kernel_options
+from kernels import KernelPool, Workspace
+from kernels import safefs
+from kernels.result import KernelUnavailableError, PoolFullError, UnsafePathError
 from kernels.units import human_age
+
+log = logging.getLogger(__name__)
 
 HELP_TEXT = """\
 **Threadbook** runs Python for you in this thread. Attach files (CSV, Excel, JSON, …) and ask a question; \
@@ -25,20 +36,57 @@ Commands (send just the word):
 • `reset` — fresh Python kernel (variables and their saved copy cleared, files kept)
 • `files` — list the files in this thread's workspace
 • `export` — this thread as a Jupyter notebook (.ipynb)
-• `status` — kernel state, memory, saved variables, steps run and tokens used"""
+• `export html` — this thread as one web page (.html) that opens in any browser, offline
+• `status` — kernel state, memory, saved variables, steps run, tokens used and 👍/👎 on the answers"""
+
+
+#: ``export html``: the page is rendered by the thread's kernel within this many seconds...
+HTML_RENDER_TIMEOUT_S = 120.0
+#: ...and refused when larger (it is read into memory and uploaded as one file).
+HTML_MAX_BYTES = 50 * 2**20
+#: Evaluated (silently) in the thread's kernel; ``threadbook_kernel`` is installed in every kernel.
+_RENDER_EXPRESSION = (
+    "__import__('threadbook_kernel.export').export.for_bot({source!r}, {target!r}, {max_bytes}, {timeout})"
+)
+#: A kernel's answer longer than this is not even decoded.
+_MAX_ANSWER_CHARS = 4096
+HTML_BUSY_NOTICE = "⚠️ No Python kernel is free to render the page right now; please try `export html` again in a few minutes."
+HTML_START_NOTICE = "⚠️ I could not start this thread's Python kernel to render the page; `export` still gives the notebook."
+HTML_WORKSPACE_NOTICE = "⚠️ I could not prepare the page in this thread's workspace; `export` still gives the notebook."
+HTML_FAILED_NOTICE = "⚠️ The page could not be rendered; `export` still gives the notebook."
+HTML_TIMEOUT_NOTICE = "⚠️ Rendering the page took too long and was stopped; `export` still gives the notebook."
+HTML_NO_ANSWER_NOTICE = (
+    "⚠️ The kernel stopped or did not answer while rendering the page; `export` still gives the notebook."
+)
+HTML_TOO_BIG_NOTICE = (
+    "⚠️ The page would be {size}, over the {limit} limit of `export html`; `export` gives the notebook instead."
+)
+
+
+def _export_token() -> str:
+    """The random part of an export's temporary file names (a test may fix it)."""
+    return secrets.token_hex(8)
+
+
+class _TooBig(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
 
 
 class Commands:
-    """Answers ``help``, ``reset``, ``files``, ``export`` and ``status``."""
+    """Answers ``help``, ``reset``, ``files``, ``export``, ``export html`` and ``status``."""
 
-    def __init__(self, *, store: Store, pool: KernelPool) -> None:
+    def __init__(self, *, store: Store, pool: KernelPool, settings: Settings) -> None:
         self._store = store
         self._pool = pool
+        self._settings = settings
         self._table: dict[str, Callable[[InboundMessage], Awaitable[Reply]]] = {
             "help": self._help,
             "reset": self._reset,
             "files": self._files,
             "export": self._export,
+            "export html": self._export_html,
             "status": self._status,
         }
 
@@ -47,7 +95,8 @@ class Commands:
 
         A bare mention (no text; the dispatcher only asks when there are no attachments) gets help.
         """
-        command = self._table.get(message.text.strip().lower().strip("!/") or "help")
+        words = " ".join(message.text.lower().split()).strip("!/")
+        command = self._table.get(words or "help")
         if command is None:
             return False
         await outbox.post(await command(message))
@@ -88,10 +137,88 @@ class Commands:
         notebook = FileOut(name=name, size=len(data), open_reader=functools.partial(io.BytesIO, data))
         return Reply(text=f"📓 Here is this thread as a notebook ({len(timeline)} entries).", files=(notebook,))
 
+    async def _export_html(self, message: InboundMessage) -> Reply:
+        """The thread as one self-contained web page, rendered by the thread's kernel.
+
+        The bot writes the notebook (its own bytes) into the workspace's ``.threadbook`` folder
+        under a random name, the kernel renders it (``threadbook_kernel.export``: nbconvert,
+        sanitised, nothing loaded from the network) next to it, and the bot reads the page back
+        through :mod:`kernels.safefs` (no link followed, at most :data:`HTML_MAX_BYTES`) and
+        deletes both files. The bot never parses the page.
+        """
+        key = str(message.key)
+        timeline = await self._store.timeline(key)
+        if not timeline:
+            return Reply(text="Nothing to export yet.")
+        title = f"Threadbook thread {message.key.channel}/{message.key.thread}"
+        notebook = await asyncio.to_thread(export_notebook, timeline, title=title)
+        workspace = self._pool.workspaces.for_key(key)
+        token = _export_token()
+        source, target = f"export-{token}.ipynb", f"export-{token}.html"
+        try:
+            await asyncio.to_thread(_write_notebook, workspace, source, notebook)
+        except (OSError, UnsafePathError) as exc:
+            log.warning("export html of %s: could not write the notebook: %s", key, exc)
+            return Reply(text=HTML_WORKSPACE_NOTICE, ok=False)
+        try:
+            return await self._render(message, workspace, source, target, entries=len(timeline))
+        finally:
+            await asyncio.to_thread(_delete, workspace, source, target)
+
+    async def _render(
+        self, message: InboundMessage, workspace: Workspace, source: str, target: str, *, entries: int
+    ) -> Reply:
+        """Lease the thread's kernel, have it render ``source`` into ``target``, read the page back."""
+        key = str(message.key)
+        options = kernel_options(self._settings, message.key)
+        # The kernel stops its own render 10 s before the bot interrupts it, so it can say why.
+        expression = _RENDER_EXPRESSION.format(
+            source=source, target=target, max_bytes=HTML_MAX_BYTES, timeout=HTML_RENDER_TIMEOUT_S - 10
+        )
+        try:
+            async with self._pool.lease(key, options) as session:
+                answer = await session.evaluate(expression, HTML_RENDER_TIMEOUT_S)
+        except PoolFullError:
+            return Reply(text=HTML_BUSY_NOTICE, ok=False)
+        except KernelUnavailableError as exc:
+            log.warning("export html of %s: kernel service unavailable: %s", key, exc)
+            return Reply(text=KERNEL_SERVICE_NOTICE, ok=False)
+        except Exception:
+            log.exception("export html of %s: kernel start failed", key)
+            return Reply(text=HTML_START_NOTICE, ok=False)
+        status = _status_of(answer)
+        if status.get("error") == "too_big":
+            return _too_big(_size_in(status))
+        if answer is None:
+            log.warning("export html of %s: the kernel gave no answer (too slow, failed or died)", key)
+            return Reply(text=HTML_NO_ANSWER_NOTICE, ok=False)
+        if status.get("error") == "timeout":
+            return Reply(text=HTML_TIMEOUT_NOTICE, ok=False)
+        if status.get("ok") is not True:
+            detail = str(status.get("detail", ""))[:300]
+            log.warning("export html of %s: the kernel could not render the page: %r", key, detail)
+            return Reply(text=HTML_FAILED_NOTICE, ok=False)
+        try:
+            page = await asyncio.to_thread(_read_page, workspace, target, HTML_MAX_BYTES)
+        except _TooBig as exc:
+            return _too_big(exc.size)
+        except (OSError, UnsafePathError) as exc:
+            log.warning("export html of %s: could not read the page back: %s", key, exc)
+            return Reply(text=HTML_FAILED_NOTICE, ok=False)
+        name = f"threadbook-{message.key.thread.replace('.', '-')}.html"
+        # The page is read into memory through a checked descriptor: adapters read these bytes.
+        file = FileOut(name=name, size=len(page), open_reader=functools.partial(io.BytesIO, page))
+        return Reply(
+            text=f"🌐 Here is this thread as one web page ({entries} entries, {human_size(len(page))}); "
+            "it opens in any browser, offline.",
+            files=(file,),
+        )
+
     async def _status(self, message: InboundMessage) -> Reply:
         key = str(message.key)
         session = self._pool.get(key)
         prompt_tokens, completion_tokens = await self._store.usage(key)
+        feedback = await self._store.feedback_counts(key)
         cells = await self._store.cell_count(key)
         if session is None:
             kernel = "no kernel running (one starts with the next question)"
@@ -118,7 +245,83 @@ class Commands:
                 f"**Isolation:** {self._pool.launcher.isolation}\n"
                 f"**Code cells run in this thread:** {cells}\n"
                 f"**Tokens used:** {prompt_tokens + completion_tokens:,} "
-                f"({prompt_tokens:,} prompt, {completion_tokens:,} completion)"
+                f"({prompt_tokens:,} prompt, {completion_tokens:,} completion)\n"
+                f"**Feedback on answers:** 👍 {feedback.good} · 👎 {feedback.bad}"
             )
         )
 
+
+
+def _status_of(answer: str | None) -> dict[str, Any]:
+    """The kernel's status (untrusted JSON, bounded): a dict, else empty."""
+    if answer is None or len(answer) > _MAX_ANSWER_CHARS:
+        return {}
+    try:
+        status = json.loads(answer)
+    except ValueError:
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
+def _size_in(status: dict[str, Any]) -> int | None:
+    size = status.get("bytes")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+
+
+def _too_big(size: int | None) -> Reply:
+    shown_size = human_size(size) if size is not None else "larger"
+    return Reply(text=HTML_TOO_BIG_NOTICE.format(size=shown_size, limit=human_size(HTML_MAX_BYTES)), ok=False)
+
+
+def _write_notebook(workspace: Workspace, name: str, data: bytes) -> None:
+    """(Blocking) ``data`` as the new file ``.threadbook/<name>``: created, never opened through a
+    link (a name the kernel took or planted a link at is refused), readable by the kernel."""
+    folder = workspace.open_state_dir()
+    try:
+        fd = safefs.create_file_at(folder, name, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except BaseException:
+            os.unlink(name, dir_fd=folder)
+            raise
+        finally:
+            os.close(fd)
+    finally:
+        os.close(folder)
+
+
+def _read_page(workspace: Workspace, name: str, max_bytes: int) -> bytes:
+    """(Blocking) the page the kernel wrote, through a descriptor (no link followed, a regular
+    file only), at most ``max_bytes``; :class:`_TooBig` when larger."""
+    folder = workspace.open_state_dir()
+    try:
+        with safefs.open_file_at(folder, name) as page:
+            if page.size > max_bytes:
+                raise _TooBig(page.size)
+            data = page.read(max_bytes)
+            if len(data) != page.size:
+                raise OSError(f"the page shrank while it was read ({len(data)} of {page.size} bytes)")
+    finally:
+        os.close(folder)
+    return data
+
+
+def _delete(workspace: Workspace, *names: str) -> None:
+    """(Blocking) remove the export's temporary files (a link the kernel put there is removed, never followed)."""
+    try:
+        folder = workspace.open_state_dir()
+    except (OSError, UnsafePathError) as exc:
+        log.warning("export html: could not clean up in %s: %s", workspace.path, exc)
+        return
+    try:
+        for name in names:
+            try:
+                os.unlink(name, dir_fd=folder)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("export html: could not delete %s in %s: %s", name, workspace.path, exc)
+    finally:
+        os.close(folder)

@@ -247,6 +247,30 @@ class Workspace:
         finally:
             os.close(state)
 
+    def open_state_dir(self) -> int:
+        """(Blocking) a descriptor of the workspace's :data:`STATE_DIR` (no link followed), made
+        when missing (mode 0700, given to the workspace folder's owner, so a sandboxed kernel's
+        uid can use it as its own). Raises :class:`UnsafePathError` when the name is a link or
+        not a folder. The caller closes it."""
+        workspace = safefs.open_dir(self.path)
+        try:
+            try:
+                os.mkdir(STATE_DIR, 0o700, dir_fd=workspace)
+                made = True
+            except FileExistsError:
+                made = False  # the kernel's, or a link it planted (refused just below)
+            state = safefs.open_subdir(workspace, STATE_DIR)
+            if made and os.geteuid() == 0:
+                owner = os.fstat(workspace)
+                try:
+                    os.fchown(state, owner.st_uid, owner.st_gid)
+                except BaseException:
+                    os.close(state)
+                    raise
+            return state
+        finally:
+            os.close(workspace)
+
     def touch(self) -> None:
         """(Blocking) mark the workspace as used now (retention counts from here)."""
         try:

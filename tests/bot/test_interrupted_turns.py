@@ -98,8 +98,9 @@ def turns() -> HeldTurns:
 
 @pytest.fixture
 def chat(tmp_path: Path, store: Store, turns: HeldTurns) -> MemoryChat:
-    commands = Commands(store=store, pool=None)  # type: ignore[arg-type]  # help needs no pool
-    dispatcher = Dispatcher(settings=make_settings(tmp_path), store=store, turns=turns, commands=commands,  # type: ignore[arg-type]
+    settings = make_settings(tmp_path)
+    commands = Commands(store=store, pool=None, settings=settings)  # type: ignore[arg-type]  # help needs no pool
+    dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands,  # type: ignore[arg-type]
                             pool=None)  # type: ignore[arg-type]  # one process, SQLite: the pool is never asked
     return MemoryChat(dispatcher)
 

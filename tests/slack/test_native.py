@@ -123,6 +123,11 @@ async def test_a_feedback_click_is_stored_with_its_turn(bot: Bot) -> None:
     # A click names its turn: the question's message.
     value = feedback_of(answered)[0]["elements"][0]["positive_button"]["value"]
     assert value.endswith(f"|C_FEEDBACK:{event['ts']}")
+    # `status` in the thread counts them.
+    ask = slack.message_event("C_FEEDBACK", "status", thread_ts=event["ts"])
+    await slack.post_event(bot.events_url, ask)
+    assert await bot.finished(ask) == {"white_check_mark"}
+    assert any("Feedback on answers:* 👍 1 · 👎 1" in m.text for m in live(slack, "C_FEEDBACK", event["ts"]))
 
 
 async def test_an_unstreamed_answer_and_its_chart_are_one_message(tmp_path: Path) -> None:
