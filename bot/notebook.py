@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections import Counter
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +20,7 @@ import nbformat
 from nbformat import NotebookNode
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
+from bot.agent.loop import fenced_python, text_tool_call
 from kernels.result import DisplayOutput, ExecutionResult
 
 #: MIME types whose data nbformat stores as JSON (any other type holds text).
@@ -95,12 +96,15 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
     """A valid .ipynb (UTF-8 JSON) of a thread's timeline.
 
     User and assistant text become markdown cells labelled with who spoke; executed cells
-    become code cells with their stored outputs. A tool call with no recorded cell (not
-    executed, or recorded before cells were kept) becomes a code cell whose output is the
-    tool result the model saw. System messages and tool results of recorded cells are left
-    out: the notebook shows the conversation and the code, not the prompt plumbing.
+    become code cells with their stored outputs, right after the assistant message that ran
+    them (a turn stores its cells as they run and its messages once it ends, so in the store
+    they come first). A tool call with no recorded cell (not executed, or recorded before
+    cells were kept) becomes a code cell whose output is the tool result the model saw.
+    System messages and tool results of recorded cells are left out: the notebook shows the
+    conversation and the code, not the prompt plumbing.
     """
-    cell_codes = Counter(entry.code for entry in timeline if isinstance(entry, CellEntry))
+    ran_by = _cells_run_by(timeline)
+    placed = {cell.seq for found in ran_by.values() for cell in found if cell is not None}
     tool_results = {
         str(entry.message.get("tool_call_id")): _text_of(entry.message.get("content"))
         for entry in timeline
@@ -109,9 +113,8 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
     cells: list[NotebookNode] = [new_markdown_cell(f"# {title}")]
     for entry in timeline:
         if isinstance(entry, CellEntry):
-            cell = new_code_cell(entry.code, execution_count=entry.execution_count)
-            cell.outputs = [nbformat.from_dict(output) for output in entry.outputs]
-            cells.append(cell)
+            if entry.seq not in placed:  # its messages were never stored (a failed model request)
+                cells.append(_code_cell(entry))
             continue
         message = entry.message
         text = _text_of(message.get("content")).strip()
@@ -121,16 +124,19 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
         elif entry.role == "assistant":
             if text:
                 cells.append(new_markdown_cell(f"**{ASSISTANT_LABEL}:**\n\n{text}"))
+            found = iter(ran_by.get(entry.seq, []))
             for call in message.get("tool_calls") or []:
-                code = _code_of(call)
-                if cell_codes[code] > 0:
-                    cell_codes[code] -= 1  # shown by its recorded cell, with real outputs
+                recorded = next(found, None)
+                if recorded is not None:
+                    cells.append(_code_cell(recorded))  # with its real outputs
                     continue
-                cell = new_code_cell(code)
+                cell = new_code_cell(_code_of(call))
                 observed = tool_results.get(str(call.get("id")))
                 if observed:
                     cell.outputs = [new_output("stream", name="stdout", text=observed)]
                 cells.append(cell)
+            if not message.get("tool_calls"):
+                cells.extend(_code_cell(cell) for cell in found if cell is not None)  # code written as text
     notebook = new_notebook(
         cells=cells,
         metadata={
@@ -142,6 +148,35 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
     nbformat.validate(notebook)
     ipynb: str = nbformat.writes(notebook)
     return ipynb.encode("utf-8")
+
+
+def _code_cell(entry: CellEntry) -> NotebookNode:
+    cell: NotebookNode = new_code_cell(entry.code, execution_count=entry.execution_count)
+    cell.outputs = [nbformat.from_dict(output) for output in entry.outputs]
+    return cell
+
+
+def _cells_run_by(timeline: Sequence[TimelineEntry]) -> dict[int, list[CellEntry | None]]:
+    """For each assistant message (by ``seq``), the recorded cells its code ran as: one per tool
+    call (None where none was recorded), or the cell of code it wrote as text: the earliest
+    cell with the same code not placed yet."""
+    waiting: dict[str, deque[CellEntry]] = {}
+    for entry in timeline:
+        if isinstance(entry, CellEntry):
+            waiting.setdefault(entry.code, deque()).append(entry)
+    ran_by: dict[int, list[CellEntry | None]] = {}
+    for entry in timeline:
+        if isinstance(entry, CellEntry) or entry.role != "assistant":
+            continue
+        calls = entry.message.get("tool_calls") or []
+        text = _text_of(entry.message.get("content"))
+        codes = [_code_of(call) for call in calls] if calls else [fenced_python(text) or text_tool_call(text)]
+        found: list[CellEntry | None] = []
+        for code in codes:
+            queue = waiting.get(code)
+            found.append(queue.popleft() if code and queue else None)
+        ran_by[entry.seq] = found
+    return ran_by
 
 
 def _mime_bundle(display: DisplayOutput) -> dict[str, Any]:

@@ -114,3 +114,40 @@ def test_export_of_an_empty_thread_is_valid() -> None:
     notebook = nbformat.reads(export_notebook([], title="empty").decode(), as_version=4)
     nbformat.validate(notebook)
     assert [cell.source for cell in notebook.cells] == ["# empty"]
+
+
+async def test_a_turns_cells_follow_its_question_as_stored_by_a_real_turn(store_target: Path | str) -> None:
+    # A turn stores each cell as it runs and its messages once it ends: the cells come first
+    # in the store, yet the notebook reads question → code → answer, turn after turn.
+    async with await Store.open(store_target) as store:
+        for turn, code in enumerate(("x = 1", "x + 1"), start=1):
+            await store.add_cell(KEY, code, ExecutionResult(execution_count=turn))
+            await store.add_messages(
+                KEY,
+                [
+                    {"role": "user", "content": f"question {turn}"},
+                    {"role": "assistant", "content": None, "tool_calls": [_call(f"c{turn}", code)]},
+                    {"role": "tool", "tool_call_id": f"c{turn}", "content": "ok"},
+                    {"role": "assistant", "content": f"answer {turn}"},
+                ],
+                user_id="U1",
+            )
+        fenced = "```python\nprint(3)\n```"
+        await store.add_cell(KEY, "print(3)", ExecutionResult(execution_count=3))
+        await store.add_messages(
+            KEY, [{"role": "user", "content": "question 3"}, {"role": "assistant", "content": fenced}], user_id="U1"
+        )
+        timeline = await store.timeline(KEY)
+    notebook = nbformat.reads(export_notebook(timeline, title="t").decode(), as_version=4)
+    assert [(cell.cell_type, cell.source) for cell in notebook.cells][1:] == [
+        ("markdown", "**U1:**\n\nquestion 1"),
+        ("code", "x = 1"),
+        ("markdown", "**Threadbook:**\n\nanswer 1"),
+        ("markdown", "**U1:**\n\nquestion 2"),
+        ("code", "x + 1"),
+        ("markdown", "**Threadbook:**\n\nanswer 2"),
+        ("markdown", "**U1:**\n\nquestion 3"),
+        ("markdown", f"**Threadbook:**\n\n{fenced}"),
+        ("code", "print(3)"),
+    ]
+    assert [cell.execution_count for cell in notebook.cells if cell.cell_type == "code"] == [1, 2, 3]
