@@ -143,6 +143,12 @@ async def test_in_thread_commands_are_deferred_at_once_and_answered(world: World
     [file] = notebook.files
     assert file.name.endswith(".ipynb") and json.loads(file.data)["nbformat"] == 4
 
+    page = await fake.slash_command("export", {"format": "html"}, channel_id=thread_id)
+    [html] = await world.followups(page)
+    assert deferred_in_time(fake, page)
+    [file] = html.files
+    assert file.name.endswith(".html") and b"<html" in file.data[:2000].lower()
+
     files = await fake.slash_command("files", channel_id=thread_id)
     await world.followups(files)
     reset = await fake.slash_command("reset", channel_id=thread_id)
@@ -150,7 +156,7 @@ async def test_in_thread_commands_are_deferred_at_once_and_answered(world: World
     assert reset_text.content and deferred_in_time(fake, files) and deferred_in_time(fake, reset)
     # The commands went to the commands, not to the model; and all answers are in the thread.
     assert len(world.llm.requests) == requests_before
-    assert all(s.channel_id == thread_id for i in (help_used, status, export, files, reset)
+    assert all(s.channel_id == thread_id for i in (help_used, status, export, page, files, reset)
                for s in fake.interaction_messages(i["id"]))
 
 
