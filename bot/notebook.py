@@ -104,7 +104,7 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
     conversation and the code, not the prompt plumbing.
     """
     ran_by = _cells_run_by(timeline)
-    placed = {cell.seq for found in ran_by.values() for cell in found if cell is not None}
+    placed = {cell.seq for found in ran_by.values() for runs in found for cell in runs}
     tool_results = {
         str(entry.message.get("tool_call_id")): _text_of(entry.message.get("content"))
         for entry in timeline
@@ -126,9 +126,9 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
                 cells.append(new_markdown_cell(f"**{ASSISTANT_LABEL}:**\n\n{text}"))
             found = iter(ran_by.get(entry.seq, []))
             for call in message.get("tool_calls") or []:
-                recorded = next(found, None)
-                if recorded is not None:
-                    cells.append(_code_cell(recorded))  # with its real outputs
+                recorded = next(found, [])
+                if recorded:
+                    cells.extend(_code_cell(run) for run in recorded)  # with their real outputs
                     continue
                 cell = new_code_cell(_code_of(call))
                 observed = tool_results.get(str(call.get("id")))
@@ -136,7 +136,7 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
                     cell.outputs = [new_output("stream", name="stdout", text=observed)]
                 cells.append(cell)
             if not message.get("tool_calls"):
-                cells.extend(_code_cell(cell) for cell in found if cell is not None)  # code written as text
+                cells.extend(_code_cell(run) for runs in found for run in runs)  # code written as text
     notebook = new_notebook(
         cells=cells,
         metadata={
@@ -156,25 +156,28 @@ def _code_cell(entry: CellEntry) -> NotebookNode:
     return cell
 
 
-def _cells_run_by(timeline: Sequence[TimelineEntry]) -> dict[int, list[CellEntry | None]]:
-    """For each assistant message (by ``seq``), the recorded cells its code ran as: one per tool
-    call (None where none was recorded), or the cell of code it wrote as text: the earliest
-    cell with the same code not placed yet."""
+def _cells_run_by(timeline: Sequence[TimelineEntry]) -> dict[int, list[list[CellEntry]]]:
+    """For each assistant message (by ``seq``), the recorded cells its code ran as, per tool
+    call (or for the code it wrote as text): the earliest cell with the same code not placed
+    yet, and the cells of the same code stored right after it (a re-run after an install)."""
     waiting: dict[str, deque[CellEntry]] = {}
     for entry in timeline:
         if isinstance(entry, CellEntry):
             waiting.setdefault(entry.code, deque()).append(entry)
-    ran_by: dict[int, list[CellEntry | None]] = {}
+    ran_by: dict[int, list[list[CellEntry]]] = {}
     for entry in timeline:
         if isinstance(entry, CellEntry) or entry.role != "assistant":
             continue
         calls = entry.message.get("tool_calls") or []
         text = _text_of(entry.message.get("content"))
         codes = [_code_of(call) for call in calls] if calls else [fenced_python(text) or text_tool_call(text)]
-        found: list[CellEntry | None] = []
+        found: list[list[CellEntry]] = []
         for code in codes:
             queue = waiting.get(code)
-            found.append(queue.popleft() if code and queue else None)
+            runs = [queue.popleft()] if code and queue else []
+            while runs and queue and queue[0].seq == runs[-1].seq + 1:
+                runs.append(queue.popleft())
+            found.append(runs)
         ran_by[entry.seq] = found
     return ran_by
 
