@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from adapters.base import Adapter, AdapterStartError, ThreadReach
 from bot.agent.loop import Agent
+from bot.budgets import Budgets, Clock
 from bot.commands import Commands
 from bot.config import Settings
 from bot.dispatcher import INTERRUPTED_NOTICE, Dispatcher
@@ -46,8 +48,9 @@ class Core:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, settings: Settings) -> AsyncIterator[Core]:
-        """Start the core; on exit stop the reaper and every kernel, close the store."""
+    async def open(cls, settings: Settings, *, clock: Clock = time.time) -> AsyncIterator[Core]:
+        """Start the core; on exit stop the reaper and every kernel, close the store.
+        ``clock``: what budgets and usage reports count time with (tests pass their own)."""
         async with AsyncExitStack() as stack:
             store = await Store.open(settings.storage.resolved_url, replica_timeout_s=settings.storage.replica_timeout_s)
             stack.push_async_callback(store.close)
@@ -63,8 +66,9 @@ class Core:
             stack.push_async_callback(agent.close)
             # One installer for the process: its lock serialises every thread's installs.
             packages = package_installer(settings.kernels, launcher)
-            turns = TurnRunner(settings=settings, store=store, pool=pool, agent=agent, packages=packages)
-            commands = Commands(store=store, pool=pool, settings=settings)
+            budgets = Budgets(settings, store, clock=clock)
+            turns = TurnRunner(settings=settings, store=store, pool=pool, agent=agent, budgets=budgets, packages=packages)
+            commands = Commands(store=store, pool=pool, settings=settings, clock=clock)
             dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands, pool=pool)
             yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher)
 

@@ -14,11 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bot.attachments import human_size
+from bot.budgets import Clock
 from bot.config import Settings
 from bot.events import FileOut, InboundMessage, Outbox, Reply
 from bot.notebook import export_notebook
 from bot.safetext import shown
 from bot.store import Store
+from bot.usage import UsageReport
 from bot.turn import KERNEL_SERVICE_NOTICE, kernel_options
 from kernels import KernelPool, Workspace
 from kernels import safefs
@@ -37,6 +39,7 @@ Commands (send just the word):
 • `files` — list the files in this thread's workspace
 • `export` — this thread as a Jupyter notebook (.ipynb)
 • `export html` — this thread as one web page (.html) that opens in any browser, offline
+• `usage` — tokens, Python time and cost of this thread and yours, today and this month (`usage all`: everyone's, for admins)
 • `status` — kernel state, memory, saved variables, steps run, tokens used and 👍/👎 on the answers"""
 
 
@@ -63,6 +66,9 @@ HTML_TOO_BIG_NOTICE = (
 )
 
 
+USAGE_ALL_REFUSED = "Only the bot's admins (`access.admins`) can see everyone's usage; `usage` shows this thread's and yours."
+
+
 def _export_token() -> str:
     """The random part of an export's temporary file names (a test may fix it)."""
     return secrets.token_hex(8)
@@ -77,7 +83,9 @@ class _TooBig(Exception):
 class Commands:
     """Answers ``help``, ``reset``, ``files``, ``export``, ``export html`` and ``status``."""
 
-    def __init__(self, *, store: Store, pool: KernelPool, settings: Settings) -> None:
+    def __init__(self, *, store: Store, pool: KernelPool, settings: Settings, clock: Clock = time.time) -> None:
+        """``clock``: what the usage reports count time with."""
+        self._clock = clock
         self._store = store
         self._pool = pool
         self._settings = settings
@@ -88,7 +96,10 @@ class Commands:
             "export": self._export,
             "export html": self._export_html,
             "status": self._status,
+            "usage": self._usage,
+            "usage all": self._usage_all,
         }
+        self._usage_report = UsageReport(store, settings.llm.prices)
 
     async def try_run(self, message: InboundMessage, outbox: Outbox) -> bool:
         """Run the command the message consists of, if it is one; True when it was.
@@ -101,6 +112,14 @@ class Commands:
             return False
         await outbox.post(await command(message))
         return True
+
+    async def _usage(self, message: InboundMessage) -> Reply:
+        return Reply(text=await self._usage_report.mine(str(message.key), message.user_id, self._clock()))
+
+    async def _usage_all(self, message: InboundMessage) -> Reply:
+        if not self._settings.access.is_admin(message.key.platform, message.user_id):
+            return Reply(text=USAGE_ALL_REFUSED)
+        return Reply(text=await self._usage_report.everyone(self._clock()))
 
     async def _help(self, message: InboundMessage) -> Reply:
         return Reply(text=HELP_TEXT)

@@ -29,6 +29,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ModelPrice(_Model):
+    """What a model costs, in US dollars per million tokens."""
+
+    input: float = Field(0, ge=0)
+    output: float = Field(0, ge=0)
+
+
 class LLMSettings(_Model):
     """The OpenAI-compatible chat completions endpoint."""
 
@@ -44,6 +51,8 @@ class LLMSettings(_Model):
     max_tokens: int | None = Field(4096, ge=1)
     #: Budget of earlier messages replayed to the model, in characters.
     context_chars: int = Field(48_000, ge=1000)
+    #: Price per model (the name as sent, e.g. ``gpt-4o-mini``), for the costs ``usage`` shows.
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
 
 class SuggestedPrompt(_Model):
@@ -164,10 +173,31 @@ class OpsSettings(_Model):
 
 
 class AccessSettings(_Model):
-    """Allow-lists; empty means everyone."""
+    """Allow-lists (empty means everyone) and the admins."""
 
     allow_channels: tuple[str, ...] = ()
     allow_users: tuple[str, ...] = ()
+    #: Users (platform ids, or ``platform:id``) who may ask for ``usage all``.
+    admins: tuple[str, ...] = ()
+
+    def is_admin(self, platform: str, user_id: str) -> bool:
+        """Whether ``user_id`` of ``platform`` is listed in ``admins``."""
+        return user_id in self.admins or f"{platform}:{user_id}" in self.admins
+
+
+class Limits(_Model):
+    """Budgets; 0 means unlimited. Per day means per calendar day in UTC."""
+
+    tokens_per_user_day: int = Field(0, ge=0)
+    tokens_per_channel_day: int = Field(0, ge=0)
+    turns_per_user_minute: int = Field(0, ge=0)
+    kernel_seconds_per_user_day: float = Field(0, ge=0)
+
+    def over(self, override: Limits | None) -> Limits:
+        """These limits with the keys ``override`` sets replaced (a channel's own limits)."""
+        if override is None:
+            return self
+        return self.model_copy(update={name: getattr(override, name) for name in override.model_fields_set})
 
 
 class ChannelPolicy(_Model):
@@ -182,6 +212,8 @@ class ChannelPolicy(_Model):
     background_processes: bool = False
     #: Offered in a Slack assistant thread opened while viewing this channel (at most four).
     suggested_prompts: tuple[SuggestedPrompt, ...] | None = Field(None, max_length=4)
+    #: This channel's budgets: the keys set here replace the global ``limits``.
+    limits: Limits | None = None
 
     @field_validator("data_dir")
     @classmethod
@@ -201,6 +233,7 @@ class Settings(_Model):
     storage: StorageSettings = Field(default_factory=StorageSettings)
     ops: OpsSettings = Field(default_factory=OpsSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
+    limits: Limits = Field(default_factory=Limits)
     channels: dict[str, ChannelPolicy] = Field(default_factory=dict)
 
     @field_validator("channels")

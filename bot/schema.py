@@ -57,6 +57,7 @@ processed = sa.Table(
     sa.Column("at", sa.Float, nullable=False),
 )
 
+#: One row per turn (made as it starts, its tokens and kernel time added as it ends).
 usage = sa.Table(
     "usage",
     metadata,
@@ -66,6 +67,9 @@ usage = sa.Table(
     sa.Column("prompt_tokens", sa.Integer, nullable=False),
     sa.Column("completion_tokens", sa.Integer, nullable=False),
     sa.Column("at", sa.Float, nullable=False),
+    sa.Column("user_id", sa.Text),
+    sa.Column("channel_key", sa.Text),
+    sa.Column("kernel_s", sa.Float, nullable=False, server_default="0"),
 )
 
 turns_in_flight = sa.Table(

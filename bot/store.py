@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from alembic import command
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 _MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 #: The Alembic revision this code writes (the newest in ``bot/migrations/versions``).
-SCHEMA_VERSION = "0003"
+SCHEMA_VERSION = "0004"
 
 #: The ``role`` of stored notices: shown in the timeline, never replayed to the model.
 NOTICE_ROLE = "notice"
@@ -89,6 +89,24 @@ class InterruptedTurn:
     thread: str
     message_id: str
     started_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """Turns counted together: their group (a channel, a person; "" when not grouped), model,
+    tokens, kernel seconds and number."""
+
+    group: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    kernel_s: float
+    turns: int
+
+    @property
+    def tokens(self) -> int:
+        """Prompt and completion tokens together."""
+        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,12 +279,46 @@ class Store:
         count: int | None = await self._db.read(lambda conn: conn.scalar(statement))
         return int(count or 0)
 
-    async def add_usage(self, key: str, model: str, prompt_tokens: int, completion_tokens: int) -> None:
-        """Record the tokens one LLM call used."""
+    async def begin_usage(self, key: str, *, model: str, user_id: str | None, at: float | None = None) -> int:
+        """Start counting a turn of ``user_id`` in thread ``key`` (it counts for the per-minute
+        budget from now); returns its row for :meth:`add_usage`."""
         statement = sa.insert(usage).values(
-            thread=key, model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, at=time.time()
+            thread=key, channel_key=_channel_key_of(key), user_id=user_id, model=model, prompt_tokens=0,
+            completion_tokens=0, kernel_s=0.0, at=time.time() if at is None else at,
+        ).returning(usage.c.id)
+        return int(await self._db.write(lambda conn: conn.execute(statement).scalar_one()))
+
+    async def add_usage(self, row: int, *, prompt_tokens: int, completion_tokens: int, kernel_s: float = 0.0) -> None:
+        """Add tokens and kernel seconds to the turn counted by ``row``."""
+        statement = sa.update(usage).where(usage.c.id == row).values(
+            prompt_tokens=usage.c.prompt_tokens + prompt_tokens,
+            completion_tokens=usage.c.completion_tokens + completion_tokens,
+            kernel_s=usage.c.kernel_s + kernel_s,
         )
         await self._db.write(lambda conn: conn.execute(statement))
+
+    async def spent(
+        self, *, since: float, user_id: str | None = None, channel_key: str | None = None, thread: str | None = None
+    ) -> list[UsageRow]:
+        """Turns since ``since`` (of a person, a channel or a thread when given), per model."""
+        statement = _usage_totals(usage.c.model).where(usage.c.at >= since)
+        for column, value in ((usage.c.user_id, user_id), (usage.c.channel_key, channel_key), (usage.c.thread, thread)):
+            if value is not None:
+                statement = statement.where(column == value)
+        rows = await self._db.read(lambda conn: conn.execute(statement).all())
+        return [UsageRow("", *row) for row in rows]
+
+    async def turn_times(self, *, user_id: str, since: float) -> list[float]:
+        """When ``user_id``'s turns since ``since`` started."""
+        statement = sa.select(usage.c.at).where(usage.c.user_id == user_id, usage.c.at >= since)
+        return [float(at) for at in await self._db.read(lambda conn: conn.execute(statement).scalars().all())]
+
+    async def usage_report(self, *, since: float, by: Literal["channel_key", "user_id"]) -> list[UsageRow]:
+        """Turns since ``since`` per channel or per person (``by``), and per model."""
+        group = usage.c[by]
+        statement = _usage_totals(group, usage.c.model).where(usage.c.at >= since)
+        rows = await self._db.read(lambda conn: conn.execute(statement).all())
+        return [UsageRow(str(row[0] or "?"), *row[1:]) for row in rows]
 
     async def usage(self, key: str) -> tuple[int, int]:
         """Total (prompt, completion) tokens used by the thread."""
@@ -284,13 +336,16 @@ class Store:
         )
         await self._db.write(lambda conn: conn.execute(statement))
 
-    async def feedback_counts(self, key: str | None = None) -> FeedbackCounts:
-        """👍 and 👎 on the thread's answers (every thread's when ``key`` is None)."""
+    async def feedback_counts(self, key: str | None = None, *, since: float | None = None) -> FeedbackCounts:
+        """👍 and 👎 on the thread's answers (every thread's when ``key`` is None), clicked
+        since ``since`` when given."""
         good = sa.func.coalesce(sa.func.sum(sa.case((feedback.c.good, 1), else_=0)), 0)
         bad = sa.func.coalesce(sa.func.sum(sa.case((feedback.c.good, 0), else_=1)), 0)
         statement = sa.select(good, bad).select_from(feedback)
         if key is not None:
             statement = statement.where(feedback.c.thread == key)
+        if since is not None:
+            statement = statement.where(feedback.c.at >= since)
         row = await self._db.read(lambda conn: conn.execute(statement).first())
         return FeedbackCounts(int(row[0]), int(row[1])) if row else FeedbackCounts(0, 0)
 
@@ -540,6 +595,17 @@ def _upgrade_legacy_sqlite(conn: Connection) -> None:
     config.attributes["connection"] = conn
     command.stamp(config, "0001")
     log.info("upgraded the store from its pre-Alembic schema version %d", version)
+
+
+def _usage_totals(*groups: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """Sums of the usage columns, grouped by ``groups`` (which come first in each row)."""
+    return sa.select(
+        *groups,
+        sa.func.coalesce(sa.func.sum(usage.c.prompt_tokens), 0),
+        sa.func.coalesce(sa.func.sum(usage.c.completion_tokens), 0),
+        sa.func.coalesce(sa.func.sum(usage.c.kernel_s), 0.0),
+        sa.func.count(),
+    ).group_by(*groups)
 
 
 def _channel_key_of(key: str) -> str:

@@ -12,9 +12,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from bot.agent.llm import Usage
 from bot.agent.loop import Agent, TurnResult
 from bot.agent.prompt import PromptFile, build_system_prompt
 from bot.attachments import IngestResult, add_previews, describe_for_model, ingest
+from bot.budgets import Budgets, TokenAllowance
 from bot.config import ChannelPolicy, Settings
 from bot.events import FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, ThreadKey
 from bot.safetext import shown
@@ -81,6 +83,9 @@ class _Turn:
     progress: Progress
     outputs: Outputs
     has_files: bool
+    #: The turn's row in the usage table, and the token budget it started with.
+    usage_row: int
+    allowance: TokenAllowance
     #: This message's uploads: saved before the kernel is leased, previewed by it once leased.
     uploads: IngestResult = field(default_factory=IngestResult)
 
@@ -156,10 +161,18 @@ class TurnRunner:
     """Runs agent turns; knows which turn is running in which thread (for Stop)."""
 
     def __init__(
-        self, *, settings: Settings, store: Store, pool: KernelPool, agent: Agent, packages: PackageInstaller | None = None
+        self,
+        *,
+        settings: Settings,
+        store: Store,
+        pool: KernelPool,
+        agent: Agent,
+        budgets: Budgets,
+        packages: PackageInstaller | None = None,
     ) -> None:
         """``packages``: installs missing modules on demand (None: never)."""
         self._settings = settings
+        self._budgets = budgets
         self._packages = packages
         self._store = store
         self._pool = pool
@@ -177,8 +190,12 @@ class TurnRunner:
         return True
 
     async def run(self, message: InboundMessage, outbox: Outbox) -> None:
-        """Run one turn for ``message`` and post its reply."""
+        """Run one turn for ``message`` and post its reply (or why a budget refuses it)."""
         key = message.key
+        refusal, allowance = await self._budgets.admit(message)
+        if refusal is not None:
+            await outbox.post(Reply(text=refusal, ok=False))
+            return
         workspace = self._pool.workspaces.for_key(str(key))
         intake = await ingest(message.attachments, workspace, max_bytes=int(self._settings.kernels.max_upload_mb * 2**20))
         for name, reason in intake.refused:
@@ -187,6 +204,8 @@ class TurnRunner:
         if not user_content and not intake.saved:
             return
 
+        model = self._settings.policy_for(key.channel_key).model or self._settings.llm.model
+        row = await self._store.begin_usage(str(key), model=model, user_id=message.user_id, at=self._budgets.clock())
         turn = _ActiveTurn()
         self._active[key] = turn
         progress = outbox.progress()
@@ -195,7 +214,7 @@ class TurnRunner:
         outputs = Outputs()
         try:
             reply = await self._turn(
-                _Turn(message, user_content, workspace, turn, progress, outputs, bool(intake.saved), intake)
+                _Turn(message, user_content, workspace, turn, progress, outputs, bool(intake.saved), row, allowance, intake)
             )
             ok = reply.ok
             await outbox.post(reply)
@@ -261,6 +280,9 @@ class TurnRunner:
         async def on_step(round_no: int, code_line: str) -> None:
             await t.progress.update(f"Running step {round_no}: `{code_line[:80]}`")
 
+        async def within_budget(spent: Usage) -> str | None:
+            return t.allowance.exceeded(spent.prompt_tokens + spent.completion_tokens, self._budgets.clock())
+
         started = time.time()
         try:
             result = await self._agent.run_turn(
@@ -273,6 +295,7 @@ class TurnRunner:
                 on_step=on_step,
                 has_files=t.has_files,
                 drafts=t.progress if t.progress.shows_drafts else None,
+                budget=within_budget,
             )
         finally:
             # Also when the turn fails: the cells that ran belong in the store, and a failed
@@ -285,7 +308,10 @@ class TurnRunner:
             notice = [{"role": NOTICE_ROLE, "content": result.notice}] if result.notice else []
             await self._store.add_messages(str(key), [*result.new_messages, *notice], user_id=t.message.user_id)
         await self._store.add_usage(
-            str(key), policy.model or self._settings.llm.model, result.usage.prompt_tokens, result.usage.completion_tokens
+            t.usage_row,
+            prompt_tokens=result.usage.prompt_tokens,
+            completion_tokens=result.usage.completion_tokens,
+            kernel_s=sum(r.duration_s for r in runner.results),
         )
         await collect_outputs(runner.results, t.workspace, t.outputs)
         log.info("turn in %s: %s after %d cells, %.1fs", key, result.stop_reason, len(runner.results), time.time() - started)

@@ -45,8 +45,10 @@ from kernels.result import ExecutionResult, KernelError, Outcome
 
 log = logging.getLogger(__name__)
 
-StopReason = Literal["answer", "max_rounds", "llm_error", "interrupted", "kernel_error"]
+StopReason = Literal["answer", "max_rounds", "llm_error", "interrupted", "kernel_error", "budget"]
 OnStep = Callable[[int, str], Awaitable[None]]
+#: Given the turn's usage so far, the sentence that stops it (a spent budget) or None.
+BudgetCheck = Callable[[Usage], Awaitable[str | None]]
 
 PYTHON_TOOL: dict[str, Any] = {
     "type": "function",
@@ -157,6 +159,7 @@ class Agent:
         on_step: OnStep | None = None,
         has_files: bool = False,
         drafts: Drafts | None = None,
+        budget: BudgetCheck | None = None,
     ) -> TurnResult:
         """Answer ``user_content``, running code in ``runner`` as the model asks.
 
@@ -164,7 +167,9 @@ class Agent:
         entries of roles the model does not know, such as stored notices, are skipped);
         ``on_step(round, first_line_of_code)`` is awaited before each execution;
         ``has_files`` says files came with this message (for the nudge); ``drafts`` is shown
-        each reply as it streams in, and told when a reply turns out not to be the answer.
+        each reply as it streams in, and told when a reply turns out not to be the answer;
+        ``budget`` is asked before each code run whether the turn's tokens are still within
+        budget (a sentence ends the turn there, the code not run).
         """
         user = {"role": "user", "content": user_content}
         model = model or self._settings.model
@@ -182,6 +187,7 @@ class Agent:
             question=user_content,
             has_files=has_files,
             drafts=drafts,
+            budget=budget,
         )
         return await turn.run()
 
@@ -201,6 +207,7 @@ class _Turn:
     question: str
     has_files: bool
     drafts: Drafts | None = None
+    budget: BudgetCheck | None = None
     usage: Usage = field(default_factory=Usage)
     fitted: dict[str, int] = field(default_factory=dict)  # the Agent's: model → history budget that fits
     rounds: int = 0
@@ -220,6 +227,10 @@ class _Turn:
             if reply.tool_calls:
                 await self._drop_draft()
                 self._add(reply.message())
+                if (spent := await self._over_budget()) is not None:
+                    for call in reply.tool_calls:
+                        self._add(_tool_message(call.id, "Not run: the token budget ran out."))
+                    return self._finish("budget", spent)
                 if (done := await self._run_tool_calls(reply.tool_calls)) is not None:
                     return done
                 continue
@@ -239,6 +250,8 @@ class _Turn:
                 return self._answer(reply)
             if self.rounds >= self.max_rounds:
                 return self._finish("max_rounds", self._limit_note(), said=content)
+            if (spent := await self._over_budget()) is not None:
+                return self._finish("budget", spent, said=content)
             self._add(reply.message())
             if (done := await self._run_fenced(code)) is not None:
                 return done
@@ -263,6 +276,10 @@ class _Turn:
                 continue
             self.usage.add(reply.usage)
             return reply
+
+    async def _over_budget(self) -> str | None:
+        """The sentence of a token budget this turn has spent, before it runs more code."""
+        return await self.budget(self.usage) if self.budget is not None else None
 
     async def _draft(self, text: str) -> None:
         """Show the streaming reply, unless it is (or turns into) code to run."""

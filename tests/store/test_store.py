@@ -39,8 +39,9 @@ async def test_round_trip_survives_restart(store_target: Path | str) -> None:
         await store.add_messages(KEY, CONVERSATION[:1], user_id="U1")
         await store.add_messages(KEY, CONVERSATION[1:])
         await store.add_cell(KEY, "6*7", ExecutionResult(result="42", execution_count=1, duration_s=0.01))
-        await store.add_usage(KEY, "gpt-test", 100, 20)
-        await store.add_usage(KEY, "gpt-test", 50, 5)
+        for prompt, completion in ((100, 20), (50, 5)):
+            row = await store.begin_usage(KEY, model="gpt-test", user_id="U1")
+            await store.add_usage(row, prompt_tokens=prompt, completion_tokens=completion, kernel_s=0.5)
 
     async with await Store.open(store_target) as store:
         assert await store.schema_version() == SCHEMA_VERSION
@@ -117,7 +118,7 @@ async def test_concurrent_writes_from_two_threads(store_target: Path | str) -> N
                 key, [{"role": "user", "content": f"{key} q{i}"}, {"role": "assistant", "content": f"{key} a{i}"}]
             )
             await store.add_cell(key, f"print({i})", ExecutionResult(streams=[StreamChunk("stdout", f"{i}\n")]))
-            await store.add_usage(key, "m", 1, 2)
+            await store.add_usage(await store.begin_usage(key, model="m", user_id="U1"), prompt_tokens=1, completion_tokens=2)
 
     async with await Store.open(store_target) as store:
         await asyncio.gather(converse(store, KEY), converse(store, OTHER))
