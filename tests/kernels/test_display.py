@@ -245,7 +245,7 @@ def test_export_stays_valid_for_structured_data_under_a_text_type() -> None:
 
 
 def test_prompt_names_the_main_libraries_of_the_kernel() -> None:
-    infrastructure = {"ipykernel", "matplotlib-inline", "vl-convert-python", "kaleido", "dill"}
+    infrastructure = {"ipykernel", "matplotlib-inline", "vl-convert-python", "kaleido", "dill", "nbconvert"}
     names = [
         re.split(r"[<>=!~\[ ]", line.strip())[0]
         for line in REQUIREMENTS.read_text().splitlines()
