@@ -74,8 +74,13 @@ class World:
         assert status == 200
 
     def answers(self, channel: str, thread_ts: str) -> list[str]:
-        """The bot's answers in a thread, oldest first (notices and statuses left out)."""
-        return [m.text for m in self.slack.bot_messages(channel, thread_ts) if m.text.startswith("echo ")]
+        """The bot's finished answers in a thread, oldest first (notices, statuses and answers
+        still streaming in left out)."""
+        return [
+            m.text
+            for m in self.slack.bot_messages(channel, thread_ts)
+            if m.text.startswith("echo ") and m.stream_state != "streaming"
+        ]
 
     def notices(self, channel: str, thread_ts: str, text: str) -> list[Message]:
         return [m for m in self.slack.bot_messages(channel, thread_ts) if text in m.text]

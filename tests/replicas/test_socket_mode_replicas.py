@@ -47,7 +47,11 @@ class Replicas:
         return set(await self.slack.wait_for(lambda: DONE & self.slack.reactions.get(key, set()), timeout))
 
     def answers(self, channel: str, thread_ts: str) -> list[str]:
-        return [m.text for m in self.slack.bot_messages(channel, thread_ts) if m.text.startswith(("printed", "plain"))]
+        return [
+            m.text
+            for m in self.slack.bot_messages(channel, thread_ts)
+            if m.text.startswith(("printed", "plain")) and m.stream_state != "streaming"  # finished answers
+        ]
 
 
 @pytest_asyncio.fixture
