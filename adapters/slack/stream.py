@@ -5,9 +5,10 @@ where Slack allows it. Where it refuses (an app or workspace it will not stream 
 draft is one posted message edited in place, and the adapter remembers the refusal
 (:class:`StreamingSupport`), so later turns go straight to editing.
 
-Calls are buffered by time, not by size: at most one call per :data:`STREAM_INTERVAL_S` per
-answer (≤ 50 a minute, the floor of Slack's Tier 3 and its one-message-a-second pace in a
-channel), each carrying everything written since the last one.
+Calls are buffered by time, not by size: the first once the model has written for
+:data:`FIRST_DRAFT_S` (a quick answer is posted whole instead), then at most one call per
+:data:`STREAM_INTERVAL_S` per answer (≤ 50 a minute, the floor of Slack's Tier 3 and its
+one-message-a-second pace in a channel), each carrying everything written since the last one.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from adapters.slack.format import MESSAGE_LIMIT, to_mrkdwn
 log = logging.getLogger("threadbook.slack")
 
 STREAM_INTERVAL_S = 1.2
+#: A draft shows once the model has been writing this long: an answer whole by then is posted
+#: whole (one call, with its charts in the same message) instead of flashing as a stream.
+FIRST_DRAFT_S = 0.5
 #: One ``markdown_text`` may hold 12,000 characters; a longer draft waits for the final answer.
 _APPEND_LIMIT = 12_000
 
@@ -56,12 +60,16 @@ class AnswerStream:
         user_id: str,
         support: StreamingSupport,
         interval_s: float = STREAM_INTERVAL_S,
+        first_draft_s: float = FIRST_DRAFT_S,
     ) -> None:
         self._client = client
         self._channel, self._thread_ts = channel, thread_ts
         self._team_id, self._user_id = team_id, user_id
         self._support = support
         self._interval = interval_s
+        self._first_draft = first_draft_s
+        #: When the reply being drafted began to arrive.
+        self._began: float | None = None
         self._native = support.native
         self._ts: str | None = None
         #: What the message shows (native: the Markdown sent so far; edited: the last text).
@@ -84,7 +92,10 @@ class AnswerStream:
         self._wanted = text
         if self._flusher is not None and not self._flusher.done():
             return  # the scheduled call sends the newest text
-        wait = self._last + self._interval - time.monotonic()
+        now = time.monotonic()
+        if self._began is None:
+            self._began = now
+        wait = max(self._last + self._interval, self._began + self._first_draft) - now
         if wait <= 0:
             await self._flush()
         else:
@@ -150,7 +161,7 @@ class AnswerStream:
         self._reset()
 
     def _reset(self) -> None:
-        self._ts, self._sent, self._wanted, self._failed = None, "", "", False
+        self._ts, self._sent, self._wanted, self._failed, self._began = None, "", "", False, None
 
     async def _cancel_flusher(self) -> None:
         if self._flusher is not None:

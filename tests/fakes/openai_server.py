@@ -138,10 +138,13 @@ def text_tool_call(code: str, *, style: str = "json") -> Step:
     return _Reply(content=texts[style])
 
 
-def tool_call(*codes: str, content: str | None = None, usage: tuple[int, int] | None = None) -> Step:
-    """One assistant reply that calls the ``python`` tool once per code string, in order."""
+def tool_call(
+    *codes: str, content: str | None = None, usage: tuple[int, int] | None = None, pace_s: float = 0.0
+) -> Step:
+    """One assistant reply that calls the ``python`` tool once per code string, in order
+    (streamed, its chunks come ``pace_s`` apart)."""
     calls = tuple(("python", json.dumps({"code": code})) for code in codes)
-    return _Reply(content=content, tool_calls=calls, usage=usage)
+    return _Reply(content=content, tool_calls=calls, usage=usage, pace_s=pace_s)
 
 
 def raw_tool_call(arguments: str, *, name: str = "python", usage: tuple[int, int] | None = None) -> Step:

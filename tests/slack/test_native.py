@@ -68,16 +68,17 @@ async def test_an_answer_streams_in_whole_in_order_and_within_the_rate(bot: Bot)
 async def test_words_before_code_are_taken_away_and_the_chart_follows_the_answer(bot: Bot) -> None:
     slack = bot.slack
     slack.refuse_streaming = None
-    bot.llm.script(tool_call(PLOT, content="Let me draw that first."), answer("Here is the curve.", pace_s=0.02))
+    # The words before the call take 0.6 s to write: long enough to be shown as a draft.
+    words = tool_call(PLOT, content="Let me draw that first, one moment.", pace_s=0.1)
+    bot.llm.script(words, answer("Here is the curve.", pace_s=0.02))
     event = slack.mention("C_STREAM2", "draw it")
     await slack.post_event(bot.events_url, event)
     assert await bot.finished(event) == {"white_check_mark"}
     messages = live(slack, "C_STREAM2", event["ts"])
     assert not any("Let me draw" in m.text for m in messages)
-    assert [c.args["markdown_text"] for c in slack.calls_to("chat.startStream") if c.args["channel"] == "C_STREAM2"][:1] == [
-        "Let me d"  # the words were streamed (then deleted with their message)
-    ]
-    # The answer came within the pace of one call, so it was posted whole: with its chart, in one message.
+    started = [c.args["markdown_text"] for c in slack.calls_to("chat.startStream") if c.args["channel"] == "C_STREAM2"]
+    assert len(started) == 1 and started[0].startswith("Let me draw")  # shown, then deleted with its message
+    # The answer was whole within half a second, so it was posted whole: with its chart, in one message.
     [answered] = [m for m in messages if m.text == "Here is the curve."]
     [chart] = [u for u in slack.uploads if u.file_id in answered.files]
     assert chart.data.startswith(b"\x89PNG") and chart.thread_ts == event["ts"]
