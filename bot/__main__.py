@@ -9,10 +9,11 @@ import sys
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
+from bot import logs
 from bot.config import ConfigError, Settings, load_settings
 from bot.store import StoreError
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_FORMAT = logs.TEXT_FORMAT
 #: The interactive console's log, beside the SQLite store (in ``data/`` with PostgreSQL).
 CONSOLE_LOG_NAME = "threadbook-console.log"
 
@@ -49,7 +50,7 @@ def _console_logging(settings: Settings) -> Path | None:
         except OSError as exc:
             print(f"threadbook: cannot write the log {path} ({exc.strerror}); warnings go to stderr", file=sys.stderr)
         else:
-            handler.setFormatter(logging.Formatter(LOG_FORMAT))
+            handler.setFormatter(logs.formatter(settings.logging.format))
             for old in root.handlers[:]:
                 root.removeHandler(old)
             root.addHandler(handler)
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    # logging.format (text or json); lines logged while a message is handled name its thread and turn.
+    logs.use_format(settings.logging.format)
     try:
         if args.command == "console":
             log_path = _console_logging(settings)

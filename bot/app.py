@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapters.base import Adapter, AdapterStartError, ThreadReach
+from bot import metrics
 from bot.agent.loop import Agent
 from bot.budgets import Budgets, Clock
 from bot.commands import Commands
 from bot.config import Settings
 from bot.dispatcher import INTERRUPTED_NOTICE, Dispatcher
 from bot.events import Outbox, ThreadKey
+from bot.health import OpsServer, Readiness
 from bot.store import Store
 from bot.turn import TurnRunner
 from kernels import KernelPool, Reaper, build_launcher
@@ -71,6 +73,28 @@ class Core:
             commands = Commands(store=store, pool=pool, settings=settings, clock=clock)
             dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands, pool=pool)
             yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher)
+
+
+@asynccontextmanager
+async def serve_ops(core: Core, *, host: str | None = None, port: int | None = None) -> AsyncIterator[OpsServer]:
+    """The operations endpoints (/healthz, /readyz, /metrics) of ``core`` while the block runs,
+    on ``ops.http_host:ops.http_port`` unless ``host``/``port`` say otherwise (port 0: any
+    free port). Raises OSError when it cannot listen."""
+    readiness = Readiness(
+        store=core.store, llm=core.settings.llm, kernels=core.settings.kernels, launcher=core.pool.launcher
+    )
+    server = OpsServer(
+        readiness,
+        host=core.settings.ops.http_host if host is None else host,
+        port=core.settings.ops.http_port if port is None else port,
+    )
+    unwatch = metrics.watch(core.pool, core.dispatcher)
+    try:
+        await server.start()
+        yield server
+    finally:
+        unwatch()
+        await server.stop()
 
 
 def platform_adapters(settings: Settings, dispatcher: Dispatcher) -> list[Adapter]:
@@ -182,7 +206,14 @@ async def run_bot(settings: Settings) -> int:
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with Core.open(settings) as core:
+        async with Core.open(settings) as core, AsyncExitStack() as ops_stack:
+            ops: OpsServer | None = None
+            if settings.ops.http_port:
+                try:
+                    ops = await ops_stack.enter_async_context(serve_ops(core))
+                except OSError as exc:
+                    log.error("ops.http_port: cannot listen on %s:%d: %s", settings.ops.http_host, settings.ops.http_port, exc)
+                    return 2
             adapters = platform_adapters(settings, core.dispatcher)
             started: list[Adapter] = []
             try:
@@ -202,6 +233,8 @@ async def run_bot(settings: Settings) -> int:
                 try:
                     await stop.wait()
                 finally:
+                    if ops is not None:
+                        ops.readiness.stopping = True  # /readyz: 503 while the turns finish
                     notices.cancel()
                     with suppress(asyncio.CancelledError):
                         await notices

@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -170,6 +170,17 @@ class OpsSettings(_Model):
 
     #: On SIGTERM, running turns get this long to finish before they are cut off (and told).
     shutdown_grace_s: float = Field(25.0, ge=0, le=3600)
+    #: The operations HTTP server of ``run`` (/healthz, /readyz, /metrics; docs/operations.md):
+    #: its address, and its port (0: no server).
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(0, ge=0, le=65535)
+
+
+class LoggingSettings(_Model):
+    """How log lines are written (the level is ``--log-level``)."""
+
+    #: ``text`` (one readable line) or ``json`` (one JSON object a line; docs/operations.md).
+    format: Literal["text", "json"] = "text"
 
 
 class AccessSettings(_Model):
@@ -232,6 +243,7 @@ class Settings(_Model):
     kernels: KernelSettings = Field(default_factory=KernelSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     ops: OpsSettings = Field(default_factory=OpsSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
     limits: Limits = Field(default_factory=Limits)
     channels: dict[str, ChannelPolicy] = Field(default_factory=dict)

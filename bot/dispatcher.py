@@ -25,6 +25,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
+from bot import logs, metrics
 from bot.commands import Commands
 from bot.config import Settings
 from bot.events import InboundMessage, Outbox, ThreadKey
@@ -83,6 +84,7 @@ class Dispatcher:
         """Handle one inbound message end to end. Never raises, except to pass on cancellation."""
         slot = self._slots.setdefault(message.key, _ThreadSlot())  # before any await: arrival order
         slot.users += 1
+        log_context = logs.enter_turn(message.key, message.message_id)  # every line logged for it names it
         try:
             async with slot.intake:
                 if not await self._accepts(message):
@@ -104,10 +106,15 @@ class Dispatcher:
             except Exception:
                 log.exception("could not report the failure to %s", message.key)
         finally:
+            logs.leave_turn(log_context)
             slot.users -= 1
             slot.wake()
             if slot.users == 0:
                 self._slots.pop(message.key, None)
+
+    def waiting_turns(self) -> list[int]:
+        """For each thread with messages of this process waiting behind its running turn: how many (metrics)."""
+        return [slot.users - 1 for slot in self._slots.values() if slot.users > 1]
 
     async def stop(self, key: ThreadKey) -> bool:
         """Interrupt the running turn of a thread (the Stop button), on whichever replica runs
@@ -220,6 +227,8 @@ class Dispatcher:
                 log.exception("could not look for a Stop of %s", message.key)
 
     async def _run(self, message: InboundMessage, outbox: Outbox) -> None:
-        if not message.attachments and await self._commands.try_run(message, outbox):
-            return
-        await self._turns.run(message, outbox)
+        with metrics.turn():  # counts the turn by its outcome, and times it
+            if not message.attachments and await self._commands.try_run(message, outbox):
+                metrics.turn_outcome("command")
+                return
+            await self._turns.run(message, outbox)

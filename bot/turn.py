@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from bot import metrics
 from bot.agent.llm import Usage
 from bot.agent.loop import Agent, TurnResult
 from bot.agent.prompt import PromptFile, build_system_prompt
@@ -128,6 +129,7 @@ class _RecordingRunner:
         if self.progress is not None and self.packages.allowed(distribution_for(module)):
             await self.progress.update(f"📦 Installing `{distribution_for(module)}`…")
         outcome = self._provided[module] = await self.packages.provide(module)
+        metrics.package_install(outcome.verdict.value)
         if (note := outcome.thread_note()) is not None and note not in self.notes:
             self.notes.append(note)
         if not outcome.rerun or self.turn.stopped:
@@ -148,6 +150,7 @@ class _RecordingRunner:
 
     def _record(self, code: str, result: ExecutionResult) -> ExecutionResult:
         self.results.append(result)
+        metrics.execution(result.outcome.value, result.duration_s)
         # Stored while the model reads the result (the store keeps the order of its writes).
         self._writes.append(asyncio.create_task(self.store.add_cell(self.key, code, result)))
         return result
@@ -194,6 +197,7 @@ class TurnRunner:
         key = message.key
         refusal, allowance = await self._budgets.admit(message)
         if refusal is not None:
+            metrics.turn_outcome("refused")
             await outbox.post(Reply(text=refusal, ok=False))
             return
         workspace = self._pool.workspaces.for_key(str(key))
@@ -202,6 +206,7 @@ class TurnRunner:
             await outbox.notify(f"📎 `{shown(name)}` was not added: {reason}")
         user_content = message.text.strip()
         if not user_content and not intake.saved:
+            metrics.turn_outcome("empty")
             return
 
         model = self._settings.policy_for(key.channel_key).model or self._settings.llm.model
@@ -239,18 +244,23 @@ class TurnRunner:
                 lease = self._pool.lease(str(key), options, on_wait=waiting, leave=t.active.leave)
                 session = await held.enter_async_context(lease)  # held until the turn ends
             except QueueFullError:
+                metrics.turn_outcome("queue_full")
                 waiting_now = self._pool.queue_stats().waiting
                 return Reply(text=QUEUE_FULL_NOTICE.format(kernels=kernels.max_kernels, waiting=waiting_now), ok=False)
             except QueueTimeoutError:
+                metrics.turn_outcome("queue_timeout")
                 text = QUEUE_TIMEOUT_NOTICE.format(timeout=kernels.queue_timeout_s, kernels=kernels.max_kernels)
                 return Reply(text=text, ok=False)
             except QueueLeftError:
+                metrics.turn_outcome("queue_left")
                 return Reply(text=QUEUE_LEFT_NOTICE, ok=False)
             except KernelUnavailableError as exc:
+                metrics.turn_outcome("kernel_unavailable")
                 log.warning("no kernel for %s: %s", key, exc)
                 return Reply(text=KERNEL_SERVICE_NOTICE, ok=False)
             except Exception:
                 log.exception("kernel start failed for %s", key)
+                metrics.turn_outcome("kernel_start_failed")
                 return Reply(text=KERNEL_START_NOTICE, ok=False)
             reply = await self._converse(t, session, options, policy)
         return reply
@@ -301,6 +311,7 @@ class TurnRunner:
             # Also when the turn fails: the cells that ran belong in the store, and a failed
             # write must surface instead of vanishing with an unawaited task.
             await runner.stored()
+        metrics.turn_outcome(result.stop_reason)
         # A failed model request leaves new_messages empty: nothing of it (not even the user's
         # message) enters the history, so the next turn replays only exchanges that worked.
         # Our own notes are stored as notices, which history() never returns to the model.

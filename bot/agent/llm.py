@@ -29,6 +29,7 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from bot import metrics
 from bot.agent.history import wire_messages
 from bot.config import LLMSettings
 
@@ -149,10 +150,16 @@ class LLMClient:
             max_retries=0,  # retried in complete(), where a timeout is retried once at most
         )
 
+    @property
+    def settings(self) -> LLMSettings:
+        """The ``llm`` settings this client was made with."""
+        return self._settings
+
     async def close(self) -> None:
         """Close the HTTP connections."""
         await self._client.close()
 
+    @metrics.observe_llm  # latency, tokens and failures; when the endpoint last answered (readiness)
     async def complete(
         self,
         messages: list[dict[str, Any]],

@@ -253,7 +253,9 @@ async def test_feedback_click_reaches_the_store_with_the_question_id(world: Worl
     key = f"discord:{GUILD_ID}:{CHANNEL_ID}:{thread_id}"
     await eventually(lambda: (key, str(message["id"]), str(USER_ID), 0) in world.feedback_rows())  # polls the file
     # Notices and command answers get no buttons; the status message lost its Stop button.
-    assert [s.custom_ids for s in fake.sent[thread_id] if s.id != answer_msg.id and not s.ephemeral] == [[]]
+    # The status message is finished after the answer is posted, so its button goes a moment later.
+    await eventually(lambda: [s.custom_ids for s in fake.sent[thread_id]
+                              if s.id != answer_msg.id and not s.ephemeral] == [[]])
 
 
 async def test_a_table_arrives_as_an_aligned_code_block(world: World) -> None:

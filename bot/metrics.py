@@ -1,0 +1,320 @@
+"""Prometheus metrics of one bot process, served on ``/metrics`` (bot/health.py).
+
+Every metric is defined here, in a registry of our own (:data:`REGISTRY`, not
+prometheus_client's global one), and moved by small functions the core calls in one line
+(:func:`turn_outcome`, :func:`execution`, :func:`package_install`, the :func:`observe_llm`
+decorator…). What is a state rather than an event (kernels, queues) is read from the pool
+and the dispatcher when Prometheus scrapes (:func:`watch`). docs/operations.md lists every
+metric and its labels.
+
+Labels are bounded sets only: outcomes and kinds named here, and the configured model
+names. Nothing is labelled by thread, user or channel (one series per thread would grow
+without end); the per-thread queues are summed up as the number of threads with a line and
+the longest line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, Protocol, TypeVar
+
+import openai
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from bot.config import LLMSettings
+
+if TYPE_CHECKING:
+    from bot.dispatcher import Dispatcher
+    from kernels import KernelPool
+
+log = logging.getLogger(__name__)
+
+#: Every metric of the bot (served by ``/metrics``); never prometheus_client's global registry.
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+#: How a turn ends: the agent loop's stop reasons, then what ends a turn before or around it.
+TURN_OUTCOMES = (
+    "answer", "max_rounds", "llm_error", "interrupted", "kernel_error", "budget",  # the agent loop
+    "command",  # an in-thread command (help, reset, status…) instead of a turn
+    "refused",  # a spent budget (limits)
+    "empty",  # nothing to do (no text, no upload saved)
+    "queue_full", "queue_timeout", "queue_left",  # no kernel came free (the kernel queue)
+    "kernel_unavailable", "kernel_start_failed",  # the kernel could not be had
+    "failed", "cancelled",  # an unexpected exception; cut off by shutdown
+)  # fmt: skip
+#: Outcomes that are also counted as errors, and the kind they count as.
+_OUTCOME_ERRORS = {"kernel_unavailable": "kernel_unavailable", "kernel_start_failed": "kernel_start", "failed": "turn_exception"}
+#: How executions end: kernels.result.Outcome's values.
+EXECUTION_OUTCOMES = ("ok", "error", "timeout_interrupted", "timeout_restarted", "interrupted", "died")
+#: What became of a missing module: kernels.packages.Verdict's values.
+INSTALL_OUTCOMES = ("installed", "available", "in_environment", "not_allowed", "failed")
+#: Why an LLM request failed (after the client's retries).
+LLM_ERROR_KINDS = (
+    "timeout", "connection", "auth", "not_found", "rate_limited", "server_error", "context_length", "refused",
+    "unreadable", "other",
+)  # fmt: skip
+ERROR_KINDS = (*(f"llm_{kind}" for kind in LLM_ERROR_KINDS), *_OUTCOME_ERRORS.values())
+
+TURNS = Counter("threadbook_turns", "Messages handled, by how their turn ended.", ["outcome"], registry=REGISTRY)
+TURN_SECONDS = Histogram(
+    "threadbook_turn_duration_seconds",
+    "How long a turn ran, from its start (after any wait behind an earlier turn of its thread) to its reply.",
+    buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+    registry=REGISTRY,
+)
+LLM_SECONDS = Histogram(
+    "threadbook_llm_request_duration_seconds",
+    "How long one model request took, retries included, by model.",
+    ["model"],
+    buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
+    registry=REGISTRY,
+)
+LLM_TOKENS = Counter("threadbook_llm_tokens", "Tokens spent, by model and kind (prompt, completion).", ["model", "kind"], registry=REGISTRY)
+EXECUTIONS = Counter("threadbook_executions", "Code executions in kernels, by outcome.", ["outcome"], registry=REGISTRY)
+EXECUTION_SECONDS = Histogram(
+    "threadbook_execution_duration_seconds",
+    "How long one code execution ran in its kernel.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+    registry=REGISTRY,
+)
+PACKAGE_INSTALLS = Counter(
+    "threadbook_package_installs", "Missing modules met by code, by what became of them.", ["outcome"], registry=REGISTRY
+)
+ERRORS = Counter("threadbook_errors", "Failures, by kind.", ["kind"], registry=REGISTRY)
+
+# Every known label value at 0 from the start, so rates and absent() work before the first event.
+for _outcome in TURN_OUTCOMES:
+    TURNS.labels(_outcome)
+for _outcome in EXECUTION_OUTCOMES:
+    EXECUTIONS.labels(_outcome)
+for _outcome in INSTALL_OUTCOMES:
+    PACKAGE_INSTALLS.labels(_outcome)
+for _kind in ERROR_KINDS:
+    ERRORS.labels(_kind)
+
+
+# --- turns -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _TurnRecord:
+    outcome: str | None = None
+
+
+_current_turn: ContextVar[_TurnRecord | None] = ContextVar("threadbook_metrics_turn", default=None)
+
+
+def turn_finished(outcome: str, seconds: float) -> None:
+    """Count one turn that ended with ``outcome`` after ``seconds``."""
+    TURNS.labels(outcome).inc()
+    TURN_SECONDS.observe(seconds)
+    if (kind := _OUTCOME_ERRORS.get(outcome)) is not None:
+        ERRORS.labels(kind).inc()
+
+
+@contextmanager
+def turn() -> Iterator[None]:
+    """Time the turn run inside the block; :func:`turn_outcome` inside it names how it ended
+    (an exception: ``failed``; cancellation: ``cancelled``)."""
+    record = _TurnRecord()
+    token = _current_turn.set(record)
+    started = time.monotonic()
+    outcome = "failed"
+    try:
+        yield
+        outcome = record.outcome or "answer"
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
+    finally:
+        _current_turn.reset(token)
+        turn_finished(outcome, time.monotonic() - started)
+
+
+def turn_outcome(outcome: str) -> None:
+    """Name how the turn running in this context ends (the last call wins); no-op outside one."""
+    if (record := _current_turn.get()) is not None:
+        record.outcome = outcome
+
+
+# --- kernels ---------------------------------------------------------------------------------
+
+
+def execution(outcome: str, seconds: float) -> None:
+    """Count one code execution (``outcome``: a :class:`kernels.result.Outcome` value)."""
+    EXECUTIONS.labels(outcome).inc()
+    EXECUTION_SECONDS.observe(max(0.0, seconds))
+
+
+def package_install(outcome: str) -> None:
+    """Count one missing module and what became of it (a :class:`kernels.packages.Verdict` value)."""
+    PACKAGE_INSTALLS.labels(outcome).inc()
+
+
+def error(kind: str) -> None:
+    """Count one failure of ``kind`` (keep kinds to a fixed set)."""
+    ERRORS.labels(kind).inc()
+
+
+# --- the model -------------------------------------------------------------------------------
+
+
+@dataclass
+class EndpointSeen:
+    """When an LLM endpoint last answered a request, and when a request to it last failed
+    (``time.monotonic()``; None: never, in this process)."""
+
+    last_ok: float | None = None
+    last_failure: float | None = None
+
+
+#: By ``llm.base_url``: what the bot's own requests saw (readiness reads it).
+_endpoints: dict[str, EndpointSeen] = {}
+
+
+def endpoint_seen(base_url: str) -> EndpointSeen:
+    """What requests to ``base_url`` saw lately."""
+    return _endpoints.setdefault(base_url, EndpointSeen())
+
+
+class _LLMClient(Protocol):
+    @property
+    def settings(self) -> LLMSettings: ...
+
+
+_Client = TypeVar("_Client", bound=_LLMClient)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def observe_llm(
+    complete: Callable[Concatenate[_Client, _P], Awaitable[_R]],
+) -> Callable[Concatenate[_Client, _P], Awaitable[_R]]:
+    """Decorates ``LLMClient.complete``: its latency and tokens by model, its failures by kind,
+    and when its endpoint last answered or failed (for readiness)."""
+
+    @functools.wraps(complete)
+    async def observed(self: _Client, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        settings = self.settings
+        model = kwargs.get("model")
+        model = model if isinstance(model, str) and model else settings.model
+        seen = endpoint_seen(settings.base_url)
+        started = time.monotonic()
+        try:
+            completion = await complete(self, *args, **kwargs)
+        except Exception as exc:
+            seen.last_failure = time.monotonic()
+            LLM_SECONDS.labels(model).observe(seen.last_failure - started)
+            ERRORS.labels(f"llm_{llm_error_kind(exc)}").inc()
+            raise
+        seen.last_ok = time.monotonic()
+        LLM_SECONDS.labels(model).observe(seen.last_ok - started)
+        usage = getattr(completion, "usage", None)
+        LLM_TOKENS.labels(model, "prompt").inc(max(0, getattr(usage, "prompt_tokens", 0) or 0))
+        LLM_TOKENS.labels(model, "completion").inc(max(0, getattr(usage, "completion_tokens", 0) or 0))
+        return completion
+
+    return observed
+
+
+def llm_error_kind(exc: BaseException) -> str:
+    """One of :data:`LLM_ERROR_KINDS` for a failed request (an ``LLMError`` and its cause)."""
+    from bot.agent.llm import ContextLengthError, LLMError  # here: bot.agent.llm imports this module
+
+    if isinstance(exc, ContextLengthError):
+        return "context_length"
+    status = exc.status if isinstance(exc, LLMError) else None
+    if status is not None:
+        if status in (401, 403):
+            return "auth"
+        if status == 404:
+            return "not_found"
+        if status == 429:
+            return "rate_limited"
+        return "server_error" if status >= 500 else "refused"
+    cause = exc.__cause__
+    if isinstance(cause, openai.APITimeoutError):  # before APIConnectionError: a subclass of it
+        return "timeout"
+    if isinstance(cause, openai.APIConnectionError):
+        return "connection"
+    if isinstance(cause, (openai.APIResponseValidationError, ValueError)) or type(cause).__name__ == "_Unreadable":
+        return "unreadable"
+    return "other"
+
+
+# --- states read at scrape time --------------------------------------------------------------
+
+
+class _LiveCollector(Collector):
+    """Kernels and queues of the pools and dispatchers being watched, read when scraped."""
+
+    def __init__(self) -> None:
+        self.watched: list[tuple[KernelPool, Dispatcher | None]] = []
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            return list(self._families(self.watched))
+        except Exception:  # a scrape must never fail the whole page
+            log.exception("reading the kernel and queue gauges failed")
+            return list(self._families())
+
+    @staticmethod
+    def _families(watched: Iterable[tuple[KernelPool, Dispatcher | None]] = ()) -> Iterator[Metric]:
+        kernels = GaugeMetricFamily(
+            "threadbook_kernels", "Kernel sessions of this process by state (starting, idle, busy, dead).", labels=["state"]
+        )
+        warm = GaugeMetricFamily("threadbook_kernels_warm", "Warm kernels (ready or starting) waiting for a new thread.")
+        limit = GaugeMetricFamily("threadbook_kernels_max", "kernels.max_kernels: kernels at most (warm ones included).")
+        kernel_queue = GaugeMetricFamily("threadbook_kernel_queue_waiting", "New threads waiting for a kernel to come free.")
+        threads = GaugeMetricFamily(
+            "threadbook_threads_queued", "Threads with messages waiting behind a running turn of the same thread."
+        )
+        longest = GaugeMetricFamily("threadbook_thread_queue_longest", "Messages waiting behind the running turn, in the longest line.")
+        states = dict.fromkeys(("starting", "idle", "busy", "dead"), 0)
+        warm_count = max_kernels = waiting = queued = line = 0
+        for pool, dispatcher in watched:
+            for session in pool.sessions():
+                state = {"new": "starting", "stopped": "dead"}.get(session.state, session.state)
+                states[state] = states.get(state, 0) + 1
+            warm_count += pool.warm.count if pool.warm is not None else 0
+            max_kernels += pool.settings.max_kernels
+            waiting += pool.queue_stats().waiting
+            if dispatcher is not None:
+                lines = dispatcher.waiting_turns()
+                queued += len(lines)
+                line = max(line, *lines, 0)
+        for state, count in states.items():
+            kernels.add_metric([state], count)
+        for family, value in ((warm, warm_count), (limit, max_kernels), (kernel_queue, waiting), (threads, queued), (longest, line)):
+            family.add_metric([], value)
+            yield family
+        yield kernels
+
+
+_live = _LiveCollector()
+REGISTRY.register(_live)
+
+
+def watch(pool: KernelPool, dispatcher: Dispatcher | None = None) -> Callable[[], None]:
+    """Report ``pool``'s kernels and ``dispatcher``'s queues on every scrape until the
+    returned function is called."""
+    entry = (pool, dispatcher)
+    _live.watched.append(entry)
+
+    def unwatch() -> None:
+        if entry in _live.watched:
+            _live.watched.remove(entry)
+
+    return unwatch
