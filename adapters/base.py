@@ -1,24 +1,15 @@
-"""What every chat platform adapter offers the application runner."""
+"""What every chat platform adapter offers the application runner (:class:`ThreadReach` is the
+core's: it reaches threads with no message to answer)."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from bot.events import Outbox, ThreadKey
+from bot.events import ThreadReach
 
 
 class AdapterStartError(Exception):
     """A platform refused to start (bad token, missing permission); ``str()`` is one line naming the setting."""
-
-
-class ThreadReach(Protocol):
-    """Reaches a thread with no inbound message to answer (start-up notices)."""
-
-    def outbox_for(self, key: ThreadKey) -> Outbox | None:
-        """An outbox that posts into thread ``key``; None when ``key`` is not one this adapter serves.
-
-        Its ``notify`` and ``post`` work; there is no user message to mark with reactions.
-        """
 
 
 class Adapter(ThreadReach, Protocol):

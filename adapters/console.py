@@ -352,6 +352,10 @@ class ConsoleAdapter:
         """This console when ``key`` is its thread (a resumed ``--thread``), else None."""
         return self if key == self.key else None
 
+    async def thread_open(self, key: ThreadKey) -> bool:
+        """A console thread is open while the console runs."""
+        return True
+
     # Outbox
     async def notify(self, text: str) -> None:
         """Print a notice (nothing once the person quit)."""

@@ -15,15 +15,16 @@ from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapters.base import Adapter, AdapterStartError, ThreadReach
+from adapters.base import Adapter, AdapterStartError
 from bot import metrics
 from bot.agent.loop import Agent
 from bot.budgets import Budgets, Clock
 from bot.commands import Commands
 from bot.config import Settings
 from bot.dispatcher import INTERRUPTED_NOTICE, Dispatcher
-from bot.events import Outbox, ThreadKey
+from bot.events import Outbox, ThreadKey, ThreadReach
 from bot.health import OpsServer, Readiness
+from bot.schedules.runner import POLL_S, Scheduler
 from bot.store import Store
 from bot.turn import TurnRunner
 from kernels import KernelPool, Reaper, build_launcher
@@ -47,6 +48,8 @@ class Core:
     pool: KernelPool
     agent: Agent
     dispatcher: Dispatcher
+    #: What budgets, usage reports and schedules count time with.
+    clock: Clock = time.time
 
     @classmethod
     @asynccontextmanager
@@ -72,7 +75,7 @@ class Core:
             turns = TurnRunner(settings=settings, store=store, pool=pool, agent=agent, budgets=budgets, packages=packages)
             commands = Commands(store=store, pool=pool, settings=settings, clock=clock)
             dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands, pool=pool)
-            yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher)
+            yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher, clock=clock)
 
 
 @asynccontextmanager
@@ -95,6 +98,18 @@ async def serve_ops(core: Core, *, host: str | None = None, port: int | None = N
     finally:
         unwatch()
         await server.stop()
+
+
+def start_schedules(core: Core, reaches: Sequence[ThreadReach], *, poll_s: float = POLL_S) -> Scheduler | None:
+    """Start running due schedules into the threads ``reaches`` serve (None when
+    ``schedules.enabled`` is off); stop it with :meth:`Scheduler.stop`."""
+    if not core.settings.schedules.enabled:
+        return None
+    scheduler = Scheduler(
+        book=core.store.schedules, handle=core.dispatcher.handle, reaches=reaches, clock=core.clock, poll_s=poll_s
+    )
+    scheduler.start()
+    return scheduler
 
 
 def platform_adapters(settings: Settings, dispatcher: Dispatcher) -> list[Adapter]:
@@ -181,7 +196,12 @@ async def run_console(settings: Settings, out: Path, thread: str | None, log_pat
         # A resumed --thread whose last turn was cut off by an unclean stop hears it first;
         # other threads' leftovers stay for their own resumption or platform.
         await tell_interrupted(core.store, [console])
-        await console.run()
+        scheduler = start_schedules(core, [console])
+        try:
+            await console.run()
+        finally:
+            if scheduler is not None:
+                await scheduler.stop(0.0)
     return 0
 
 
@@ -216,6 +236,7 @@ async def run_bot(settings: Settings) -> int:
                     return 2
             adapters = platform_adapters(settings, core.dispatcher)
             started: list[Adapter] = []
+            scheduler: Scheduler | None = None
             try:
                 for adapter in adapters:
                     try:
@@ -225,6 +246,7 @@ async def run_bot(settings: Settings) -> int:
                         return 2
                     started.append(adapter)
                 log.info("Threadbook is running (%s); Ctrl-C stops it.", ", ".join(type(a).__name__ for a in started))
+                scheduler = start_schedules(core, started)
                 # In the background: a slow platform must not hold up start-up or a stop signal.
                 notices = asyncio.create_task(
                     tell_interrupted_while_running(core.store, started, settings.storage.replica_timeout_s / 2),
@@ -239,7 +261,11 @@ async def run_bot(settings: Settings) -> int:
                     with suppress(asyncio.CancelledError):
                         await notices
             finally:
-                await stop_adapters(started, settings.ops.shutdown_grace_s)
+                # Scheduled runs and the adapters' turns share one grace period.
+                grace = settings.ops.shutdown_grace_s
+                await asyncio.gather(
+                    stop_adapters(started, grace), scheduler.stop(grace) if scheduler is not None else asyncio.sleep(0)
+                )
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)

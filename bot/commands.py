@@ -19,6 +19,7 @@ from bot.config import Settings
 from bot.events import FileOut, InboundMessage, Outbox, Reply
 from bot.notebook import export_notebook
 from bot.safetext import shown
+from bot.schedules.commands import ScheduleCommands, is_schedule_command
 from bot.store import Store
 from bot.usage import UsageReport
 from bot.turn import KERNEL_SERVICE_NOTICE, kernel_options
@@ -40,6 +41,7 @@ Commands (send just the word):
 • `export` — this thread as a Jupyter notebook (.ipynb)
 • `export html` — this thread as one web page (.html) that opens in any browser, offline
 • `usage` — tokens, Python time and cost of this thread and yours, today and this month (`usage all`: everyone's, for admins)
+• `schedule <when> <question>` — ask again at set times, e.g. `schedule every monday 9:00 revenue by region` (`schedules` lists them, `unschedule N` removes one)
 • `status` — kernel state, memory, saved variables, steps run, tokens used and 👍/👎 on the answers"""
 
 
@@ -81,7 +83,8 @@ class _TooBig(Exception):
 
 
 class Commands:
-    """Answers ``help``, ``reset``, ``files``, ``export``, ``export html`` and ``status``."""
+    """Answers ``help``, ``reset``, ``files``, ``export``, ``export html``, ``status``, ``usage``
+    and the schedule commands."""
 
     def __init__(self, *, store: Store, pool: KernelPool, settings: Settings, clock: Clock = time.time) -> None:
         """``clock``: what the usage reports count time with."""
@@ -100,12 +103,16 @@ class Commands:
             "usage all": self._usage_all,
         }
         self._usage_report = UsageReport(store, settings.llm.prices)
+        self._schedules = ScheduleCommands(book=store.schedules, settings=settings, clock=clock)
 
     async def try_run(self, message: InboundMessage, outbox: Outbox) -> bool:
         """Run the command the message consists of, if it is one; True when it was.
 
         A bare mention (no text; the dispatcher only asks when there are no attachments) gets help.
         """
+        if is_schedule_command(message.text):
+            await outbox.post(await self._schedules.run(message))
+            return True
         words = " ".join(message.text.lower().split()).strip("!/")
         command = self._table.get(words or "help")
         if command is None:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -211,6 +212,25 @@ class Limits(_Model):
         return self.model_copy(update={name: getattr(override, name) for name in override.model_fields_set})
 
 
+class ScheduleSettings(_Model):
+    """Scheduled analyses (``schedule <when> <question>`` in a thread)."""
+
+    enabled: bool = True
+    #: The time zone of a schedule whose author's the platform does not tell (an IANA name).
+    timezone: str = "UTC"
+    #: Schedules a thread may hold at once.
+    max_per_thread: int = Field(5, ge=1, le=100)
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r} (an IANA name such as UTC or Europe/Paris)") from None
+        return value
+
+
 class ChannelPolicy(_Model):
     """Per-channel overrides, keyed by ``platform:channel_id`` in ``channels:``."""
 
@@ -246,6 +266,7 @@ class Settings(_Model):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
     limits: Limits = Field(default_factory=Limits)
+    schedules: ScheduleSettings = Field(default_factory=ScheduleSettings)
     channels: dict[str, ChannelPolicy] = Field(default_factory=dict)
 
     @field_validator("channels")

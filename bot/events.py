@@ -8,12 +8,15 @@ chat SDK, an LLM client or the kernel layer.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
 #: Streams an attachment's bytes; the adapter knows how to authenticate.
 FetchBytes = Callable[[], AsyncIterator[bytes]]
+#: Looks up the time zone (an IANA name such as ``Europe/Paris``) the message's author set on
+#: the platform; None when the platform does not say. Asked only by the commands that need it.
+LookUpTimezone = Callable[[], Awaitable[str | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,10 @@ class InboundMessage:
     is_dm: bool = False
     is_bot: bool = False
     received_at: float = field(default_factory=time.time)
+    #: The author's time zone, where the platform can say (Slack's user ``tz``).
+    timezone: LookUpTimezone | None = None
+    #: A scheduled run of this question (the schedule in words), not a person writing now.
+    scheduled: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,3 +155,19 @@ class Outbox(Protocol):
 
     def progress(self) -> Progress:
         """A progress handle for this turn."""
+
+
+class ThreadReach(Protocol):
+    """Reaches a thread with no inbound message to answer (start-up notices, scheduled runs);
+    every platform adapter is one."""
+
+    def outbox_for(self, key: ThreadKey) -> Outbox | None:
+        """An outbox that posts into thread ``key``; None when ``key`` is not one this adapter serves.
+
+        Its ``notify`` and ``post`` work; there is no user message to mark with reactions.
+        """
+
+    async def thread_open(self, key: ThreadKey) -> bool:
+        """False when the platform says thread ``key`` (one :meth:`outbox_for` serves) is gone:
+        deleted, or archived or locked so that nothing can be posted there. True otherwise,
+        also when the platform could not be asked (a failed request is not a gone thread)."""

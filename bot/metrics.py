@@ -90,6 +90,12 @@ PACKAGE_INSTALLS = Counter(
     "threadbook_package_installs", "Missing modules met by code, by what became of them.", ["outcome"], registry=REGISTRY
 )
 ERRORS = Counter("threadbook_errors", "Failures, by kind.", ["kind"], registry=REGISTRY)
+#: What became of a due scheduled run this process claimed.
+SCHEDULED_OUTCOMES = ("started", "thread_gone", "failed")
+SCHEDULED_RUNS = Counter(
+    "threadbook_scheduled_runs", "Scheduled runs claimed by this process, by what became of them.", ["outcome"],
+    registry=REGISTRY,
+)  # fmt: skip
 
 # Every known label value at 0 from the start, so rates and absent() work before the first event.
 for _outcome in TURN_OUTCOMES:
@@ -100,6 +106,8 @@ for _outcome in INSTALL_OUTCOMES:
     PACKAGE_INSTALLS.labels(_outcome)
 for _kind in ERROR_KINDS:
     ERRORS.labels(_kind)
+for _outcome in SCHEDULED_OUTCOMES:
+    SCHEDULED_RUNS.labels(_outcome)
 
 
 # --- turns -----------------------------------------------------------------------------------
@@ -158,6 +166,11 @@ def execution(outcome: str, seconds: float) -> None:
 def package_install(outcome: str) -> None:
     """Count one missing module and what became of it (a :class:`kernels.packages.Verdict` value)."""
     PACKAGE_INSTALLS.labels(outcome).inc()
+
+
+def scheduled_run(outcome: str) -> None:
+    """Count one claimed scheduled run (``outcome``: one of :data:`SCHEDULED_OUTCOMES`)."""
+    SCHEDULED_RUNS.labels(outcome).inc()
 
 
 def error(kind: str) -> None:

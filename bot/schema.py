@@ -104,3 +104,25 @@ feedback = sa.Table(
     sa.Column("good", sa.Boolean, nullable=False),
     sa.Column("at", sa.Float, nullable=False),
 )
+
+#: Scheduled analyses; ``next_run_at`` is None once a schedule is disabled (its thread is gone).
+schedules = sa.Table(
+    "schedules",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("thread", sa.Text, nullable=False),
+    #: Its number among the thread's schedules (what ``unschedule N`` names).
+    sa.Column("number", sa.Integer, nullable=False),
+    sa.Column("creator", sa.Text, nullable=False),
+    sa.Column("creator_name", sa.Text, nullable=False),
+    sa.Column("question", sa.Text, nullable=False),
+    #: Five-field cron rule (day of week as names) in ``timezone``; ``described`` says it in words.
+    sa.Column("cron", sa.Text, nullable=False),
+    sa.Column("timezone", sa.Text, nullable=False),
+    sa.Column("described", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("next_run_at", sa.Float),
+    sa.Column("last_run_at", sa.Float),
+    sa.Column("disabled_reason", sa.Text),
+    sa.UniqueConstraint("thread", "number", name="schedules_thread_number"),
+)

@@ -47,6 +47,7 @@ from bot.database import Database, database_url, open_database
 from bot.events import ThreadKey
 from bot.migrations import legacy
 from bot.notebook import CellEntry, MessageEntry, TimelineEntry, result_to_outputs
+from bot.schedules.book import ScheduleBook
 from bot.schema import cells, feedback, messages, processed, replicas, threads, turns_in_flight, usage
 from kernels.result import ExecutionResult
 
@@ -60,7 +61,7 @@ log = logging.getLogger(__name__)
 _MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 #: The Alembic revision this code writes (the newest in ``bot/migrations/versions``).
-SCHEMA_VERSION = "0004"
+SCHEMA_VERSION = "0005"
 
 #: The ``role`` of stored notices: shown in the timeline, never replayed to the model.
 NOTICE_ROLE = "notice"
@@ -156,6 +157,8 @@ class Store:
         self._run = uuid.uuid4().hex
         self._heartbeat: asyncio.Task[None] | None = None
         self._insert = postgresql.insert if db.dialect == "postgresql" else sqlite.insert
+        #: Scheduled analyses (``schedule`` in a thread).
+        self.schedules = ScheduleBook(db)
 
     @classmethod
     async def open(cls, target: Path | str, *, replica_timeout_s: float = 15.0) -> Store:

@@ -38,6 +38,11 @@ _FIGURE_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg"}
 MAX_INLINE_IMAGE_BYTES = 8 * 1024 * 1024
 #: A longer answer is cut here (a few chat messages); the whole text comes along as a file.
 MAX_REPLY_CHARS = 6000
+#: Put before the question of a scheduled run: its data may be new, earlier results stale.
+SCHEDULED_RUN_NOTE = (
+    "[Scheduled run ({when}): this question was asked before and is asked again now. The data "
+    "files may have changed since: load them again instead of reusing earlier variables or results.]"
+)
 FULL_ANSWER_NAME = "answer.md"
 QUEUE_FULL_NOTICE = (
     "🚦 All {kernels} Python kernels are in use and {waiting} threads are already waiting for one; "
@@ -205,6 +210,8 @@ class TurnRunner:
         for name, reason in intake.refused:
             await outbox.notify(f"📎 `{shown(name)}` was not added: {reason}")
         user_content = message.text.strip()
+        if message.scheduled is not None and user_content:
+            user_content = f"{SCHEDULED_RUN_NOTE.format(when=message.scheduled)}\n\n{user_content}"
         if not user_content and not intake.saved:
             metrics.turn_outcome("empty")
             return

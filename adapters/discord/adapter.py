@@ -66,6 +66,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 THREAD_ARCHIVE_MINUTES: Literal[60, 1440, 4320, 10080] = 1440
+#: How long :meth:`DiscordAdapter.thread_open` waits for Discord (5xx answers are retried within it).
+THREAD_CHECK_TIMEOUT_S = 10.0
 _CHUNK = 256 * 1024
 _THREAD_ALREADY_CREATED = 160004  # Discord's JSON error code
 _USER_MESSAGE_TYPES = (discord.MessageType.default, discord.MessageType.reply)
@@ -203,16 +205,52 @@ class DiscordAdapter:
             self._undo_endpoints()
             self._undo_endpoints = None
 
-    def outbox_for(self, key: ThreadKey) -> DiscordOutbox | None:
-        """An outbox posting into the thread (or DM) of ``key``; None for another platform or before start."""
+    def _thread_id(self, key: ThreadKey) -> int | None:
+        """The Discord channel id of the thread (or DM) of ``key``; None for another platform or before start."""
         me = self._client.user if self._client is not None else None
         if key.platform != PLATFORM or me is None or not (key.thread.isdigit() and key.channel.isdigit()):
             return None
-        channel = self.client.get_partial_messageable(int(key.thread))
+        return int(key.thread)
+
+    def outbox_for(self, key: ThreadKey) -> DiscordOutbox | None:
+        """An outbox posting into the thread (or DM) of ``key``; None for another platform or before start."""
+        thread_id = self._thread_id(key)
+        me = self.client.user if thread_id is not None else None
+        if thread_id is None or me is None:
+            return None
+        channel = self.client.get_partial_messageable(thread_id)
         # No question to react to: the thread's starter message stands in (only a status would use it).
         source = self.client.get_partial_messageable(int(key.channel)).get_partial_message(int(key.thread))
         conversation = Conversation(channel=channel, source=source, me=me, key=key, stop_turn=self._dispatcher.stop)
         return DiscordOutbox(conversation, upload_limit=self._upload_limit, status_interval_s=self._status_interval_s)
+
+    async def thread_open(self, key: ThreadKey) -> bool:
+        """False when Discord says the thread (or DM) of ``key`` is gone: deleted (404), out of
+        the bot's reach (403) or locked. An archived thread that is not locked is open (posting
+        un-archives it). True as well for a key this adapter does not serve, and when Discord
+        could not be asked (an error, a timeout): a failed request is not a gone thread.
+
+        Always a REST call (``fetch_channel``): the cache can be stale.
+        """
+        thread_id = self._thread_id(key)
+        if thread_id is None:
+            return True
+        try:
+            async with asyncio.timeout(THREAD_CHECK_TIMEOUT_S):
+                channel = await self.client.fetch_channel(thread_id)
+        except (discord.NotFound, discord.Forbidden) as exc:
+            log.info("Discord: thread %s is gone (HTTP %d: %s)", key, exc.status, exc.text)
+            return False
+        except TimeoutError:
+            log.warning("Discord: could not check thread %s: no answer in %g s", key, THREAD_CHECK_TIMEOUT_S)
+            return True
+        except (discord.HTTPException, discord.InvalidData, aiohttp.ClientError, OSError) as exc:
+            log.warning("Discord: could not check thread %s: %r", key, exc)
+            return True
+        if isinstance(channel, discord.Thread) and channel.locked:
+            log.info("Discord: thread %s is locked", key)
+            return False
+        return True
 
     def received(self, message: discord.Message) -> None:
         """Take a new message off the gateway: drop what never starts a turn, run the rest as a task."""

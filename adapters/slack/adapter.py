@@ -13,6 +13,7 @@ dispatcher's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ from adapters.base import AdapterStartError
 from adapters.slack.api import Failure, call, make_client
 from adapters.slack.files import FileDownloader
 from adapters.slack.inbound import to_inbound
+from adapters.slack.lookups import TimezoneBook, thread_open
 from adapters.slack.outbox import (
     FEEDBACK_ACTION_ID,
     STOP_ACTION_ID,
@@ -71,6 +73,7 @@ class SlackAdapter:
         self._untitled: dict[str, None] = {}
         self._token = settings.bot_token.get_secret_value()
         self._client = make_client(self._token, settings.api_url)
+        self._timezones = TimezoneBook(self._client)
         self._tasks = BackgroundTasks(log, "Slack")
         self._team_id = ""
         self._bot_user_id = ""
@@ -140,6 +143,11 @@ class SlackAdapter:
             return None
         return SlackOutbox(self._client, key=key, message_ts="", user_id="")
 
+    async def thread_open(self, key: ThreadKey) -> bool:
+        """False when Slack says ``key``'s channel or thread is gone or archived (see
+        :func:`adapters.slack.lookups.thread_open`)."""
+        return key.platform != "slack" or await thread_open(self._client, key)
+
     async def wait_idle(self) -> None:
         """Wait until every turn started so far has finished (for tests and graceful shutdown)."""
         await self._tasks.drain()
@@ -204,6 +212,9 @@ class SlackAdapter:
             return
         if not (message.mentioned or message.is_dm or self._settings.reply_without_mention):
             return
+        if message.user_id and not message.is_bot:
+            user_id = message.user_id
+            message = dataclasses.replace(message, timezone=lambda: self._timezones.of(user_id))
         outbox = SlackOutbox(
             self._client,
             key=message.key,

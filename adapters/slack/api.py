@@ -44,7 +44,8 @@ async def call(
     try:
         return await request
     except SlackApiError as exc:
-        error = str(exc.response.get("error") or f"HTTP {exc.response.status_code}")
+        data = exc.response.data  # not a dict when a proxy or load balancer answered
+        error = str((data.get("error") if isinstance(data, dict) else None) or f"HTTP {exc.response.status_code}")
     except (SlackRequestError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     level = logging.DEBUG if error in expected else logging.WARNING

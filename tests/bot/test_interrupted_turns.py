@@ -71,6 +71,9 @@ class Reach:
         outbox = FailingNotices() if str(key) in self.broken else MemoryOutbox()
         return self.outboxes.setdefault(key, outbox)
 
+    async def thread_open(self, key: ThreadKey) -> bool:
+        return True
+
 
 def marks(path: Path) -> list[tuple[str, str]]:
     """(thread, message id) of every in-flight mark, read beside the running store."""

@@ -209,10 +209,14 @@ async def test_forum_posts_are_sessions_of_their_own(world: World) -> None:
         return [tool_call("import os\nprint(os.getcwd())"),
                 lambda request: answer("cwd: " + request["messages"][-1]["content"].strip())]
 
-    world.llm.script(*where_am_i(), *where_am_i())
-    first, _ = await fake.forum_post(world.forum, "Where do I run?", "tell me your folder")  # no mention needed
-    second, _ = await fake.forum_post(world.forum, "Another question", "and yours?")
-    answers = [await fake.wait_for_sent(post, lambda s: s.content.startswith("cwd:"), 30) for post in (first, second)]
+    # One post at a time: the scripted model answers requests in the order they come.
+    posts, answers = [], []
+    for title, text in (("Where do I run?", "tell me your folder"), ("Another question", "and yours?")):
+        world.llm.script(*where_am_i())
+        post, _ = await fake.forum_post(world.forum, title, text)  # no mention needed
+        posts.append(post)
+        answers.append(await fake.wait_for_sent(post, lambda s: s.content.startswith("cwd:"), 30))
+    first = posts[0]
     folders = [a.content for a in answers]
     assert folders[0] != folders[1]  # two posts, two workspaces (two kernels)
     asked = [m["content"] for r in world.llm.requests[-4:] for m in r["messages"] if m["role"] == "user"]

@@ -18,7 +18,9 @@ second one (``SECOND_GUILD_ID``, ``SECOND_CHANNEL_ID``) on the other shard of tw
 (``BOT_ID``; also the application id), a human (``USER``) and another bot (``OTHER_BOT``).
 DM channels come from :meth:`FakeDiscord.dm_channel`, user-made threads from
 :meth:`FakeDiscord.user_thread`; :meth:`FakeDiscord.edit_user_message` dispatches MESSAGE_UPDATE and
-:meth:`FakeDiscord.redeliver` a duplicate MESSAGE_CREATE. Forum channels (type 15) come from
+:meth:`FakeDiscord.redeliver` a duplicate MESSAGE_CREATE. :meth:`FakeDiscord.delete_channel` deletes a
+thread or channel (404 from then on), :meth:`FakeDiscord.set_thread_state` archives or locks a
+thread (THREAD_DELETE / THREAD_UPDATE). Forum channels (type 15) come from
 :meth:`FakeDiscord.forum_channel` (made before the client connects, they are in GUILD_CREATE;
 after, CHANNEL_CREATE is dispatched), their posts from :meth:`FakeDiscord.forum_post`
 (THREAD_CREATE, then the starter MESSAGE_CREATE, whose id is the post's).
@@ -43,16 +45,18 @@ client's sequence number, then RESUMED. :meth:`request_reconnect` sends op 7. Di
 while no client is connected are kept and replayed on RESUME, like Discord does.
 
 REST (``/api/v10``): ``GET users/@me``, ``GET oauth2/applications/@me``, ``GET gateway[/bot]``,
-``GET channels/{c}``, ``POST channels/{c}/messages`` (JSON or multipart with files; files over
-``upload_limit`` answer 413 like Discord), ``PATCH``/``DELETE channels/{c}/messages/{m}``,
+``GET channels/{c}`` (a thread: type 11 with ``parent_id`` and ``thread_metadata``; a deleted
+one: 404, 10003 Unknown Channel), ``POST channels/{c}/messages`` (JSON or multipart with files;
+files over ``upload_limit`` answer 413 like Discord), ``PATCH``/``DELETE channels/{c}/messages/{m}``,
 ``POST channels/{c}/messages/{m}/threads`` (the thread id equals the message id; THREAD_CREATE
 is dispatched), ``PUT``/``DELETE channels/{c}/messages/{m}/reactions/{emoji}/@me``,
 ``POST channels/{c}/typing``, ``POST interactions/{id}/{token}/callback``, the interaction webhooks
 and command registrations above. Messages the bot posts
 are echoed back as MESSAGE_CREATE, like Discord does. Any other route answers 404 and is listed
 in ``unknown_routes``. ``fail_next(method, pattern, status)`` makes the next matching request
-fail (403 with a Discord error body, or 429 with ``retry_after`` and a ``Via`` header so
-discord.py retries). CDN: ``GET /attachments/{channel}/{id}/{filename}`` serves uploads.
+(``times=n``: the next n) fail (403 with a Discord error body, 429 with ``retry_after`` and a
+``Via`` header so discord.py retries, any other status with a Discord error body). CDN:
+``GET /attachments/{channel}/{id}/{filename}`` serves uploads.
 
 Recorded: ``sent`` (channel id → list of :class:`Sent`, the bot's messages with content, edits,
 files and components), ``threads``, ``reactions`` (set of (channel, message, emoji)),
@@ -158,6 +162,7 @@ class _Failure:
     pattern: re.Pattern[str]
     status: int
     retry_after: float
+    times: int  # requests left to fail
 
 
 class _Connection:
@@ -457,9 +462,40 @@ class FakeDiscord:
         assert self._session is not None and self._session.connection is not None, "no client connected"
         await self._session.connection.send({"op": 7, "d": None})
 
-    def fail_next(self, method: str, path_pattern: str, status: int, *, retry_after: float = 0.05) -> None:
-        """Make the next ``method`` request whose path (after ``/api/v10``) matches fail with ``status``."""
-        self._failures.append(_Failure(method.upper(), re.compile(path_pattern), status, retry_after))
+    def fail_next(self, method: str, path_pattern: str, status: int, *, retry_after: float = 0.05,
+                  times: int = 1) -> None:
+        """Make the next ``times`` ``method`` requests whose path (after ``/api/v10``) matches fail
+        with ``status`` (discord.py itself retries a 500, 502, 504 or 524, up to five tries)."""
+        self._failures.append(_Failure(method.upper(), re.compile(path_pattern), status, retry_after, times))
+
+    async def delete_channel(self, channel_id: int | str, *, announce: bool = True) -> None:
+        """Delete a channel or thread, as a moderator would: requests on it answer 404 (10003
+        Unknown Channel) from now on. ``announce``: dispatch THREAD_DELETE (CHANNEL_DELETE for a
+        channel) like Discord; False: the client missed the event (its cache is stale)."""
+        channel = self._channels.pop(int(channel_id))
+        if not announce:
+            return
+        if channel["type"] == _PUBLIC_THREAD:
+            await self._dispatch("THREAD_DELETE", {k: channel[k] for k in ("id", "guild_id", "parent_id", "type")})
+        else:
+            await self._dispatch("CHANNEL_DELETE", channel)
+
+    async def set_thread_state(self, thread_id: int | str, *, archived: bool | None = None,
+                               locked: bool | None = None, announce: bool = True) -> dict[str, Any]:
+        """Archive/unarchive or lock/unlock a thread, as a moderator would: its ``thread_metadata``
+        (``GET channels/{id}``) shows it. ``announce``: dispatch THREAD_UPDATE like Discord; False:
+        the client missed the event. Returns the thread payload."""
+        thread = self._channels[int(thread_id)]
+        assert thread["type"] == _PUBLIC_THREAD, f"{thread_id} is not a thread"
+        metadata = thread["thread_metadata"]
+        if archived is not None:
+            metadata["archived"] = archived
+            metadata["archive_timestamp"] = _now_iso()
+        if locked is not None:
+            metadata["locked"] = locked
+        if announce:
+            await self._dispatch("THREAD_UPDATE", thread)
+        return thread
 
     # ---- waiting -------------------------------------------------------------------------
 
@@ -587,7 +623,9 @@ class FakeDiscord:
             return _error(401, 0, "401: Unauthorized")
         for failure in self._failures:
             if failure.method == request.method and failure.pattern.search(path):
-                self._failures.remove(failure)
+                failure.times -= 1
+                if failure.times <= 0:
+                    self._failures.remove(failure)
                 await self._notify()
                 return _failure_response(failure)
         for method, pattern, handler in self._routes():
@@ -837,9 +875,11 @@ class FakeDiscord:
 
     def _guild(self, guild_id: int = GUILD_ID) -> dict[str, Any]:
         mine = [c for c in self._channels.values() if c.get("guild_id") == str(guild_id) and c.get("type") in (0, _FORUM)]
+        active = [t for i, t in self.threads.items()  # like Discord: not deleted, not archived
+                  if t["guild_id"] == str(guild_id) and i in self._channels and not t["thread_metadata"]["archived"]]
         return {
             "id": str(guild_id), "name": "Test Guild", "owner_id": str(USER_ID), "unavailable": False,
-            "channels": mine, "threads": [t for t in self.threads.values() if t["guild_id"] == str(guild_id)],
+            "channels": mine, "threads": active,
             "members": [self._member(BOT_USER)], "member_count": 3, "large": False, "features": [],
             "roles": [{"id": str(guild_id), "name": "@everyone", "permissions": "1071698660929", "position": 0,
                        "color": 0, "hoist": False, "managed": False, "mentionable": False, "flags": 0}],

@@ -12,7 +12,8 @@ reached it. Everything is one aiohttp server on an ephemeral port::
 
 Web API (``POST /api/<method>``, form or JSON body, ``Authorization: Bearer``):
 ``auth.test``, ``chat.postMessage`` / ``chat.update`` / ``chat.delete``, ``reactions.add`` /
-``reactions.remove``, ``conversations.replies``, ``files.getUploadURLExternal`` (+ ``POST
+``reactions.remove``, ``conversations.replies`` / ``conversations.info``, ``users.info`` (each
+person's ``tz`` from :attr:`FakeSlack.user_timezones`), ``files.getUploadURLExternal`` (+ ``POST
 /upload/<file_id>``) and ``files.completeUploadExternal``, ``apps.connections.open`` (app
 token); streaming (``chat.startStream`` / ``appendStream`` / ``stopStream``: the message keeps
 each piece; :attr:`FakeSlack.refuse_streaming` makes Slack refuse, as for an app or plan it
@@ -21,7 +22,8 @@ will not stream for); ``assistant.threads.setStatus`` / ``setTitle`` / ``setSugg
 and :meth:`FakeSlack.feedback_action` clicks an answer's feedback buttons. Every call is recorded in :attr:`FakeSlack.calls`. A wrong token gets
 ``invalid_auth``; :meth:`FakeSlack.fail` makes the next calls of a method fail with an error
 (``"ratelimited"`` answers HTTP 429 with ``Retry-After: 1``); channels in
-:attr:`FakeSlack.not_in_channel` refuse posts.
+:attr:`FakeSlack.not_in_channel` refuse posts, as do :attr:`FakeSlack.archived_channels` and
+:attr:`FakeSlack.deleted_channels`; :meth:`FakeSlack.delete_thread` deletes a thread.
 
 Files: :meth:`FakeSlack.add_file` hosts bytes at ``url_private_download``; like Slack, a
 download without the bot token gets an HTML login page with status 200.
@@ -137,6 +139,10 @@ class FakeSlack:
         self.uploads: list[Upload] = []
         self.reactions: dict[tuple[str, str], set[str]] = {}
         self.not_in_channel: set[str] = set()
+        self.archived_channels: set[str] = set()
+        self.deleted_channels: set[str] = set()
+        #: ``users.info``'s ``tz`` per user id (people not listed have none).
+        self.user_timezones: dict[str, str] = {}
         self.socket_connects = 0
         #: An error code ``chat.startStream`` answers with (a workspace or app Slack will not stream for).
         self.refuse_streaming: str | None = None
@@ -164,6 +170,7 @@ class FakeSlack:
         """Bind 127.0.0.1 on an ephemeral port."""
         app = web.Application()
         app.router.add_post("/api/{method}", self._api)
+        app.router.add_get("/api/{method}", self._api)  # slack_sdk reads some methods with GET
         app.router.add_post("/upload/{file_id}", self._upload)
         app.router.add_get("/files-pri/{file_id}/{name}", self._download)
         app.router.add_get("/socket", self._socket)
@@ -200,6 +207,14 @@ class FakeSlack:
     def fail(self, method: str, error: str, times: int = 1) -> None:
         """Make the next ``times`` calls of ``method`` fail with ``error``."""
         self._failures.setdefault(method, []).extend([error] * times)
+
+    def delete_thread(self, channel: str, thread_ts: str) -> None:
+        """Delete a thread's parent and every reply (``conversations.replies`` then answers ``thread_not_found``)."""
+        self._user_messages = [
+            e for e in self._user_messages if not (e["channel"] == channel and thread_ts in (e["ts"], e.get("thread_ts")))
+        ]
+        for message in self.bot_messages(channel, thread_ts):
+            message.deleted = True
 
     def calls_to(self, method: str) -> list[Call]:
         """The recorded calls of one Web API method."""
@@ -533,6 +548,8 @@ class FakeSlack:
         channel = str(args.get("channel", ""))
         if channel in self.not_in_channel:
             return {"ok": False, "error": "not_in_channel"}
+        if gone := self._channel_gone(channel):
+            return gone
         text = str(args.get("text") or "")
         if not text and not args.get("blocks"):
             return {"ok": False, "error": "no_text"}
@@ -572,12 +589,40 @@ class FakeSlack:
         (names.add if add else names.discard)(name)
         return {"ok": True}
 
+    def _channel_gone(self, channel: str) -> dict[str, Any] | None:
+        """Slack's error for a deleted or archived channel; None for one that takes messages."""
+        if channel in self.deleted_channels:
+            return {"ok": False, "error": "channel_not_found"}
+        if channel in self.archived_channels:
+            return {"ok": False, "error": "is_archived"}
+        return None
+
     def _replies(self, args: dict[str, Any]) -> dict[str, Any]:
         channel, ts = args.get("channel"), args.get("ts")
+        if channel in self.deleted_channels:
+            return {"ok": False, "error": "channel_not_found"}
         users = [e for e in self._user_messages if e["channel"] == channel and ts in (e["ts"], e.get("thread_ts"))]
         bots = [_as_event(m, self) for m in self.bot_messages(str(channel), str(ts))]
         messages = sorted(users + bots, key=lambda e: float(e["ts"]))
-        return {"ok": True, "messages": messages, "has_more": False}
+        if not messages:
+            return {"ok": False, "error": "thread_not_found"}
+        limit = int(args.get("limit") or 1000)
+        return {"ok": True, "messages": messages[:limit], "has_more": len(messages) > limit}
+
+    def _conversation_info(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel = str(args.get("channel", ""))
+        if channel in self.deleted_channels:
+            return {"ok": False, "error": "channel_not_found"}
+        return {"ok": True, "channel": {"id": channel, "is_archived": channel in self.archived_channels}}
+
+    def _user_info(self, args: dict[str, Any]) -> dict[str, Any]:
+        user = str(args.get("user", ""))
+        if not user:
+            return {"ok": False, "error": "user_not_found"}
+        info: dict[str, Any] = {"id": user, "team_id": self.team_id, "name": user.lower()}
+        if user in self.user_timezones:
+            info["tz"] = self.user_timezones[user]
+        return {"ok": True, "user": info}
 
     def _get_upload_url(self, args: dict[str, Any]) -> dict[str, Any]:
         if not args.get("filename") or not str(args.get("length", "")).isdigit():
@@ -693,6 +738,8 @@ _METHODS: dict[str, Callable[[FakeSlack, dict[str, Any]], dict[str, Any]]] = {
     "reactions.add": lambda s, a: s._reaction(a, True),
     "reactions.remove": lambda s, a: s._reaction(a, False),
     "conversations.replies": FakeSlack._replies,
+    "conversations.info": FakeSlack._conversation_info,
+    "users.info": FakeSlack._user_info,
     "files.getUploadURLExternal": FakeSlack._get_upload_url,
     "files.completeUploadExternal": FakeSlack._complete_upload,
     "apps.connections.open": FakeSlack._connections_open,

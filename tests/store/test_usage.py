@@ -9,7 +9,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from bot.store import Store, UsageRow
+from bot.store import SCHEMA_VERSION, Store, UsageRow
 
 A = "slack:T1:C1:1.1"
 B = "slack:T1:C1:2.2"
@@ -43,6 +43,7 @@ async def test_rows_from_before_get_their_channel(tmp_path: Path) -> None:
     async with await Store.open(path) as store:
         pass
     with sqlite3.connect(path) as raw:  # back to revision 0003 with one old row
+        raw.execute("DROP TABLE schedules")
         raw.execute("DROP INDEX usage_user_at")
         raw.execute("DROP INDEX usage_channel_at")
         raw.execute("DROP INDEX usage_at")
@@ -55,7 +56,7 @@ async def test_rows_from_before_get_their_channel(tmp_path: Path) -> None:
     raw.close()
     async with await Store.open(path) as store:
         assert await store.spent(since=0, channel_key="slack:C1") == [UsageRow("", "m", 5, 6, 0.0, 1)]
-        assert await store.schema_version() == "0004"
+        assert await store.schema_version() == SCHEMA_VERSION
     engine = sa.create_engine(f"sqlite:///{path}")
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT user_id FROM usage")).scalar() is None

@@ -1,0 +1,57 @@
+"""Scheduled analyses on Slack, end to end (real bolt + slack_sdk, Core, kernels; fake Slack and
+model): ``schedule`` in a thread confirms in the author's time zone, the run posts its answer
+and chart into that thread and no other, and a thread Slack says is gone stops its schedule."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from bot.schedules.runner import THREAD_GONE, Scheduler
+from tests.fakes.openai_server import answer, tool_call
+from tests.slack.conftest import Bot, running_bot
+
+PLOT = "import matplotlib.pyplot as plt\nplt.bar(['north', 'south'], [5, 3])\nplt.show()"
+WEEK_S = 7 * 24 * 3600
+
+
+async def run_due(bot: Bot, at: float) -> int:
+    """Run what is due at ``at`` through the Slack adapter; how many runs there were."""
+    scheduler = Scheduler(
+        book=bot.core.store.schedules, handle=bot.core.dispatcher.handle, reaches=[bot.adapter], clock=lambda: at
+    )
+    runs = await scheduler.tick()
+    await asyncio.gather(*runs)
+    return len(runs)
+
+
+async def test_a_schedule_posts_its_answer_and_chart_into_its_thread(tmp_path: Path) -> None:
+    async with running_bot(tmp_path, socket_mode=False) as bot:
+        slack = bot.slack
+        slack.user_timezones["U1"] = "Europe/Paris"
+        event = slack.mention("C_SCHED", "schedule every monday 9:00 revenue by region as a chart")
+        await slack.post_event(bot.events_url, event)
+        assert await bot.finished(event) == {"white_check_mark"}
+        [confirmed] = bot.answers(event)
+        assert confirmed.startswith("⏰ Scheduled #1: every Monday at 09:00 (Europe/Paris). Next run: Mon ")
+        other = slack.mention("C_SCHED", "hello")  # another thread of the channel
+        bot.llm.script(answer("Hi."))
+        await slack.post_event(bot.events_url, other)
+        await bot.finished(other)
+
+        bot.llm.script(tool_call(PLOT), answer("North leads with 5."))
+        assert await run_due(bot, time.time() + WEEK_S) == 1
+        texts = bot.answers(event)
+        assert texts[1] == "⏰ Scheduled run #1 (every Monday at 09:00, Europe/Paris): “revenue by region as a chart”"
+        [answered] = [m for m in slack.bot_messages("C_SCHED", event["ts"]) if m.text == "North leads with 5."]
+        [chart] = [u for u in slack.uploads if u.file_id in answered.files]
+        assert chart.data.startswith(b"\x89PNG") and chart.thread_ts == event["ts"]
+        assert bot.answers(other) == ["Hi."]
+
+        slack.delete_thread("C_SCHED", event["ts"])
+        posted = len(slack.messages)
+        assert await run_due(bot, time.time() + 2 * WEEK_S) == 1
+        assert len(slack.messages) == posted  # nothing posted
+        [schedule] = await bot.core.store.schedules.of_thread(f"slack:T1:C_SCHED:{event['ts']}")
+        assert schedule.disabled_reason == THREAD_GONE
