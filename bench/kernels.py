@@ -8,6 +8,7 @@ the fork server forks one).
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from collections.abc import AsyncIterator
@@ -102,15 +103,28 @@ def _check_forked(mode: str, pool: KernelPool, starts: int) -> None:
             raise RuntimeError(f"{pool.launcher.spawned} of {starts} kernels were spawned, not forked")
 
 
+#: Kernel sources whose bursts are smaller: a cold start each (their 100 would take minutes).
+COLD_MODES = frozenset({"spawn", "gateway"})
+COLD_BURST = 20
+
+
 async def burst(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
-    """``threads`` new threads at once: each one's first cell; wall time; idle PSS per kernel."""
+    """``threads`` new threads at once (:data:`COLD_BURST` for cold sources): each one's first
+    cell; wall time; the floor (CPU the burst cost, of the bot and every kernel process, ÷
+    cores: no scheduling does better); idle PSS per kernel."""
+    threads = min(threads, COLD_BURST) if mode in COLD_MODES else threads
     async with open_pool(mode, root, sandbox=sandbox, warm=threads) as pool:
+        cpu_before = await asyncio.to_thread(_cpu_seconds)
         started = time.perf_counter()
         times = await asyncio.gather(*(_first_execution(pool, f"bench:burst:{i}") for i in range(threads)))
         wall = time.perf_counter() - started
+        cpu = await asyncio.to_thread(_cpu_seconds)
         _check_forked(mode, pool, threads)
         if mode in GATEWAY_MODES:  # the kernels are the gateway's processes: their memory is not ours to see
             return {**summary(list(times)), "wall_s": wall}
+        burst_cpu = sum(cpu.values()) - sum(v for pid, v in cpu_before.items() if pid in cpu)
+        cores = len(os.sched_getaffinity(0))
+        floor = {"cpu_per_kernel_ms": burst_cpu / threads * 1000, "floor_s": burst_cpu / cores}
         sessions = pool.sessions()
         await asyncio.gather(*(s.execute("import pandas, numpy, matplotlib.pyplot") for s in sessions))
         await asyncio.sleep(0.5)  # let the kernels settle (idle)
@@ -120,11 +134,28 @@ async def burst(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none
             parent = await _pss(pool.launcher.server.pid)
         result = summary(list(times))
         result["wall_s"] = wall
+        result.update(floor)
         # The fork server's own memory is shared by its children: each kernel carries a share.
         per_kernel = [(p + parent / len(pss)) / MiB for p in pss]
         result["idle_pss_mib"] = statistics.median(per_kernel)
         result["fork_server_pss_mib"] = parent / MiB
     return result
+
+
+def _cpu_seconds() -> dict[int, float]:
+    """(Blocking) CPU seconds (user + system) of this process and each of its descendants
+    (kernels, the fork server and what it forked), by pid."""
+    import psutil
+
+    me = psutil.Process()
+    seconds: dict[int, float] = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:  # it ended meanwhile
+            continue
+        seconds[proc.pid] = times.user + times.system
+    return seconds
 
 
 async def _pss(pid: int | None) -> int:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Concatenate, ParamSpec, Protocol, TypeVar
 
 import openai
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from bot.config import LLMSettings
@@ -289,6 +289,13 @@ class _LiveCollector(Collector):
             "threadbook_kernels", "Kernel sessions of this process by state (starting, idle, busy, dead).", labels=["state"]
         )
         warm = GaugeMetricFamily("threadbook_kernels_warm", "Warm kernels (ready or starting) waiting for a new thread.")
+        warm_target = GaugeMetricFamily(
+            "threadbook_kernels_warm_target", "Warm kernels the pool keeps now (kernels.warm_pool, or its auto target)."
+        )
+        new_threads = CounterMetricFamily(
+            "threadbook_new_thread_kernels", "New threads' kernels by whether a warm kernel was ready (hit) or not (miss).",
+            labels=["warm"],
+        )  # fmt: skip
         limit = GaugeMetricFamily("threadbook_kernels_max", "kernels.max_kernels: kernels at most (warm ones included).")
         kernel_queue = GaugeMetricFamily("threadbook_kernel_queue_waiting", "New threads waiting for a kernel to come free.")
         threads = GaugeMetricFamily(
@@ -296,12 +303,14 @@ class _LiveCollector(Collector):
         )
         longest = GaugeMetricFamily("threadbook_thread_queue_longest", "Messages waiting behind the running turn, in the longest line.")
         states = dict.fromkeys(("starting", "idle", "busy", "dead"), 0)
-        warm_count = max_kernels = waiting = queued = line = 0
+        warm_count = warm_size = max_kernels = waiting = queued = line = hits = misses = 0
         for pool, dispatcher in watched:
             for session in pool.sessions():
                 state = {"new": "starting", "stopped": "dead"}.get(session.state, session.state)
                 states[state] = states.get(state, 0) + 1
-            warm_count += pool.warm.count if pool.warm is not None else 0
+            if pool.warm is not None:
+                warm_count, warm_size = warm_count + pool.warm.count, warm_size + pool.warm.size
+                hits, misses = hits + pool.warm.hits, misses + pool.warm.misses
             max_kernels += pool.settings.max_kernels
             waiting += pool.queue_stats().waiting
             if dispatcher is not None:
@@ -310,7 +319,10 @@ class _LiveCollector(Collector):
                 line = max(line, *lines, 0)
         for state, count in states.items():
             kernels.add_metric([state], count)
-        for family, value in ((warm, warm_count), (limit, max_kernels), (kernel_queue, waiting), (threads, queued), (longest, line)):
+        new_threads.add_metric(["hit"], hits)
+        new_threads.add_metric(["miss"], misses)
+        yield new_threads
+        for family, value in ((warm, warm_count), (warm_target, warm_size), (limit, max_kernels), (kernel_queue, waiting), (threads, queued), (longest, line)):
             family.add_metric([], value)
             yield family
         yield kernels

@@ -61,6 +61,10 @@ ZYGOTE = Path(__file__).with_name("zygote.py")
 START_TIMEOUT_S = 60.0
 FORK_TIMEOUT_S = 10.0
 RESTART_DELAYS_S = (1.0, 2.0, 5.0, 15.0, 30.0)
+#: Forked kernels started at once: a fork costs ~70 ms of CPU, most of a start is waiting for
+#: round trips, so four per core keep the cores busy through a burst (a spawn costs ~0.6 s
+#: of CPU: spawned starts keep ``kernels.launcher.START_SLOTS``).
+FORK_START_SLOTS = 4 * (os.cpu_count() or 1)
 
 
 class ForkedProcess:
@@ -378,7 +382,10 @@ class ForkingLauncher(KernelLauncher):
     the very same plan."""
 
     def __init__(self, spawn: KernelLauncher) -> None:
-        super().__init__(spawn.settings, run_root=spawn.run_root.parent, cgroups=spawn.cgroups, python=spawn.python)
+        super().__init__(
+            spawn.settings, run_root=spawn.run_root.parent, cgroups=spawn.cgroups, python=spawn.python,
+            start_slots=FORK_START_SLOTS,
+        )  # fmt: skip
         if not self.supports(spawn):
             raise ValueError(f"no fork-server profile for {type(spawn).__name__}")
         self.spawn = spawn

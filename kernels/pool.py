@@ -27,6 +27,7 @@ from kernels.session import KernelSession
 from kernels.settings import KernelSettings
 from kernels.snapshots import SAVE_TIMEOUT_S
 from kernels.warm import HandOff, WarmKernel, WarmPool
+from kernels.warm_target import WarmTarget, available_memory
 from kernels.workspace import WorkspaceManager
 
 log = logging.getLogger(__name__)
@@ -72,9 +73,12 @@ class KernelPool:
         *,
         launcher: Launcher,
         workspaces: WorkspaceManager | None = None,
+        warm_target: WarmTarget | None = None,
     ) -> None:
         """``launcher``: how kernels start (:func:`kernels.launchers.build_launcher`); the pool
-        opens and closes it (:meth:`start`, :meth:`shutdown_all`)."""
+        opens and closes it (:meth:`start`, :meth:`shutdown_all`). ``warm_target``: the
+        target of ``warm_pool: auto`` (tests and benchmarks compress its windows); by
+        default one with the standard windows and, for local kernels, the memory cap."""
         self.settings = settings
         self.workspaces = workspaces or WorkspaceManager(
             settings.workspace_root,
@@ -96,14 +100,23 @@ class KernelPool:
         #: Kernels started ahead for new threads (``warm_pool``); they count toward ``max_kernels``.
         self.warm: WarmPool | None = None
         if settings.warm_pool:
+            size: int | WarmTarget
+            if settings.warm_pool == "auto":
+                size = warm_target or WarmTarget(
+                    max_kernels=settings.max_kernels,
+                    memory=None if settings.gateway.enabled else available_memory,  # a gateway's kernels use its memory
+                )
+            else:
+                size = settings.warm_pool
             self.warm = WarmPool(
                 self.launcher,
                 root=self.workspaces.root,
-                size=settings.warm_pool,
+                size=size,
                 preload=settings.preload,
                 options=KernelOptions(network=settings.network),
                 has_room=lambda: self._kernel_count() < settings.max_kernels,
                 busy=lambda: any(s.state == "busy" for s in self._sessions.values()),
+                sessions=lambda: len(self._sessions),
             )
 
     async def start(self) -> None:
@@ -227,6 +240,8 @@ class KernelPool:
                         room, warm = await self._room(options)
                         if room:
                             session = self._new_session(key, options, warm)
+                            if self.warm is not None and self.warm.fits(options):
+                                self.warm.arrived(hit=warm is not None)  # a new thread, or one whose kernel stopped
                             break
                         if ticket is None:
                             ticket = self._enqueue(key)

@@ -147,7 +147,8 @@ class KernelSession:
             log.info("took over the running kernel of %s", self.key)
             return True
         await self._start_kernel()
-        self.restored = await self._restore() if self.settings.snapshot else None
+        has_state = self.settings.snapshot and await asyncio.to_thread(self.workspace.may_hold_state)
+        self.restored = await self._restore() if has_state else None
         if self._handle is None:  # it died loading the snapshot (now discarded): once more, without it
             await self._start_kernel()
         return True

@@ -7,9 +7,17 @@ reads any other part of the configuration.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 
 class PackageSettings(BaseModel):
@@ -65,7 +73,9 @@ class KernelSettings(BaseModel):
     queue_timeout_s: float = Field(300.0, gt=0)
     #: Threads that may wait at once; None: 4 × ``max_kernels``.
     max_queue: int | None = Field(None, ge=0)
-    warm_pool: int = Field(0, ge=0)
+    #: Kernels started ahead for new threads: a fixed number (0: none), or ``auto``, which
+    #: follows the rate of new threads (:mod:`kernels.warm_target`).
+    warm_pool: Annotated[int, Field(ge=0)] | Literal["auto"] = 0
     fork_server: bool = False  # fork new kernels from a pre-imported parent (sandboxed when the bot is root)
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     memory_mb: int = Field(2048, ge=64)
@@ -90,3 +100,12 @@ class KernelSettings(BaseModel):
     python: Path = Path(".venv-kernel/bin/python")
     packages: PackageSettings = Field(default_factory=PackageSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+
+    @field_validator("warm_pool", mode="wrap")
+    @classmethod
+    def _warm_pool(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """One clear message for a bad ``warm_pool`` rather than one per member of the union."""
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(f"expected a whole number of kernels, 0 or more (0: no warm pool), or 'auto', got {value!r}") from None

@@ -18,11 +18,17 @@ Warm kernels count toward ``max_kernels``: the pool refills only while there is 
 new thread that finds no warm kernel ready first shrinks the warm pool before it evicts
 another thread's idle kernel. Refills run one at a time, and each waits (a bounded time)
 until no thread's code is executing, so warming never competes with a running turn.
+
+The pool's size is fixed (``warm_pool: N``) or follows a :class:`~kernels.warm_target.WarmTarget`
+(``warm_pool: auto``): then every new thread is an arrival, and the refill loop looks at the
+target whenever it is kicked and every few seconds, starting kernels up to it and, once it
+has stayed lower for a minute, discarding the oldest ready ones above it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -35,6 +41,7 @@ from pathlib import Path
 from kernels.launch import KernelHandle, LaunchPlan, Launcher
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
+from kernels.warm_target import WarmTarget
 
 log = logging.getLogger(__name__)
 
@@ -170,29 +177,40 @@ class HandOff:
 
 
 class WarmPool:
-    """Keeps up to ``size`` ready kernels, refilling one at a time in the background."""
+    """Keeps up to ``size`` ready kernels, refilling one at a time in the background; ``size``
+    is fixed or follows a :class:`WarmTarget`."""
 
     def __init__(
         self,
         launcher: Launcher,
         *,
         root: Path,
-        size: int,
+        size: int | WarmTarget,
         preload: tuple[str, ...] = (),
         options: KernelOptions = KernelOptions(),
         has_room: Callable[[], bool] = lambda: True,
         busy: Callable[[], bool] = lambda: False,
+        sessions: Callable[[], int] = lambda: 0,
     ) -> None:
-        """``preload``: the modules a warm kernel imports before it is handed out;
+        """``size``: how many kernels to keep ready, or the target that says so (``auto``);
+        ``preload``: the modules a warm kernel imports before it is handed out;
         ``has_room()``: may one more kernel start (the ``max_kernels`` cap);
-        ``busy()``: is some thread's code running (refills wait for it, at most ``MAX_DEFER_S``)."""
+        ``busy()``: is some thread's code running (refills wait for it, at most ``MAX_DEFER_S``);
+        ``sessions()``: how many threads have kernels (the target's caps)."""
         self.launcher = launcher
         self.warm_up = warm_up_code(preload)
         self.folder_root = Path(root) / WARM_DIR
-        self.size = size
+        #: The adaptive target (``warm_pool: auto``), or None for a fixed size.
+        self.target = size if isinstance(size, WarmTarget) else None
+        #: How many kernels to keep now (with a target: its last answer).
+        self.size = size.size(sessions=0) if isinstance(size, WarmTarget) else size
+        #: New threads (that a warm kernel could serve) that got one, and that did not.
+        self.hits = 0
+        self.misses = 0
         self.options = options
         self._has_room = has_room
         self._busy = busy
+        self._sessions = sessions
         self._ready: list[WarmKernel] = []
         self._starting = 0
         #: Starts in flight whose kernel is to be thrown away on arrival (room was needed).
@@ -211,7 +229,7 @@ class WarmPool:
 
     def start(self) -> None:
         """Begin filling the pool in the background."""
-        if self._task is None and self.size > 0:
+        if self._task is None and (self.size > 0 or self.target is not None):
             self._closed = False
             self._task = asyncio.create_task(self._refill_loop(), name="warm-pool-refill")
 
@@ -223,6 +241,17 @@ class WarmPool:
         """Whether a kernel for ``options`` may come from this pool."""
         return options.for_launch() == self.options
 
+    def arrived(self, *, hit: bool) -> None:
+        """A new thread that fits this pool got its kernel: a warm one (``hit``) or not. Counts
+        it, and with a target records the arrival (the refill loop looks again)."""
+        if hit:
+            self.hits += 1
+        else:
+            self.misses += 1
+        if self.target is not None:
+            self.target.record()
+            self.kick()
+
     async def take(self) -> WarmKernel | None:
         """A ready, live warm kernel, or None. The pool refills behind it."""
         while self._ready:
@@ -231,10 +260,14 @@ class WarmPool:
             if await warm.handle.is_alive():
                 return warm
             log.warning("a warm kernel died while waiting; discarding it")
-            task = asyncio.create_task(self._discard_dead(warm), name="warm-kernel-discard")
-            self._discards.add(task)
-            task.add_done_callback(self._discards.discard)
+            self._discard_in_background(warm)
         return None
+
+    def _discard_in_background(self, warm: WarmKernel) -> None:
+        """Discard ``warm`` in a task of its own (:meth:`stop` waits for it: no process is left)."""
+        task = asyncio.create_task(self._discard_quietly(warm), name="warm-kernel-discard")
+        self._discards.add(task)
+        task.add_done_callback(self._discards.discard)
 
     async def shrink(self) -> bool:
         """Give up one warm kernel to make room for a thread. False when there is none."""
@@ -255,11 +288,11 @@ class WarmPool:
                 raise TimeoutError(f"{len(self._ready)} of {want} warm kernels ready after {timeout:g} s")
             await asyncio.sleep(0.02)
 
-    async def _discard_dead(self, warm: WarmKernel) -> None:
+    async def _discard_quietly(self, warm: WarmKernel) -> None:
         try:
             await warm.discard()
         except Exception:
-            log.exception("cleaning up a dead warm kernel failed")
+            log.exception("discarding a warm kernel failed")
 
     async def stop(self) -> None:
         """Stop refilling and shut down every warm kernel; no process outlives this call."""
@@ -288,6 +321,8 @@ class WarmPool:
     async def _refill_loop(self) -> None:
         while not self._closed:
             self._wake.clear()
+            if self.target is not None:
+                await self._follow(self.target)
             if self._due():
                 await self._defer_to_running_code()
                 if self._due():
@@ -297,7 +332,23 @@ class WarmPool:
                     if not await asyncio.shield(self._inflight):
                         await asyncio.sleep(RETRY_DELAY_S)
                 continue
-            await self._wake.wait()
+            if self.target is None:
+                await self._wake.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.target.evaluate_every_s)
+
+    async def _follow(self, target: WarmTarget) -> None:
+        """Ask ``target`` for the size now (memory read off the event loop when due), and
+        discard the oldest ready kernels it has wanted fewer of for its quiet time."""
+        if target.memory_stale:
+            await asyncio.to_thread(target.read_memory, self.count + self._sessions())
+        size = target.size(sessions=self._sessions())
+        if size != self.size:
+            log.info("warm pool target %d (was %d)", size, self.size)
+        self.size = size
+        for _ in range(target.surplus(ready=len(self._ready), size=size)):
+            self._discard_in_background(self._ready.pop(0))
 
     def _due(self) -> bool:
         return not self._closed and self.count < self.size and self._has_room()
@@ -316,6 +367,8 @@ class WarmPool:
             await asyncio.to_thread(folder.mkdir, parents=True, mode=0o700)
             warm = WarmKernel(await self.launcher.start(self.launcher.plan(folder, self.options)), folder)
             await run_silently(warm.handle, self.warm_up)
+            if self.target is not None and (footprint := await warm.handle.memory_bytes()):
+                self.target.note_kernel_bytes(footprint)
         except Exception:
             log.warning("starting a warm kernel failed", exc_info=True)
             failed = True

@@ -220,6 +220,21 @@ class Workspace:
             return None
         return SavedState(bytes=sum(st.st_size for st in files), saved_at=max(st.st_mtime for st in files))
 
+    def may_hold_state(self) -> bool:
+        """(Blocking) False only when the workspace has no state folder at all, so a new
+        kernel has no snapshot to load (a new thread's kernel skips that round trip)."""
+        try:
+            workspace = safefs.open_dir(self.path)
+        except FileNotFoundError:
+            return False
+        try:
+            os.stat(STATE_DIR, dir_fd=workspace, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        finally:
+            os.close(workspace)
+        return True  # whatever it is (a link the kernel planted included): the kernel's restore judges it
+
     def forget_state(self) -> None:
         """(Blocking) delete the thread's variable snapshot (``reset``): from its folder's
         descriptor, no link followed (``shutil.rmtree`` refuses to enter one)."""

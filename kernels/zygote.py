@@ -36,6 +36,7 @@ jailed kernel's supervisor exits, which ends its pid namespace), while a zygote 
 from __future__ import annotations
 
 import errno
+import gc
 import importlib
 import importlib.util
 import json
@@ -65,12 +66,38 @@ def _thread_count() -> int:
         return threading.active_count()
 
 
+#: What every kernel imports while it starts, whatever the preload: ipykernel's application
+#: and kernel, what ``IPKernelApp.initialize`` imports besides (the debugger class trait
+#: pulls in debugpy: ~70 ms of a fork's ~160 ms initialize; pdb, sqlite3 for the history,
+#: psutil for usage replies) and Threadbook's kernel code (``setup()``, the snapshot restore
+#: every new kernel runs). None of them starts a thread (checked before every fork).
+KERNEL_IMPORTS = (
+    "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.debugger", "IPython", "pdb", "sqlite3", "psutil",
+    "faulthandler", "tornado.platform.asyncio", "IPython.core.completerlib", "IPython.core.debugger",
+    "IPython.core.logger", "IPython.core.magic_arguments", "IPython.core.magics.ast_mod",
+    "IPython.core.magics.execution", "IPython.core.magics.pylab", "IPython.core.oinspect",
+    "IPython.extensions.storemagic", "IPython.utils.module_paths", "IPython.utils.wildcard",
+    "threadbook_kernel", "threadbook_kernel.display", "threadbook_kernel.snapshot",
+)  # fmt: skip
+#: When the last fork began (this process's clock), kept by the child in its trace.
+_forking_at = 0.0
+
+
 def _preload(modules: list[str]) -> None:
-    for name in ["ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", *modules]:
+    for name in KERNEL_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # a kernel environment without it imports it (or not) after the fork
+            pass
+    for name in modules:
         importlib.import_module(name)
     if "matplotlib" in modules:
         importlib.import_module("matplotlib.pyplot")
         importlib.import_module("matplotlib_inline.backend_inline")
+        # ``%matplotlib inline`` resolves the backend through matplotlib's registry, which
+        # reads every installed package's entry points the first time: once, here.
+        pylabtools: Any = importlib.import_module("IPython.core.pylabtools")
+        pylabtools.find_gui_and_backend("inline")
 
 
 #: How long the zygote waits for a jailed child to report that its kernel dropped privileges.
@@ -138,6 +165,7 @@ def _log_output(request: dict[str, Any]) -> None:
 
 def _run_kernel(request: dict[str, Any], lifeline: int | None) -> int:
     """(Child) become the requested ipykernel; ``lifeline``: watch it here (unsandboxed profile)."""
+    entered = time.time()
     for limit, value in request.get("limits", []):
         resource.setrlimit(limit, (value, value))
     os.environ.clear()
@@ -156,16 +184,21 @@ def _run_kernel(request: dict[str, Any], lifeline: int | None) -> int:
 
     app = IPKernelApp.instance()
     app.initialize(request["argv"])  # type: ignore[no-untyped-call]  # ipykernel is untyped
+    # Wall-clock moments of this start, for the benchmark's fork-path breakdown.
+    sys._threadbook_fork_trace = {"fork": _forking_at, "kernel": entered, "initialized": time.time()}  # type: ignore[attr-defined]
     app.start()  # type: ignore[no-untyped-call]
     return 0
 
 
 def _single_threaded() -> None:
+    """Refuse to fork with a second thread (it would be missing in the child, its locks held); stamp the fork."""
+    global _forking_at
     threads = _thread_count()
     if threads != 1:
         raise RuntimeError(f"the fork server has {threads} threads; refusing to fork")
     sys.stdout.flush()
     sys.stderr.flush()
+    _forking_at = time.time()
 
 
 def _load_forkjail() -> Any:
@@ -325,6 +358,10 @@ def main() -> None:
     jail = _load_forkjail()
     jailer = Jailer(jail) if sys.argv[3:] == ["jail"] else None
     _preload(modules)
+    # What the imports made stays shared with every kernel: the collector no longer writes
+    # to those objects' headers (each write would copy a page into the child).
+    gc.collect()
+    gc.freeze()
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)

@@ -29,6 +29,8 @@ async def test_metrics_move_after_one_real_turn(ops: Ops, llm: ScriptedOpenAI) -
     assert ("threadbook_executions_total", (("outcome", "timeout_restarted"),)) in before
     assert ("threadbook_errors_total", (("kind", "llm_connection"),)) in before
     assert value(before, "threadbook_kernels_max") == ops.core.settings.kernels.max_kernels
+    assert ("threadbook_new_thread_kernels_total", (("warm", "hit"),)) in before
+    assert value(before, "threadbook_kernels_warm_target") == 0  # no warm pool here
 
     llm.script(tool_call("print(6 * 7)", usage=(120, 15)), answer("It is 42.", usage=(160, 6)))
     chat = MemoryChat(ops.core.dispatcher)

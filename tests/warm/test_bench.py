@@ -34,3 +34,10 @@ def test_quick_bench_writes_results_and_prints_the_table(tmp_path: Path) -> None
     without_postgres = find_postgres()[0] is None  # the replica modes need it (CI installs it)
     assert unmeasured == ([t for t in unmeasured if "replicas" in t] if without_postgres else [])
     assert document["results"]["replicas"]["sqlite"]["errors"] == 0
+    # The fork path's breakdown: every step measured, the kernel's side from the forked child.
+    path = document["results"]["fork_path"]["fork"]
+    assert "error" not in path, path
+    steps = path["steps_ms"]
+    assert len(steps) == 9 and all(ms >= 0 for ms in steps.values()) and steps["child: IPKernelApp.initialize"] > 0
+    assert abs(sum(steps.values()) - path["p50_ms"]) < path["p50_ms"]  # the steps make up the whole, roughly
+    assert "Fork path (pool empty), p50 per step:" in done.stdout
