@@ -103,8 +103,9 @@ def _check_forked(mode: str, pool: KernelPool, starts: int) -> None:
             raise RuntimeError(f"{pool.launcher.spawned} of {starts} kernels were spawned, not forked")
 
 
-#: Kernel sources whose bursts are smaller: a cold start each (their 100 would take minutes).
-COLD_MODES = frozenset({"spawn", "gateway"})
+#: Kernel sources whose bursts are smaller: each of their kernels (warm ones included) is a
+#: cold start, here or on the gateway (100 of them would take minutes).
+COLD_MODES = frozenset({"spawn", "gateway", "gateway-pool"})
 COLD_BURST = 20
 
 
