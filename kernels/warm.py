@@ -38,6 +38,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from kernels import safefs
 from kernels.launch import KernelHandle, LaunchPlan, Launcher
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
@@ -91,13 +92,15 @@ def _follow_rename_code(folder: Path) -> str:
 class WarmKernel:
     """A ready kernel waiting in its own empty folder for a thread."""
 
-    def __init__(self, handle: KernelHandle, folder: Path) -> None:
+    def __init__(self, handle: KernelHandle, folder: Path, owner: tuple[int, int] | None = None) -> None:
+        """``owner``: the host (uid, gid) the kernel's files belong to (a root bot's sandbox), else None."""
         self.handle = handle
         self.folder = folder
+        self.owner = owner
 
     async def adopt(self, workspace: Path) -> KernelHandle:
         """Give the kernel ``workspace``: move its files in, rename the folder onto it."""
-        await asyncio.to_thread(adopt_folder, self.folder, workspace)
+        await asyncio.to_thread(adopt_folder, self.folder, workspace, self.owner)
         await run_silently(self.handle, _follow_rename_code(self.folder))
         return self.handle
 
@@ -109,8 +112,13 @@ class WarmKernel:
             await asyncio.to_thread(shutil.rmtree, self.folder, True)
 
 
-def adopt_folder(folder: Path, workspace: Path) -> None:
-    """(Blocking) move ``workspace``'s entries into ``folder``, then rename ``folder`` to ``workspace``."""
+def adopt_folder(folder: Path, workspace: Path, owner: tuple[int, int] | None = None) -> None:
+    """(Blocking) move ``workspace``'s entries into ``folder``, then rename ``folder`` to ``workspace``.
+
+    ``owner``: the warm kernel's host uid and gid (a root bot gives every workspace its own
+    uid): what the thread's earlier kernels wrote (its files, its variable snapshot) is
+    handed to it, without following a link, or the kernel could not read its own thread.
+    """
     if not folder.is_dir():
         raise KernelStartError(f"the warm kernel's folder {folder} is gone")
     for entry in list(os.scandir(folder)):  # a warm folder should be empty; never mix leftovers in
@@ -119,6 +127,8 @@ def adopt_folder(folder: Path, workspace: Path) -> None:
     for _ in range(100):
         for entry in list(os.scandir(workspace)):
             os.rename(entry.path, folder / entry.name)
+        if owner is not None:
+            safefs.chown_tree(folder, *owner)
         try:
             os.rename(folder, workspace)  # replaces the now empty folder atomically
             return
@@ -365,7 +375,9 @@ class WarmPool:
         failed = False
         try:
             await asyncio.to_thread(folder.mkdir, parents=True, mode=0o700)
-            warm = WarmKernel(await self.launcher.start(self.launcher.plan(folder, self.options)), folder)
+            plan = self.launcher.plan(folder, self.options)
+            owner = plan.identity.host_owner if plan.identity is not None else None
+            warm = WarmKernel(await self.launcher.start(plan), folder, owner)
             await run_silently(warm.handle, self.warm_up)
             if self.target is not None and (footprint := await warm.handle.memory_bytes()):
                 self.target.note_kernel_bytes(footprint)

@@ -54,6 +54,9 @@ SOURCES = {
     "spawn": {},
     "bwrap": {"sandbox": "bwrap"},
     "fork": {"sandbox": "bwrap", "fork_server": True},
+    # The thread's next kernel is a warm one, adopted into the workspace its last kernel wrote
+    # (as root: under another uid than the one that wrote it).
+    "warm": {"sandbox": "bwrap", "fork_server": True, "warm_pool": 1},
 }
 
 
@@ -86,6 +89,8 @@ async def test_variables_survive_a_cull(any_pool: KernelPool) -> None:
     assert [f.name for f in await workspace.list_files()] == ["notes.txt"]
     assert not any(name.startswith(STATE_DIR) for name in workspace.stamps())
 
+    if any_pool.warm is not None:
+        await any_pool.warm.wait_ready(timeout=60)
     again = await any_pool.get_or_start("s:cull")
     assert again is not session and again.restored is not None and again.restored.failure is None
     restored = dict(again.restored.restored)
