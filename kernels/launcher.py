@@ -68,6 +68,9 @@ START_TIMEOUT_S = 60.0
 #: Kernels one launcher starts at a time: a burst of new threads then finishes its starts one
 #: batch after another instead of all of them sharing the CPU past ``START_TIMEOUT_S``.
 START_SLOTS = 2 * (os.cpu_count() or 1)
+#: How soon a channel retries to connect to a kernel that has not bound its socket yet.
+RECONNECT_IVL_MS = 10
+RECONNECT_IVL_MAX_MS = 1000
 #: The kernel's own stdout/stderr (crash messages such as "Fatal Python error") land here.
 KERNEL_LOG = "kernel.log"
 #: Run dirs are named ``kernel-<kernel id>`` under the launcher's run root.
@@ -494,6 +497,11 @@ class KernelLauncher:
             # session decode a byte of it (the display budget still applies below the cap).
             client = manager.client()
             client.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # the client's own context
+            # The channels connect before the kernel has bound its sockets; ZMQ then retries
+            # every RECONNECT_IVL (100 ms by default), which a fast start would wait out; doubling
+            # up to a second, so a dead kernel's channels do not spin.
+            client.context.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+            client.context.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
             handle = LocalKernelHandle(manager=manager, client=client, run_dir=plan.run_dir)
             await wait_ready(handle, START_TIMEOUT_S)

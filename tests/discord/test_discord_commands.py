@@ -24,6 +24,7 @@ from adapters.discord.adapter import HELP_OUTSIDE_SESSION
 from adapters.discord.feedback import THANKS
 from bot.app import Core
 from tests.conftest import make_settings
+from tests.discord.conftest import running_adapter
 from tests.fakes.bot_process import eventually
 from tests.fakes.discord_server import BOT_ID, CHANNEL_ID, GUILD_ID, USER, USER_ID, FakeDiscord, Sent
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
@@ -86,14 +87,8 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
                      "guild_ids": [GUILD_ID], "forum_channels": [forum]},
             access={"allow_users": [str(USER_ID)]},
         )
-        async with Core.open(settings) as core:
-            adapter = DiscordAdapter(settings.discord, core.dispatcher, guild_ready_timeout_s=0.05,
-                                     status_interval_s=0.05)
-            await adapter.start()
-            try:
-                yield World(fake, llm, core, adapter, tmp_path / "data" / "threadbook.db", forum, other_forum)
-            finally:
-                await adapter.stop()
+        async with running_adapter(settings) as (core, adapter):
+            yield World(fake, llm, core, adapter, tmp_path / "data" / "threadbook.db", forum, other_forum)
         assert fake.unknown_routes == []
 
 

@@ -21,6 +21,7 @@ from adapters.discord import DiscordAdapter
 from adapters.discord.adapter import NO_THREAD_PERMISSION
 from bot.app import Core
 from tests.conftest import make_settings
+from tests.discord.conftest import running_adapter
 from tests.fakes.discord_server import BOT_ID, CHANNEL_ID, OTHER_BOT, USER, USER_ID, FakeDiscord
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
 
@@ -62,14 +63,8 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
             kernels={"max_upload_mb": MAX_ATTACHMENT_MB},
             access={"allow_users": [str(USER_ID)]},
         )
-        async with Core.open(settings) as core:
-            adapter = DiscordAdapter(settings.discord, core.dispatcher, guild_ready_timeout_s=0.05,
-                                     status_interval_s=0.05)
-            await adapter.start()
-            try:
-                yield World(fake, llm, core, adapter)
-            finally:
-                await adapter.stop()
+        async with running_adapter(settings) as (core, adapter):
+            yield World(fake, llm, core, adapter)
         assert fake.unknown_routes == []
 
 

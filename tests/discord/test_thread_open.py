@@ -21,6 +21,7 @@ from adapters.discord import adapter as discord_adapter
 from bot.app import Core
 from bot.events import ThreadKey
 from tests.conftest import make_settings
+from tests.discord.conftest import running_adapter
 from tests.fakes.discord_server import CHANNEL_ID, GUILD_ID, USER_ID, FakeDiscord
 from tests.fakes.openai_server import ScriptedOpenAI, answer
 
@@ -59,14 +60,8 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
             discord={"token": fake.token, "api_url": fake.api_url, "gateway_url": fake.gateway_url},
             access={"allow_users": [str(USER_ID)]},
         )
-        async with Core.open(settings) as core:
-            adapter = DiscordAdapter(settings.discord, core.dispatcher, guild_ready_timeout_s=0.05,
-                                     status_interval_s=0.05)
-            await adapter.start()
-            try:
-                yield World(fake, llm, core, adapter)
-            finally:
-                await adapter.stop()
+        async with running_adapter(settings) as (core, adapter):
+            yield World(fake, llm, core, adapter)
         assert fake.unknown_routes == []
         assert llm.remaining == 0
 
