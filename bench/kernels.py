@@ -73,7 +73,8 @@ async def open_pool(mode: str, root: Path, *, sandbox: Sandbox, warm: int = 0) -
         await pool.shutdown_all()
 
 
-async def _first_execution(pool: KernelPool, key: str) -> float:
+async def time_first_cell(pool: KernelPool, key: str) -> float:
+    """Seconds from asking ``pool`` for the kernel of new thread ``key`` to its first cell's result."""
     started = time.perf_counter()
     session = await pool.get_or_start(key)
     result = await session.execute(FIRST_CELL)
@@ -89,7 +90,7 @@ async def first_execution(mode: str, root: Path, samples: int, *, sandbox: Sandb
         for i in range(samples):
             if pool.warm is not None:
                 await pool.warm.wait_ready(timeout=120)
-            times.append(await _first_execution(pool, f"bench:first:{i}"))
+            times.append(await time_first_cell(pool, f"bench:first:{i}"))
             await pool.shutdown(f"bench:first:{i}")
         _check_forked(mode, pool, samples)
     return summary(times)
@@ -117,7 +118,7 @@ async def burst(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none
     async with open_pool(mode, root, sandbox=sandbox, warm=threads) as pool:
         cpu_before = await asyncio.to_thread(_cpu_seconds)
         started = time.perf_counter()
-        times = await asyncio.gather(*(_first_execution(pool, f"bench:burst:{i}") for i in range(threads)))
+        times = await asyncio.gather(*(time_first_cell(pool, f"bench:burst:{i}") for i in range(threads)))
         wall = time.perf_counter() - started
         cpu = await asyncio.to_thread(_cpu_seconds)
         _check_forked(mode, pool, threads)

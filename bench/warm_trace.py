@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.kernels import FIRST_CELL, Sandbox, settings_for, summary
+from bench.kernels import Sandbox, settings_for, summary, time_first_cell
 from kernels import KernelPool, build_launcher
 from kernels.forkserver import ForkingLauncher
 from kernels.warm_target import EVALUATE_EVERY_S, WarmTarget, available_memory
@@ -49,13 +49,8 @@ def arrivals(burst: int) -> list[float]:
 
 
 async def _new_thread(pool: KernelPool, key: str) -> float:
-    """A new thread's first cell: seconds from asking for a kernel to the result. Its kernel then stops."""
-    started = time.perf_counter()
-    session = await pool.get_or_start(key)
-    result = await session.execute(FIRST_CELL)
-    if result.result != "2":
-        raise RuntimeError(f"first execution in {key} failed: {result}")
-    elapsed = time.perf_counter() - started
+    """A new thread's first cell (:func:`time_first_cell`); its kernel then stops."""
+    elapsed = await time_first_cell(pool, key)
     await pool.shutdown(key)
     return elapsed
 

@@ -263,9 +263,10 @@ async def run_bot(settings: Settings) -> int:
             finally:
                 # Scheduled runs and the adapters' turns share one grace period.
                 grace = settings.ops.shutdown_grace_s
-                await asyncio.gather(
-                    stop_adapters(started, grace), scheduler.stop(grace) if scheduler is not None else asyncio.sleep(0)
-                )
+                stopping = [stop_adapters(started, grace)]
+                if scheduler is not None:
+                    stopping.append(scheduler.stop(grace))
+                await asyncio.gather(*stopping)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)

@@ -309,8 +309,10 @@ class _LiveCollector(Collector):
                 state = {"new": "starting", "stopped": "dead"}.get(session.state, session.state)
                 states[state] = states.get(state, 0) + 1
             if pool.warm is not None:
-                warm_count, warm_size = warm_count + pool.warm.count, warm_size + pool.warm.size
-                hits, misses = hits + pool.warm.hits, misses + pool.warm.misses
+                warm_count += pool.warm.count
+                warm_size += pool.warm.size
+                hits += pool.warm.hits
+                misses += pool.warm.misses
             max_kernels += pool.settings.max_kernels
             waiting += pool.queue_stats().waiting
             if dispatcher is not None:

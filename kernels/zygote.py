@@ -3,7 +3,10 @@
 Run as ``python -P kernels/zygote.py PRELOAD_JSON LIFELINE_FD [jail]`` by
 :class:`kernels.forkserver.ForkServer`; it imports nothing from this project but its sibling
 ``forkjail.py`` (standard library only), so a kernel's ``sys.modules`` holds only what a
-spawned kernel would have plus the preloaded modules.
+spawned kernel would have plus the preloaded modules. Before it serves it imports what
+every kernel imports while it starts (:data:`KERNEL_IMPORTS`), resolves matplotlib's inline
+backend, and freezes its heap (``gc.freeze``): a child then only binds its sockets, builds
+its shell and takes its identity.
 
 With ``jail`` (the sandboxed profile; the zygote then runs inside bubblewrap, see
 :func:`kernels.sandbox.args.zygote_args`) every request carries a ``"jail"`` object (uid, gid,
@@ -68,9 +71,10 @@ def _thread_count() -> int:
 
 #: What every kernel imports while it starts, whatever the preload: ipykernel's application
 #: and kernel, what ``IPKernelApp.initialize`` imports besides (the debugger class trait
-#: pulls in debugpy: ~70 ms of a fork's ~160 ms initialize; pdb, sqlite3 for the history,
-#: psutil for usage replies) and Threadbook's kernel code (``setup()``, the snapshot restore
-#: every new kernel runs). None of them starts a thread (checked before every fork).
+#: pulls in debugpy; pdb, sqlite3 for the history, psutil for usage replies, IPython's
+#: magics) and Threadbook's kernel code (``setup()``, the snapshot restore). Measured (bench
+#: ``fork_path``): a child's ``initialize`` went from ~107 to ~49 ms. None of them starts a
+#: thread (checked before every fork).
 KERNEL_IMPORTS = (
     "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.debugger", "IPython", "pdb", "sqlite3", "psutil",
     "faulthandler", "tornado.platform.asyncio", "IPython.core.completerlib", "IPython.core.debugger",

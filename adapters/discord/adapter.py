@@ -214,9 +214,7 @@ class DiscordAdapter:
 
     def outbox_for(self, key: ThreadKey) -> DiscordOutbox | None:
         """An outbox posting into the thread (or DM) of ``key``; None for another platform or before start."""
-        thread_id = self._thread_id(key)
-        me = self.client.user if thread_id is not None else None
-        if thread_id is None or me is None:
+        if (thread_id := self._thread_id(key)) is None or (me := self.client.user) is None:
             return None
         channel = self.client.get_partial_messageable(thread_id)
         # No question to react to: the thread's starter message stands in (only a status would use it).

@@ -33,9 +33,13 @@ DISABLED = "Scheduled runs are turned off on this bot (`schedules.enabled`)."
 
 
 def is_schedule_command(text: str) -> bool:
-    """Whether ``text`` (a message, after the mention) is one of the schedule commands."""
-    first = text.strip().lstrip("!/").split(maxsplit=1)
-    return bool(first) and first[0].lower() in WORDS
+    """Whether ``text`` (a message, after the mention) is one of the schedule commands:
+    ``schedule …``, or ``schedules`` / ``unschedule [N]`` as the whole message (a question
+    such as "schedules for next week: which are late?" is a question)."""
+    words = text.strip().lstrip("!/").split()
+    if not words or (first := words[0].lower()) not in WORDS:
+        return False
+    return first == "schedule" or len(words) <= (1 if first == "schedules" else 2)
 
 
 class ScheduleCommands:

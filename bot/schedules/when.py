@@ -188,7 +188,13 @@ def _timezone_at(text: str, start: int, default: str) -> tuple[str, int]:
 
 def _zone_named(name: str) -> str | None:
     """The IANA zone ``name`` (any case), or None."""
-    return {zone.lower(): zone for zone in available_timezones()}.get(name.lower())
+    return _zones_by_lower_name().get(name.lower())
+
+
+@cache
+def _zones_by_lower_name() -> dict[str, str]:
+    """(Reads the time zone database once) every IANA zone by its lower-case name."""
+    return {zone.lower(): zone for zone in available_timezones()}
 
 
 def _looks_like_cron(text: str) -> bool:

@@ -18,6 +18,7 @@ import pytest
 from bot.app import Core
 from bot.events import ThreadKey
 from bot.schedules.book import NewSchedule
+from bot.schedules.commands import is_schedule_command
 from bot.schedules.runner import THREAD_GONE, Scheduler
 from bot.schedules.when import WhenError, parse_schedule
 from bot.store import Store
@@ -213,3 +214,16 @@ async def test_two_schedulers_on_one_store_run_a_slot_once(store_target: Path | 
         )  # fmt: skip
         assert sorted(claims) == [False, True]
         assert await first.schedules.due(TUESDAY + 3601) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "command"),
+    [
+        ("schedule every monday 9:00 revenue", True), ("schedule", True), ("/schedules", True), ("schedules", True),
+        ("unschedule 2", True), ("unschedule", True), ("Schedule daily 8:00 the report", True),
+        ("schedules for next week: which ones are late?", False), ("unschedule the meeting and tell me why", False),
+        ("scheduled jobs in jobs.csv: count them", False), ("what is my schedule?", False), ("", False),
+    ],
+)
+def test_schedules_and_unschedule_are_commands_only_as_the_whole_message(text: str, command: bool) -> None:
+    assert is_schedule_command(text) is command
