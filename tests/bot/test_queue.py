@@ -39,6 +39,19 @@ async def llm() -> AsyncIterator[ScriptedOpenAI]:
         yield server
 
 
+class _SharedLog(list[tuple[str, str]]):
+    """A thread's progress log that also appends ``(thread, text)`` to one log all threads share,
+    so the order of events across threads is kept."""
+
+    def __init__(self, thread: str, shared: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.thread, self.shared = thread, shared
+
+    def append(self, item: tuple[str, str]) -> None:
+        super().append(item)
+        self.shared.append((self.thread, item[1]))
+
+
 def _first_place(outbox: MemoryOutbox) -> int | None:
     """How many were ahead when this thread first waited (None: it never waited)."""
     for _, text in outbox.progress_log:
@@ -53,18 +66,32 @@ async def test_24_new_threads_against_12_kernels_all_answered_in_arrival_order(
     settings = make_settings(tmp_path, llm_url=llm.base_url, kernels={"fork_server": True, "max_kernels": 12})
     async with Core.open(settings) as core:
         chat = MemoryChat(core.dispatcher)
+        shared: list[tuple[str, str]] = []
+        outboxes = [MemoryOutbox(progress_log=_SharedLog(f"t{n:02d}", shared)) for n in range(24)]
         tasks = []
-        for n in range(24):  # a Monday morning: everyone at once, in a known order
-            tasks.append(asyncio.ensure_future(chat.say("print one please", thread=f"t{n:02d}")))
+        for n, outbox in enumerate(outboxes):  # a Monday morning: everyone at once, in a known order
+            message = chat.message("print one please", thread=f"t{n:02d}")
+            tasks.append(asyncio.ensure_future(core.dispatcher.handle(message, outbox)))
             await asyncio.sleep(0.005)
-        outboxes = await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
         stats = core.pool.queue_stats()
     for outbox in outboxes:
         assert [r.text for r in outbox.replies] == ["It printed 1."], (outbox.replies, outbox.notices)
         assert outbox.replies[0].ok and not outbox.notices
     places = [place for outbox in outboxes if (place := _first_place(outbox)) is not None]
     assert places, "nobody had to wait: the test did not fill the pool"
-    assert places == sorted(places), f"the queue was not first come, first served: {places}"
+    # A thread is told its place as it joins the queue: each joins behind everyone still
+    # waiting, so in the order they joined each has at most one more ahead than the one
+    # before (fewer when some were served meanwhile; the pool's own test checks the order
+    # of service). Joining order, not arrival order: under load a later message may join first.
+    joined = list(dict.fromkeys(thread for thread, text in shared if WAITING.search(text)))
+    told = {thread: _first_place(outboxes[int(thread[1:])]) for thread in joined}
+    in_order = [told[thread] for thread in joined]
+    assert in_order[0] == 0 and all(
+        place is not None and earlier is not None and place <= earlier + 1
+        for earlier, place in zip(in_order, in_order[1:])
+    ), f"a thread did not join the queue at its end: {list(zip(joined, in_order))}"
+    assert max(in_order) > 0, "every thread was told it was next: newcomers are not joining behind the others"
     assert stats.waiting == 0 and stats.recent_waits == len(places) and stats.max_wait_s > 0
 
 
