@@ -24,6 +24,7 @@ from bot.config import Settings
 from bot.dispatcher import INTERRUPTED_NOTICE, Dispatcher
 from bot.events import Outbox, ThreadKey, ThreadReach
 from bot.health import OpsServer, Readiness
+from bot.loopwatch import LoopWatchdog
 from bot.schedules.runner import POLL_S, Scheduler
 from bot.store import Store
 from bot.turn import TurnRunner
@@ -50,6 +51,8 @@ class Core:
     dispatcher: Dispatcher
     #: What budgets, usage reports and schedules count time with.
     clock: Clock = time.time
+    #: Watches the event loop from a thread of its own (``/healthz`` asks it).
+    watchdog: LoopWatchdog | None = None
 
     @classmethod
     @asynccontextmanager
@@ -57,6 +60,9 @@ class Core:
         """Start the core; on exit stop the reaper and every kernel, close the store.
         ``clock``: what budgets and usage reports count time with (tests pass their own)."""
         async with AsyncExitStack() as stack:
+            watchdog = LoopWatchdog()
+            watchdog.start()
+            stack.callback(watchdog.stop)
             store = await Store.open(settings.storage.resolved_url, replica_timeout_s=settings.storage.replica_timeout_s)
             stack.push_async_callback(store.close)
             # Choosing the launcher probes bubblewrap (and slirp4netns) with real processes: off the loop.
@@ -75,7 +81,8 @@ class Core:
             turns = TurnRunner(settings=settings, store=store, pool=pool, agent=agent, budgets=budgets, packages=packages)
             commands = Commands(store=store, pool=pool, settings=settings, clock=clock)
             dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands, pool=pool)
-            yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher, clock=clock)
+            yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher, clock=clock,
+                      watchdog=watchdog)  # fmt: skip
 
 
 @asynccontextmanager
@@ -90,6 +97,7 @@ async def serve_ops(core: Core, *, host: str | None = None, port: int | None = N
         readiness,
         host=core.settings.ops.http_host if host is None else host,
         port=core.settings.ops.http_port if port is None else port,
+        watchdog=core.watchdog,
     )
     unwatch = metrics.watch(core.pool, core.dispatcher)
     try:

@@ -3,14 +3,20 @@
 Served by aiohttp on ``ops.http_host:ops.http_port`` when the port is set (0, the default:
 no server). docs/operations.md describes the endpoints, the metrics and the probes.
 
-- ``/healthz`` (liveness): 200 whenever the event loop runs this handler at all.
+The server runs on an event loop of its own, in a thread of its own, so that a stuck bot loop
+is reported instead of silently unanswered:
+
+- ``/healthz`` (liveness): 200 while the bot's event loop turns; 503 while the watchdog
+  (:mod:`bot.loopwatch`) sees it stalled (no turn for over a second), so an orchestrator
+  restarts a bot that hangs.
 - ``/readyz`` (readiness): 200 when every check passes, else 503; the JSON body names each
   check and what it found:
 
   - ``store``: a cheap read of the database answers within ``STORE_TIMEOUT_S``;
-  - ``sandbox``: the kernel sandbox that ``kernels.sandbox`` asks for is in force (``auto``
-    whose probe failed at start, so kernels run unsandboxed, is unready; ``none`` and gateway
-    kernels ask for nothing here);
+  - ``sandbox``: the kernel sandbox that ``kernels.sandbox`` asks for is in force. Start-up
+    already refuses ``auto``/``bwrap`` where bubblewrap cannot run (fail closed), so this
+    fails only if kernels somehow run unsandboxed without ``none``; ``none`` passes and says
+    plainly that kernels run without a sandbox; gateway kernels ask for nothing here;
   - ``llm``: the model endpoint answered one of the bot's own requests in the last
     ``LLM_RECENT_S`` and none failed since; else readiness asks it itself
     (``GET {llm.base_url}/models``, ``PROBE_TIMEOUT_S``), an answer kept ``PROBE_CACHE_S``;
@@ -22,9 +28,13 @@ no server). docs/operations.md describes the endpoints, the metrics and the prob
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -32,10 +42,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bot import metrics
 from bot.config import LLMSettings
+from bot.loopwatch import LoopWatchdog
 from bot.store import Store
-from kernels.forkserver import ForkingLauncher
 from kernels.launch import Launcher
-from kernels.sandbox.launcher import BwrapLauncher
+from kernels.launchers import UNSANDBOXED, sandbox_in_force
 from kernels.settings import KernelSettings
 
 log = logging.getLogger(__name__)
@@ -47,6 +57,9 @@ LLM_RECENT_S = 60.0
 PROBE_CACHE_S = 10.0
 PROBE_TIMEOUT_S = 3.0
 STORE_TIMEOUT_S = 3.0
+#: ``/readyz`` and ``/metrics`` fail when the bot's event loop has not answered within this.
+LOOP_ANSWER_S = 10.0
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -62,15 +75,15 @@ def sandbox_check(settings: KernelSettings, launcher: Launcher) -> Check:
     start, after the sandbox probe) gives kernels."""
     if settings.gateway.enabled:
         return Check(True, "kernels run on the Jupyter gateway (the kernel pod is the sandbox)")
+    sandbox = sandbox_in_force(launcher)
+    if sandbox is not None:
+        return Check(True, f"{sandbox}; {launcher.isolation}")
     if settings.sandbox == "none":
-        return Check(True, f"kernels.sandbox is none; {launcher.isolation}")
-    inner = launcher.spawn if isinstance(launcher, ForkingLauncher) else launcher
-    if isinstance(inner, BwrapLauncher):
-        return Check(True, f"bubblewrap; {launcher.isolation}")
+        return Check(True, f"{UNSANDBOXED}; {launcher.isolation}")
     return Check(
         False,
-        f"kernels.sandbox is {settings.sandbox} but the sandbox probe failed at start, so kernels run "
-        "without it (the start-up log says why; kernels.sandbox: none accepts that)",
+        f"kernels.sandbox is {settings.sandbox} but kernels run without a sandbox "
+        "(kernels.sandbox: none is the only setting that accepts that)",
     )
 
 
@@ -168,13 +181,20 @@ class Readiness:
 
 
 class OpsServer:
-    """The aiohttp server of ``/healthz``, ``/readyz`` and ``/metrics``."""
+    """The aiohttp server of ``/healthz``, ``/readyz`` and ``/metrics``, on an event loop of its
+    own in a thread of its own: ``/healthz`` answers even while the bot's loop is stuck (from
+    ``watchdog``); ``/readyz`` and ``/metrics`` are computed on the bot's loop and answer 503
+    when it does not answer within :data:`LOOP_ANSWER_S`."""
 
-    def __init__(self, readiness: Readiness, *, host: str, port: int) -> None:
+    def __init__(self, readiness: Readiness, *, host: str, port: int, watchdog: LoopWatchdog | None = None) -> None:
         self.readiness = readiness
+        self.watchdog = watchdog
         self._host = host
         self._requested_port = port
         self._runner: web.AppRunner | None = None
+        self._main: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self.port = 0
 
     @property
@@ -184,7 +204,19 @@ class OpsServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
-        """Listen (port 0: any free port, then :attr:`port` says which)."""
+        """Listen (port 0: any free port, then :attr:`port` says which). Raises OSError when it cannot."""
+        self._main = asyncio.get_running_loop()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="ops-http", daemon=True)
+        self._thread.start()
+        try:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._listen(), self._loop))
+        except BaseException:
+            await self._end_thread()
+            raise
+        log.info("operations endpoints on %s:%d (/healthz, /readyz, /metrics)", self._host, self.port)
+
+    async def _listen(self) -> None:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -194,23 +226,56 @@ class OpsServer:
         site = web.TCPSite(self._runner, self._host, self._requested_port)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
-        log.info("operations endpoints on %s:%d (/healthz, /readyz, /metrics)", self._host, self.port)
 
     async def stop(self) -> None:
-        """Stop listening."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        """Stop listening, end the server's thread, close the readiness probe's client."""
+        await self._end_thread()
         await self.readiness.close()
 
+    async def _end_thread(self) -> None:
+        loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+        if loop is None or thread is None:
+            return
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(runner.cleanup(), loop))
+        loop.call_soon_threadsafe(loop.stop)
+        await asyncio.to_thread(thread.join, 5.0)
+        if not thread.is_alive():
+            loop.close()
+
+    async def _on_bot_loop(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """(On the server's loop) ``work`` run on the bot's loop; TimeoutError when that loop
+        does not finish it within :data:`LOOP_ANSWER_S`."""
+        assert self._main is not None
+        future = asyncio.run_coroutine_threadsafe(work, self._main)
+        return await asyncio.wait_for(asyncio.wrap_future(future), LOOP_ANSWER_S)
+
     async def _healthz(self, request: web.Request) -> web.Response:
+        stalled = self.watchdog.stalled_for if self.watchdog is not None else None
+        if stalled is not None:
+            return web.json_response({"status": "stalled", "event_loop_stalled_s": round(stalled, 1)}, status=503)
         return web.json_response({"status": "ok"})
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        checks = await self.readiness.checks()
+        try:
+            checks = await self._on_bot_loop(self.readiness.checks())
+        except TimeoutError:
+            loop = Check(False, f"the bot's event loop did not answer within {LOOP_ANSWER_S:g} s")
+            return web.json_response({"ready": False, "failed": ["event_loop"], "checks": {"event_loop": asdict(loop)}},
+                                     status=503)  # fmt: skip
         failed = [name for name, check in checks.items() if not check.ok]
         body = {"ready": not failed, "failed": failed, "checks": {name: asdict(check) for name, check in checks.items()}}
         return web.json_response(body, status=503 if failed else 200)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(metrics.REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        try:  # scraped on the bot's loop: the collectors read the pool's and dispatcher's state
+            body = await self._on_bot_loop(_scrape())
+        except TimeoutError:
+            return web.Response(status=503, text="the bot's event loop did not answer\n")
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _scrape() -> bytes:
+    return generate_latest(metrics.REGISTRY)

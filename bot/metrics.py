@@ -96,6 +96,11 @@ SCHEDULED_RUNS = Counter(
     "threadbook_scheduled_runs", "Scheduled runs claimed by this process, by what became of them.", ["outcome"],
     registry=REGISTRY,
 )  # fmt: skip
+EVENT_LOOP_STALLS = Counter(
+    "threadbook_event_loop_stalls",
+    "Times the event loop did not turn for over a second (bot/loopwatch.py; each is logged with its stack).",
+    registry=REGISTRY,
+)
 
 # Every known label value at 0 from the start, so rates and absent() work before the first event.
 for _outcome in TURN_OUTCOMES:
@@ -171,6 +176,11 @@ def package_install(outcome: str) -> None:
 def scheduled_run(outcome: str) -> None:
     """Count one claimed scheduled run (``outcome``: one of :data:`SCHEDULED_OUTCOMES`)."""
     SCHEDULED_RUNS.labels(outcome).inc()
+
+
+def event_loop_stalled() -> None:
+    """Count one stall of the event loop (called from the watchdog's thread)."""
+    EVENT_LOOP_STALLS.inc()
 
 
 def error(kind: str) -> None:

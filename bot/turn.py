@@ -333,7 +333,8 @@ class TurnRunner:
         )
         await collect_outputs(runner.results, t.workspace, t.outputs)
         log.info("turn in %s: %s after %d cells, %.1fs", key, result.stop_reason, len(runner.results), time.time() - started)
-        return _reply(result, t.outputs.images, t.outputs.files, runner.notes)
+        # A kernel that stopped unasked or variables that could not be saved: told once, here.
+        return _reply(result, t.outputs.images, t.outputs.files, [*runner.notes, *session.take_thread_notices()])
 
 
 def _add_notice(result: ExecutionResult, note: str) -> None:

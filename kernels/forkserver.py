@@ -61,6 +61,8 @@ ZYGOTE = Path(__file__).with_name("zygote.py")
 START_TIMEOUT_S = 60.0
 FORK_TIMEOUT_S = 10.0
 RESTART_DELAYS_S = (1.0, 2.0, 5.0, 15.0, 30.0)
+#: A fork server that failed to restart this many times in a row is given up (about 5 minutes).
+RESTART_ATTEMPTS = 12
 #: Forked kernels started at once: a fork costs ~70 ms of CPU, most of a start is waiting for
 #: round trips, so four per core keep the cores busy through a burst (a spawn costs ~0.6 s
 #: of CPU: spawned starts keep ``kernels.launcher.START_SLOTS``).
@@ -259,7 +261,7 @@ class ForkServer:
                 future.set_exception(KernelStartError(f"fork failed: {message['error']}"))
 
     async def _restart(self) -> None:
-        for attempt in itertools.count():
+        for attempt in range(RESTART_ATTEMPTS):
             await asyncio.sleep(RESTART_DELAYS_S[min(attempt, len(RESTART_DELAYS_S) - 1)])
             if self._closed:
                 return
@@ -268,6 +270,7 @@ class ForkServer:
                 return
             except Exception:
                 log.warning("restarting the fork server failed", exc_info=True)
+        log.error("the fork server failed to restart %d times: kernels are spawned from now on", RESTART_ATTEMPTS)
 
     async def stop(self) -> None:
         """Stop the zygote (it kills what it forked that still runs) and release the lifeline."""

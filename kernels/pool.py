@@ -42,6 +42,11 @@ _WAITS_KEPT = 200
 #: succession do not wait for saves between them; a bot killed within this time of a turn's
 #: end loses that turn.
 QUIET_BEFORE_SAVE_S = 1.0
+#: The after-turn save waits at least this long between looks (never a loop without a pause)
+#: and looks at most this many times: activity that keeps coming ends it (the turn's own lease
+#: schedules the next save).
+_SAVE_WAIT_FLOOR_S = 0.05
+_SAVE_LOOKS = 20
 
 
 @dataclass(eq=False)
@@ -90,8 +95,10 @@ class KernelPool:
         self._queue: deque[_Ticket] = deque()
         self._leases: Counter[str] = Counter()
         self._waits: deque[float] = deque(maxlen=_WAITS_KEPT)
-        #: Keys whose kernel ran code and was stopped by the pool (culled, evicted).
+        #: Keys whose kernel ran code and was stopped by the pool (culled, evicted) or died.
         self._lost: set[str] = set()
+        #: Key → why its last kernel stopped unasked, until the thread's next session tells it.
+        self._died: dict[str, str] = {}
         self._lock = asyncio.Lock()
         #: Thread key → its after-turn save, waiting for quiet or running (:meth:`_save_in_background`).
         self._saves: dict[str, asyncio.Task[None]] = {}
@@ -188,17 +195,46 @@ class KernelPool:
         task.add_done_callback(functools.partial(self._saved, session.key))
 
     async def _save_when_quiet(self, session: KernelSession) -> None:
-        while self._sessions.get(session.key) is session and not self._closing.is_set():
-            in_use = session.key in self._leases or session.busy
-            wait = QUIET_BEFORE_SAVE_S if in_use else QUIET_BEFORE_SAVE_S - session.idle_seconds()
-            if wait > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._closing.wait(), max(wait, 0.05))
-                continue
-            await session.save_state(only_if_quick=True)
-            if not session.unsaved or session.key in self._leases:
-                return  # saved, or a save was skipped as slow; a lease that ends schedules anew
+        """Wait for quiet, then try one save, whatever comes of it: a save that cannot happen
+        (dead kernel, no room, a timeout) was logged by the session and is not retried here.
+        A kernel found dead takes its session out of the pool."""
+        for _ in range(_SAVE_LOOKS):
+            if self._sessions.get(session.key) is not session or self._closing.is_set():
+                return
+            if session.key in self._leases or session.busy:
+                return  # in use again: the lease that ends schedules the next save
+            wait = QUIET_BEFORE_SAVE_S - session.idle_seconds()
+            if wait <= 0:
+                await session.save_state(only_if_quick=True)
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), max(wait, _SAVE_WAIT_FLOOR_S))
+        else:
+            return
+        if not await session.check_alive():
+            await self._drop_dead(session)
 
+    async def _drop_dead(self, session: KernelSession) -> None:
+        """Take the session of a kernel that died out of the pool (unless a turn holds it:
+        the turn's next execution starts a fresh kernel and says so). The thread's next
+        session tells it what happened, if nobody did yet."""
+        key = session.key
+        if self._sessions.get(key) is not session or session.busy or key in self._leases:
+            return
+        log.warning("the kernel of %s died: its session leaves the pool", key)
+        del self._sessions[key]
+        self._forget(session)
+        await session.shutdown()
+        if self.warm is not None:
+            self.warm.kick()
+        self._wake()
+
+    def _forget(self, session: KernelSession) -> None:
+        """``session`` left the pool: its thread's next session hears that state was lost."""
+        if session.executions or session.dead:
+            self._lost.add(session.key)
+        if (why := session.untold_death) is not None:
+            self._died[session.key] = why
     def _saved(self, key: str, task: asyncio.Task[None]) -> None:
         if self._saves.get(key) is task:
             del self._saves[key]
@@ -229,6 +265,12 @@ class KernelPool:
             while True:
                 async with self._lock:
                     session = self._sessions.get(key)
+                    if session is not None and session.dead and not session.busy and key not in self._leases:
+                        log.info("the kernel of %s died since its last turn: a new session takes over", key)
+                        del self._sessions[key]
+                        self._forget(session)
+                        await session.shutdown()
+                        session = None
                     if session is not None:
                         # Asking counts as use: the turn that asked runs code once the model answers;
                         # the idle clock restarts so the reaper or an LRU eviction does not take it meanwhile.
@@ -266,6 +308,7 @@ class KernelPool:
             launcher=self.launcher if warm is None else HandOff(warm, self.launcher),
             options=options,
             lost_state=key in self._lost,
+            died=self._died.pop(key, None),
         )
         self._lost.discard(key)
         self._sessions[key] = session
@@ -378,8 +421,7 @@ class KernelPool:
             await self._save(session)
         if self._sessions.get(session.key) is session:
             del self._sessions[session.key]
-        if session.executions:
-            self._lost.add(session.key)
+        self._forget(session)
         await session.shutdown()
         if self.warm is not None:
             self.warm.kick()  # room for a warm kernel again
@@ -402,7 +444,8 @@ class KernelPool:
             await asyncio.to_thread(self.workspaces.for_key(key).forget_state)
 
     async def cull_idle(self, idle_timeout_s: float) -> list[str]:
-        """Shut down kernels idle longer than ``idle_timeout_s`` and not busy; workspaces stay."""
+        """Shut down kernels idle longer than ``idle_timeout_s`` and not busy; workspaces stay.
+        Sessions whose kernel died while idle leave the pool (not counted as culled)."""
         culled: list[str] = []
         if self.warm is not None:  # warm kernels are never culled; retention must spare their folders
             await asyncio.to_thread(self.warm.touch)
@@ -411,6 +454,9 @@ class KernelPool:
 
         for session in self.sessions():
             try:
+                if session.key not in self._leases and session.state != "new" and not await session.check_alive():
+                    await self._drop_dead(session)
+                    continue
                 if not still_idle(session):
                     continue
                 await self._save(session)

@@ -51,6 +51,16 @@ LOST_STATE_NOTICE = "The kernel was restarted: variables from before were lost; 
 #: save when the kernel stops still runs.
 QUICK_SAVE_S = 2.0
 LEFTOVERS_NOTICE = "{count} background process(es) left by this code were stopped."
+#: What the thread is told, once, when its kernel stopped without being asked to (``{why}``).
+KERNEL_LOST_THREAD_NOTICE = (
+    "⚠️ This thread's kernel stopped ({why}): variables since the last save are lost; files in the "
+    "workspace are kept, and a fresh kernel takes over."
+)
+#: What the thread is told, once until a save works again, when its variables cannot be saved.
+SAVE_FAILED_THREAD_NOTICE = (
+    "⚠️ This thread's variables could not be saved ({why}): they are lost if its kernel stops. "
+    "Files in the workspace are kept."
+)
 
 
 class KernelSession:
@@ -66,11 +76,14 @@ class KernelSession:
         options: KernelOptions = KernelOptions(),
         lost_state: bool = False,
         taken_over: KernelHandle | None = None,
+        died: str | None = None,
     ) -> None:
         """``lost_state``: an earlier kernel of this thread ran code and is gone (reaped,
         evicted); the first result of this session then says so. ``taken_over``: a running
         kernel of this thread that another process of the bot started and left (it died),
-        with the thread's variables in it: the session starts with it instead of a new one."""
+        with the thread's variables in it: the session starts with it instead of a new one.
+        ``died``: why the thread's last kernel stopped unasked, when the thread has not been
+        told yet (:meth:`take_thread_notices` tells it)."""
         self.key = key
         self.workspace = workspace
         self.settings = settings
@@ -98,6 +111,11 @@ class KernelSession:
         self._taken_over = taken_over
         #: The current kernel was taken over with the thread's variables in it.
         self._inherited = False
+        #: Why a kernel of the thread stopped unasked, until the thread is told.
+        self._died = died
+        #: Why the last save failed, until the thread is told; ``_save_failing`` until one works.
+        self._save_failed: str | None = None
+        self._save_failing = False
 
     @property
     def fresh(self) -> bool:
@@ -120,6 +138,40 @@ class KernelSession:
         """Code ran since the variables were last saved."""
         return self._unsaved
 
+    @property
+    def dead(self) -> bool:
+        """The kernel died (or was lost) and none replaced it yet."""
+        return self.state == "dead"
+
+    @property
+    def untold_death(self) -> str | None:
+        """Why a kernel of this thread stopped unasked, while the thread has not been told."""
+        return self._died
+
+    def take_thread_notices(self) -> list[str]:
+        """The sentences the thread has not been told yet (a kernel that stopped unasked, a
+        save that failed), each once; the caller posts them."""
+        notices: list[str] = []
+        if self._died is not None:
+            notices.append(KERNEL_LOST_THREAD_NOTICE.format(why=self._died))
+            self._died = None
+        if self._save_failed is not None:
+            notices.append(SAVE_FAILED_THREAD_NOTICE.format(why=self._save_failed))
+            self._save_failed = None
+        return notices
+
+    def _note_death(self, why: str) -> None:
+        """A kernel that held the thread's variables stopped unasked: the thread hears why."""
+        if self.executions or self._inherited or self.restored is not None:
+            self._died = why
+
+    def _note_save_failure(self, why: str | None) -> None:
+        """Remember a save's failure for the thread (once until a save works again)."""
+        if why is None:
+            self._save_failing = False
+        elif not self._save_failing:
+            self._save_failing, self._save_failed = True, why
+
     def idle_seconds(self) -> float:
         """Seconds since the last activity."""
         return time.monotonic() - self.last_activity
@@ -139,6 +191,7 @@ class KernelSession:
         if self._handle is not None:
             if self.executions:
                 self._lost_state = True
+            self._note_death(_exit_text(await self._handle.exit_code()))
             await self._discard_handle()
         if self._taken_over is not None:
             self._handle, self._taken_over = self._taken_over, None
@@ -150,6 +203,7 @@ class KernelSession:
         has_state = self.settings.snapshot and await asyncio.to_thread(self.workspace.may_hold_state)
         self.restored = await self._restore() if has_state else None
         if self._handle is None:  # it died loading the snapshot (now discarded): once more, without it
+            self._died = "loading its saved variables stopped it, so they were discarded"
             await self._start_kernel()
         return True
 
@@ -202,16 +256,24 @@ class KernelSession:
             if only_if_quick and self.last_save is not None and self.last_save.seconds > QUICK_SAVE_S:
                 return None
             if not await handle.is_alive():
+                log.warning("the kernel of %s died before its variables were saved", self.key)
+                self._note_death(_exit_text(await handle.exit_code()))
+                await self._lose_kernel()
                 return None
             budget = await asyncio.to_thread(self._snapshot_budget)
             if budget <= 0:
                 log.warning("no room in the workspace of %s for a snapshot of its variables", self.key)
+                self._note_save_failure("the workspace is full")
                 return None
             answer = await self._evaluate(handle, snapshots.save_expression(budget), SAVE_TIMEOUT_S)
             report = snapshots.parse_save(answer)
             if report is None:
+                if self._handle is None:  # it died or ignored the interrupt while saving (already logged)
+                    return None
                 log.warning("saving the variables of %s failed", self.key)
+                self._note_save_failure("saving them failed or took too long")
                 return None
+            self._note_save_failure(None)
             self._unsaved = False
             self.last_save = report
             log.info(
@@ -301,6 +363,7 @@ class KernelSession:
                 await self._interrupt_quietly(handle)
             if interrupted_at is not None and now >= interrupted_at + self.settings.interrupt_grace_s:
                 log.warning("kernel of %s ignored the interrupt of an evaluation: discarding it", self.key)
+                self._note_death("it did not answer, so it was replaced")
                 await self._lose_kernel()
                 return None
             until = deadline if interrupted_at is None else interrupted_at + self.settings.interrupt_grace_s
@@ -309,6 +372,7 @@ class KernelSession:
                 break
             if not await handle.is_alive():
                 log.warning("kernel of %s died during an evaluation", self.key)
+                self._note_death(_exit_text(await handle.exit_code()))
                 await self._lose_kernel()
                 return None
         if interrupted_at is not None:
@@ -320,6 +384,22 @@ class KernelSession:
             return None
         text = (value.get("data") or {}).get("text/plain")
         return text if isinstance(text, str) else None
+
+    async def check_alive(self) -> bool:
+        """Whether the kernel runs. One found dead while idle is discarded and its thread
+        will hear why (:meth:`take_thread_notices`); a busy session is not looked at (its
+        execution watches the kernel itself)."""
+        if self.busy:
+            return True
+        async with self._lock:
+            handle = self._handle
+            if handle is None:
+                return False
+            if await handle.is_alive():
+                return True
+            self._note_death(_exit_text(await handle.exit_code()))
+            await self._lose_kernel()
+            return False
 
     async def _lose_kernel(self) -> None:
         """Discard a dead or stuck kernel; the next execution starts a fresh one and, if the
@@ -421,6 +501,7 @@ class KernelSession:
         )
         if outcome is Outcome.DIED:
             result.notice = quota_notice or await self._death_notice(handle)
+            self._note_death("it wrote past the workspace quota" if quota_notice else _exit_text(await handle.exit_code()))
             await self._discard_handle()
             self.state = "dead"
             self._lost_state = True  # the next result (in a fresh kernel) says so too
@@ -499,6 +580,7 @@ class KernelSession:
     async def _restart_after_stuck(self, reason: str) -> Outcome:
         """The kernel ignored the interrupt: replace it (same workspace)."""
         log.warning("kernel of %s still busy after interrupt (%s): restarting", self.key, reason)
+        self._note_death("it did not stop when interrupted, so it was restarted")
         await self._discard_handle()
         await self._ensure_kernel()
         self._lost_state = False
@@ -534,6 +616,8 @@ class KernelSession:
             await self._discard_handle()
             self._lost_state = False
             self._unsaved = False
+            self._died = self._save_failed = None
+            self._save_failing = False
             await asyncio.to_thread(self.workspace.forget_state)
             await self._ensure_kernel()
 
@@ -575,6 +659,8 @@ def _stuck_text(reason: str, timeout: float) -> str:
 def _exit_text(code: int | None) -> str:
     if code is None:
         return "the process ended"
+    if 128 < code < 128 + signal.NSIG:  # a wrapper (bubblewrap, a shell) passes a signal on as 128 + its number
+        code = 128 - code
     if code < 0:
         try:
             name = signal.Signals(-code).name

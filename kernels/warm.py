@@ -51,6 +51,9 @@ WARM_DIR = ".warm"
 MAX_DEFER_S = 5.0
 #: Pause after a failed warm start before the next try.
 RETRY_DELAY_S = 5.0
+#: After this many failed warm starts in a row the refill waits for the next kick (an arrival,
+#: a kernel that stopped) instead of retrying on its own.
+MAX_FAILED_STARTS = 5
 _REPLY_TIMEOUT_S = 30.0
 
 
@@ -329,6 +332,7 @@ class WarmPool:
                 pass
 
     async def _refill_loop(self) -> None:
+        failures = 0
         while not self._closed:
             self._wake.clear()
             if self.target is not None:
@@ -339,8 +343,16 @@ class WarmPool:
                     # Shielded: stopping the loop must not cancel a launch half-way (its
                     # process would be left behind); stop() waits for it instead.
                     self._inflight = asyncio.create_task(self._add_one())
-                    if not await asyncio.shield(self._inflight):
-                        await asyncio.sleep(RETRY_DELAY_S)
+                    if await asyncio.shield(self._inflight):
+                        failures = 0
+                    else:
+                        failures += 1
+                        if failures < MAX_FAILED_STARTS:
+                            await asyncio.sleep(RETRY_DELAY_S)
+                            continue
+                        log.error("%d warm kernels failed to start in a row: refilling waits for the next thread", failures)
+                        failures = 0
+                        await self._wake.wait()
                 continue
             if self.target is None:
                 await self._wake.wait()

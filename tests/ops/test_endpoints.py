@@ -3,6 +3,12 @@ model endpoint goes down and comes back, and what else makes the bot unready."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -144,3 +150,36 @@ def test_every_metric_is_in_the_bot_registry_only() -> None:
     ours = {name for name in metrics.REGISTRY._names_to_collectors if name.startswith("threadbook_")}
     assert "threadbook_turns_total" in ours and "threadbook_llm_tokens_total" in ours
     assert not {name for name in GLOBAL._names_to_collectors if name.startswith("threadbook_")}
+
+
+def deliberately_blocking_the_loop(seconds: float) -> None:
+    """What a bug in the bot looks like to the loop: synchronous work that never yields."""
+    time.sleep(seconds)
+
+
+async def test_a_blocked_loop_is_reported_by_the_watchdog_and_fails_healthz(
+    ops: Ops, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = value(await ops.metrics(), "threadbook_event_loop_stalls_total")
+    seen: dict[str, tuple[int, str]] = {}
+
+    def probe() -> None:  # an orchestrator's liveness probe, from outside the blocked loop
+        time.sleep(1.8)
+        try:
+            with urllib.request.urlopen(ops.server.url + "/healthz", timeout=5) as response:
+                seen["during"] = (response.status, response.read().decode())
+        except urllib.error.HTTPError as exc:
+            seen["during"] = (exc.code, exc.read().decode())
+
+    prober = threading.Thread(target=probe)
+    with caplog.at_level(logging.ERROR, logger="bot.loopwatch"):
+        prober.start()
+        deliberately_blocking_the_loop(3.0)
+        prober.join(10)
+    status, body = seen["during"]
+    assert status == 503 and '"stalled"' in body
+    stalls = [r for r in caplog.records if "has not turned" in r.getMessage()]
+    assert len(stalls) == 1 and "deliberately_blocking_the_loop" in stalls[0].getMessage()
+    await asyncio.sleep(0.3)  # the loop turns again: healthy again, the stall counted once
+    assert (await ops.get("/healthz"))[0] == 200
+    assert value(await ops.metrics(), "threadbook_event_loop_stalls_total") == before + 1
