@@ -11,7 +11,9 @@ from pathlib import Path
 
 from bot import logs
 from bot.config import ConfigError, Settings, load_settings
+from bot.hardening import harden
 from bot.store import StoreError
+from kernels.result import SandboxUnavailableError
 
 LOG_FORMAT = logs.TEXT_FORMAT
 #: The interactive console's log, beside the SQLite store (in ``data/`` with PostgreSQL).
@@ -67,13 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     # One line per HTTP request or scheduler job at INFO drowns what the bot itself says.
     for chatty in ("httpx", "httpx2", "apscheduler", "alembic"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
+    referenced: set[str] = set()
     try:
-        settings = load_settings(args.config)
+        settings = load_settings(args.config, referenced=referenced)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
     # logging.format (text or json); lines logged while a message is handled name its thread and turn.
     logs.use_format(settings.logging.format)
+    # From here on no secret is in the environment and no same-uid process can read ours.
+    harden(settings, referenced)
     try:
         if args.command == "console":
             log_path = _console_logging(settings)
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         from bot.app import run_bot
 
         return asyncio.run(run_bot(settings))
-    except StoreError as exc:
+    except (StoreError, SandboxUnavailableError) as exc:
         print(f"threadbook: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -25,6 +25,7 @@ from bot.usage import UsageReport
 from bot.turn import KERNEL_SERVICE_NOTICE, kernel_options
 from kernels import KernelPool, Workspace
 from kernels import safefs
+from kernels.launchers import UNSANDBOXED, sandbox_in_force
 from kernels.result import KernelUnavailableError, PoolFullError, UnsafePathError
 from kernels.units import human_age
 
@@ -263,11 +264,14 @@ class Commands:
         kernels = f"{len(self._pool.sessions())} of {self._pool.settings.max_kernels} running, {queue.waiting} threads waiting"
         saved = await asyncio.to_thread(self._pool.workspaces.for_key(key).saved_state)
         state = "none" if saved is None else f"{human_size(saved.bytes)}, saved {human_age(time.time() - saved.saved_at)} ago"
+        # Both lines name no host path (no cgroup folder, workspace root or interpreter).
+        sandbox = sandbox_in_force(self._pool.launcher) or f"⚠️ {UNSANDBOXED}"
         return Reply(
             text=(
                 f"**Kernel:** {kernel}\n"
                 f"**Saved variables:** {state}\n"
                 f"**Kernels:** {kernels}{waits}\n"
+                f"**Sandbox:** {sandbox}\n"
                 f"**Isolation:** {self._pool.launcher.isolation}\n"
                 f"**Code cells run in this thread:** {cells}\n"
                 f"**Tokens used:** {prompt_tokens + completion_tokens:,} "

@@ -308,6 +308,15 @@ def interpolate(value: Any, env: Mapping[str, str], path: str = "", sources: dic
     return _ENV_REF.sub(substitute, value)
 
 
+def referenced_variables(value: Any) -> set[str]:
+    """Every environment variable a YAML tree refers to (``${VAR}`` or ``${VAR:-default}``)."""
+    if isinstance(value, dict):
+        return set().union(*(referenced_variables(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(referenced_variables(v) for v in value))
+    return {match.group(1) for match in _ENV_REF.finditer(value)} if isinstance(value, str) else set()
+
+
 def parse_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None = None) -> Settings:
     """Validate a YAML tree (already loaded) into :class:`Settings`."""
     sources: dict[str, str] = {}
@@ -332,8 +341,9 @@ def _check_combinations(settings: Settings) -> None:
         )
 
 
-def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Settings:
-    """Read, interpolate and validate a config file."""
+def load_settings(path: str | Path, env: Mapping[str, str] | None = None, *, referenced: set[str] | None = None) -> Settings:
+    """Read, interpolate and validate a config file; ``referenced`` (if given) gets the names
+    of the environment variables the file refers to."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -343,6 +353,8 @@ def load_settings(path: str | Path, env: Mapping[str, str] | None = None) -> Set
         raise ConfigError(f"config: {path} is not valid YAML: {exc}".replace("\n", " ")) from None
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(f"config: {path} must hold a mapping at the top level")
+    if referenced is not None:
+        referenced.update(referenced_variables(raw))
     return parse_settings(raw, env)
 
 

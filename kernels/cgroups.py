@@ -417,19 +417,26 @@ class Cgroups:
         return self.support is not None
 
     def describe(self) -> str:
-        """One line: which isolation is in force, e.g. ``cgroup v1 (memory 640 MiB, pids 64,
-        cpu weight 1/2 of the bot) beneath /user.slice/threadbook; rlimits``."""
+        """One line for people (``status`` shows it to chat users, so it names no host path):
+        which isolation is in force, e.g. ``cgroup v1 (memory 640 MiB, pids 64, cpu weight 1/2
+        of the bot); rlimits`` or ``rlimits only (no cgroup)``; :meth:`where` says the rest."""
         support = self.support
         if support is None:
-            return f"rlimits only (no cgroup: {self.reason or 'not detected'})"
+            return "rlimits only (no cgroup)"
         parts = {
             "memory": f"memory {self.memory_bytes // MiB} MiB" + (" incl. swap" if support.swap_accounted else ""),
             "pids": f"pids {self.max_processes}",
             "cpu": "cpu weight 1/2 of the bot",
         }
-        where = ", ".join(dict.fromkeys(_shown(h) for h in support.hierarchies))
         used = ", ".join(parts[name] for name in support.controllers)
-        return f"cgroup v{support.version} ({used}) beneath {where}; rlimits"
+        return f"cgroup v{support.version} ({used}); rlimits"
+
+    def where(self) -> str:
+        """For the start-up log only (host paths): where kernels' cgroups are made, e.g.
+        ``beneath /user.slice/threadbook``, or why none can be."""
+        if self.support is None:
+            return f"none ({self.reason or 'not detected'})"
+        return "beneath " + ", ".join(dict.fromkeys(_shown(h) for h in self.support.hierarchies))
 
     def create(self, kernel_id: str) -> KernelCgroup | None:
         """(Blocking) a new cgroup for one kernel with its limits set; None without cgroups.

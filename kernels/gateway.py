@@ -365,8 +365,8 @@ class GatewayLauncher:
 
     @property
     def isolation(self) -> str:
-        """Which isolation kernels get."""
-        return f"kernels on the Jupyter gateway at {self.api.base} (isolated by the gateway's provisioner)"
+        """Which isolation kernels get (``status`` shows it: the gateway's address is left out)."""
+        return "kernels on a Jupyter gateway (isolated by the gateway's provisioner)"
 
     def kernel_view(self, options: KernelOptions) -> KernelOptions:
         """The gateway's kernels see the shared volume at the bot's paths."""

@@ -51,7 +51,7 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
 from kernels import leftovers, safefs
 from kernels.cgroups import Cgroups, KernelCgroup
-from kernels.forkjail import KERNEL_OOM_SCORE_ADJ, join_session_keyring, set_oom_score_adj
+from kernels.forkjail import KERNEL_OOM_SCORE_ADJ, PR_SET_DUMPABLE, join_session_keyring, prctl, set_oom_score_adj
 from kernels.interpreter import KernelPython, inspect_interpreter
 from kernels.launch import Identity, KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
 from kernels.options import KernelOptions
@@ -120,13 +120,25 @@ def child_setup(cgroup: KernelCgroup | None) -> Callable[[], None]:
         try:
             if cgroup is not None:
                 cgroup.enter()
-            set_oom_score_adj(KERNEL_OOM_SCORE_ADJ)
             join_session_keyring()
+            _raise_oom_score()
         except BaseException as exc:
             os.write(2, f"threadbook: kernel set-up failed: {exc!r}\n".encode())  # stderr is the kernel log
             raise
 
     return setup
+
+
+def _raise_oom_score() -> None:
+    """(In a ``preexec_fn``, last) raise the child's ``oom_score_adj``. A bot that made itself
+    non-dumpable (``bot/hardening.py``) leaves this child's ``/proc/self`` owned by root until
+    it execs, so a child of a normal user's bot may not write it: it becomes dumpable first,
+    as the exec a moment later makes it anyway."""
+    try:
+        set_oom_score_adj(KERNEL_OOM_SCORE_ADJ)
+    except PermissionError:
+        prctl(PR_SET_DUMPABLE, 1)
+        set_oom_score_adj(KERNEL_OOM_SCORE_ADJ)
 
 
 class ThreadbookProvisioner(LocalProvisioner):

@@ -1,8 +1,9 @@
 """The one place that decides which :class:`~kernels.launch.Launcher` a deployment gets.
 
-``kernels.sandbox`` picks bubblewrap or the plain launcher (``auto`` probes once and falls
-back with one warning; ``bwrap`` raises :class:`KernelStartError` when the sandbox cannot run),
-slirp4netns is probed for ``network: true`` kernels, and ``kernels.fork_server`` wraps the
+``kernels.sandbox`` picks bubblewrap or the plain launcher. It fails closed: ``auto`` and
+``bwrap`` probe bubblewrap once and raise :class:`SandboxUnavailableError` (one line saying
+what fixes it) when it cannot run, so no kernel ever runs unsandboxed unless ``none`` says so
+(logged as a warning); slirp4netns is probed for ``network: true`` kernels, and ``kernels.fork_server`` wraps the
 result in a :class:`~kernels.forkserver.ForkingLauncher`. Whoever builds a
 :class:`~kernels.pool.KernelPool` calls :func:`build_launcher` and hands its result over.
 """
@@ -15,18 +16,22 @@ from pathlib import Path
 from kernels.forkserver import ForkingLauncher
 from kernels.gateway import GatewayLauncher
 from kernels.interpreter import inspect_interpreter
-from kernels.launch import ResourceLimits
+from kernels.launch import Launcher, ResourceLimits
 from kernels.launcher import KernelLauncher
 from kernels.packages import PackageInstaller
 from kernels.pool import KernelPool
-from kernels.result import KernelStartError
+from kernels.result import KernelStartError, SandboxUnavailableError
 from kernels.sandbox.launcher import BwrapLauncher
 from kernels.sandbox.probe import probe, probe_network
+from kernels.sandbox.remedy import NONE_SETTING, in_container, refusal
 from kernels.sandbox.support import BwrapSupport, detect_support
 from kernels.settings import KernelSettings
 from kernels.slirp import SlirpSupport, detect_slirp
 
 log = logging.getLogger(__name__)
+
+#: How the start-up log and ``status`` say that ``kernels.sandbox: none`` is in force.
+UNSANDBOXED = f"kernels run WITHOUT a sandbox ({NONE_SETTING})"
 
 
 def build_launcher(
@@ -45,10 +50,11 @@ def build_launcher(
     """
     if settings.gateway.enabled:
         gateway = GatewayLauncher(settings)
-        log.info("kernel isolation: %s", gateway.isolation)
+        log.info("kernel isolation: %s at %s", gateway.isolation, gateway.api.base)
         return gateway
     launcher = spawn_launcher(settings, run_root=run_root, bwrap=bwrap, slirp4netns=slirp4netns)
     log.info("kernel isolation: %s", launcher.isolation)
+    log.info("kernel cgroups: %s", launcher.cgroups.where())
     if settings.fork_server and ForkingLauncher.supports(launcher):
         return ForkingLauncher(launcher)
     return launcher
@@ -57,19 +63,18 @@ def build_launcher(
 def spawn_launcher(
     settings: KernelSettings, *, run_root: Path | None = None, bwrap: str | None = None, slirp4netns: str | None = None
 ) -> KernelLauncher:
-    """(Blocking: probes) the launcher that spawns kernels as ``settings.sandbox`` asks."""
+    """(Blocking: probes) the launcher that spawns kernels as ``settings.sandbox`` asks;
+    raises :class:`SandboxUnavailableError` when ``auto`` or ``bwrap`` cannot have bubblewrap."""
     python = inspect_interpreter(settings.python)
     if settings.sandbox == "none":
+        log.warning("⚠️ %s: kernels run as this bot's user and can read its files", UNSANDBOXED)
         return KernelLauncher(settings, run_root=run_root, python=python)
     limits = ResourceLimits.from_settings(settings)
     try:
         support = detect_support(python, bwrap)
         probe(support, python, limits)
     except KernelStartError as exc:
-        if settings.sandbox == "bwrap":
-            raise KernelStartError(f"kernels.sandbox is 'bwrap' but {exc}") from exc
-        log.warning("kernel sandbox off (kernels run with resource limits only): %s", exc)
-        return KernelLauncher(settings, run_root=run_root, python=python)
+        raise SandboxUnavailableError(refusal(settings.sandbox, str(exc), container=in_container())) from exc
     log.info("kernel sandbox: bubblewrap (%s, %s)", support.bwrap, "root + setpriv" if support.as_root else "user namespace")
     network, missing = _network_support(support, limits, slirp4netns)
     if network is not None:
@@ -77,6 +82,18 @@ def spawn_launcher(
     return BwrapLauncher(
         settings, support=support, network=network, network_missing=missing, run_root=run_root, python=python
     )
+
+
+def sandbox_in_force(launcher: Launcher) -> str | None:
+    """One line (no host path: ``status`` shows it) naming the sandbox kernels of
+    ``launcher`` run in; None when they run without one (``kernels.sandbox: none``)."""
+    if isinstance(launcher, GatewayLauncher):
+        return "each kernel in its own container on the Jupyter gateway"
+    inner = launcher.spawn if isinstance(launcher, ForkingLauncher) else launcher
+    if isinstance(inner, BwrapLauncher):
+        uid = "an unprivileged uid per workspace" if inner.support.as_root else "a user namespace of its own"
+        return f"bubblewrap: own namespaces and file system, {uid}, no network unless the channel allows it"
+    return None
 
 
 def _network_support(

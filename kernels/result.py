@@ -127,6 +127,11 @@ class KernelStartError(KernelError):
     """A kernel could not be started."""
 
 
+class SandboxUnavailableError(KernelStartError):
+    """``kernels.sandbox`` asks for a sandbox that cannot start here: no kernel may run (one
+    line: what is missing and what fixes it)."""
+
+
 class KernelUnavailableError(KernelStartError):
     """The service that runs kernels (a Jupyter gateway) cannot be reached or refuses."""
 

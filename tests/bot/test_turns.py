@@ -154,7 +154,8 @@ async def test_commands_help_files_status_reset(chat: MemoryChat, llm: ScriptedO
     status = (await chat.say("status", mentioned=False)).reply.text
     assert "Code cells run in this thread:** 1" in status and "Tokens used" in status
     assert "**Kernels:** 1 of 6 running, 0 threads waiting" in status
-    assert "**Isolation:** cgroup v" in status or "**Isolation:** rlimits only (no cgroup: " in status
+    assert "**Isolation:** cgroup v" in status or "**Isolation:** rlimits only (no cgroup)" in status
+    assert "**Sandbox:** ⚠️ kernels run WITHOUT a sandbox (kernels.sandbox: none)" in status
     assert "Fresh kernel" in (await chat.say("reset", mentioned=False)).reply.text
 
     llm.script(tool_call("print('kept' in dir())\nprint(open('notes.txt').read())"), echo_tool_output())

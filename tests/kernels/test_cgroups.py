@@ -83,7 +83,9 @@ def test_nothing_mounted_means_rlimits_only() -> None:
     assert support is None and "not mounted" in reason
     cgroups = Cgroups(support, memory_mb=640, max_processes=64, reason=reason)
     assert not cgroups.enabled and cgroups.create("x") is None
-    assert cgroups.describe().startswith("rlimits only (no cgroup: cgroup v2: not mounted")
+    # People (`status`) are told which isolation holds, the start-up log why: no path for the former.
+    assert cgroups.describe() == "rlimits only (no cgroup)"
+    assert cgroups.where().startswith("none (cgroup v2: not mounted")
 
 
 @needs_cgroups
@@ -95,8 +97,11 @@ def test_detection_finds_the_bots_own_cgroups() -> None:
         assert hierarchy.parent.name == PARENT and hierarchy.parent.is_dir()
         key = "" if SUPPORT.version == 2 else hierarchy.controllers[0]
         assert hierarchy.own == own[key], "kernels' cgroups must live beneath the bot's own"
-    line = Cgroups(SUPPORT, memory_mb=640, max_processes=64).describe()
+    cgroups = Cgroups(SUPPORT, memory_mb=640, max_processes=64)
+    line = cgroups.describe()
     assert line.startswith(f"cgroup v{SUPPORT.version} (memory 640 MiB") and line.endswith("; rlimits")
+    assert "/" not in line.replace("1/2", ""), "a host path in what `status` shows"
+    assert cgroups.where().startswith("beneath /") and cgroups.where().endswith(f"/{PARENT}")
     assert detect()[0] == SUPPORT  # detecting again finds the same (the folders exist now)
 
 

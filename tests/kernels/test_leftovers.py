@@ -86,7 +86,7 @@ async def test_without_cgroups_the_process_tree_is_used(tmp_path: Path) -> None:
     settings = kernel_settings(tmp_path)
     none = Cgroups(None, memory_mb=settings.memory_mb, max_processes=settings.max_processes, reason="test")
     launcher = KernelLauncher(settings, cgroups=none)
-    assert launcher.isolation == "rlimits only (no cgroup: test)"
+    assert launcher.isolation == "rlimits only (no cgroup)" and launcher.cgroups.where() == "none (test)"
     pool = KernelPool(settings, launcher=launcher)
     pids: list[int] = []
     try:

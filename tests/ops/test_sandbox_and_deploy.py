@@ -10,7 +10,7 @@ import yaml
 from bot.config import parse_settings
 from bot.health import sandbox_check
 from kernels.launchers import build_launcher
-from kernels.result import KernelStartError
+from kernels.result import KernelStartError, SandboxUnavailableError
 from kernels.settings import KernelSettings
 from tests.conftest import kernel_config
 
@@ -21,17 +21,23 @@ def settings(tmp_path: Path, **overrides: object) -> KernelSettings:
     return KernelSettings.model_validate({**kernel_config(tmp_path), **overrides})
 
 
-def test_no_sandbox_asked_for_is_ready(tmp_path: Path) -> None:
+def test_no_sandbox_asked_for_is_ready_and_says_so(tmp_path: Path) -> None:
     kernels = settings(tmp_path, sandbox="none")
     check = sandbox_check(kernels, build_launcher(kernels))
-    assert check.ok and "none" in check.detail
+    assert check.ok and check.detail.startswith("kernels run WITHOUT a sandbox (kernels.sandbox: none)")
 
 
-def test_a_sandbox_probe_that_failed_at_start_is_unready(tmp_path: Path) -> None:
-    # What build_launcher gives `auto` when the probe fails: the plain launcher.
+def test_unsandboxed_kernels_not_asked_for_are_unready(tmp_path: Path) -> None:
+    # build_launcher never gives `auto` an unsandboxed launcher (it refuses to start); should
+    # one ever be handed over anyway, readiness fails.
     plain = build_launcher(settings(tmp_path, sandbox="none"))
     check = sandbox_check(settings(tmp_path, sandbox="auto"), plain)
-    assert not check.ok and "probe failed" in check.detail
+    assert not check.ok and "kernels.sandbox: none is the only setting" in check.detail
+
+
+def test_a_sandbox_that_cannot_start_refuses_to_build_a_launcher(tmp_path: Path) -> None:
+    with pytest.raises(SandboxUnavailableError, match="kernels.sandbox is 'auto' but .*kernels.sandbox: none"):
+        build_launcher(settings(tmp_path, sandbox="auto"), bwrap="/nonexistent/bwrap")
 
 
 @pytest.mark.parametrize("fork_server", [False, True])

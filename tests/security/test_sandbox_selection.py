@@ -1,4 +1,4 @@
-"""``kernels.sandbox: auto | bwrap | none``, the start-up probe, and what the model is told."""
+"""``kernels.sandbox: auto | bwrap | none``: the start-up probe fails closed; what the model is told."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 
-from kernels import KernelLauncher, KernelOptions, KernelStartError
-from kernels.launchers import spawn_launcher
+from kernels import KernelLauncher, KernelOptions
+from kernels import launchers
+from kernels.launchers import UNSANDBOXED, sandbox_in_force, spawn_launcher
+from kernels.result import SandboxUnavailableError
 from kernels.sandbox.args import DATA
 from kernels.sandbox.launcher import BwrapLauncher
+from kernels.sandbox.remedy import CONTAINER_FLAGS, SECCOMP_PROFILE, refusal
 from kernels.settings import KernelSettings
 from tests.security.conftest import NO_SLIRP, SKIP_REASON
 
@@ -25,25 +28,43 @@ def settings(tmp_path: Path, mode: str) -> KernelSettings:
     )
 
 
-def test_none_is_the_plain_launcher(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    launcher = spawn_launcher(settings(tmp_path, "none"))
-    assert type(launcher) is KernelLauncher and not caplog.records
+def test_none_is_the_plain_launcher_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        launcher = spawn_launcher(settings(tmp_path, "none"))
+    assert type(launcher) is KernelLauncher
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"⚠️ {UNSANDBOXED}: kernels run as this bot's user and can read its files"]
+    assert "WITHOUT a sandbox (kernels.sandbox: none)" in warnings[0]
+    assert sandbox_in_force(launcher) is None
     options = KernelOptions(data_dir=tmp_path, network=True)
     assert launcher.kernel_view(options) == options
 
 
-def test_auto_falls_back_with_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING):
-        launcher = spawn_launcher(settings(tmp_path, "auto"), bwrap=MISSING)
-    assert type(launcher) is KernelLauncher
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "sandbox off" in warnings[0].getMessage()
-    assert MISSING in warnings[0].getMessage()  # says what is missing
+@pytest.mark.parametrize("mode", ["auto", "bwrap"])
+@pytest.mark.parametrize("container", [True, False])
+def test_a_sandbox_that_cannot_start_stops_start_up(
+    tmp_path: Path, mode: str, container: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail closed: no launcher at all, one line saying what is missing and what fixes it here."""
+    monkeypatch.setattr(launchers, "in_container", lambda: container)
+    with pytest.raises(SandboxUnavailableError) as refused:
+        spawn_launcher(settings(tmp_path, mode), bwrap=MISSING)
+    line = str(refused.value)
+    assert "\n" not in line
+    assert line.startswith(f"kernels.sandbox is '{mode}' but bubblewrap at {MISSING} does not run")
+    assert "or set kernels.sandbox: none to run kernels without a sandbox" in line
+    if container:
+        assert f"--security-opt seccomp={SECCOMP_PROFILE} --security-opt systempaths=unconfined" in line
+    else:
+        assert "--security-opt" not in line and "kernel.unprivileged_userns_clone=1" in line
 
 
-def test_bwrap_refuses_to_start_without_it(tmp_path: Path) -> None:
-    with pytest.raises(KernelStartError, match="kernels.sandbox is 'bwrap' but .*nonexistent/bwrap"):
-        spawn_launcher(settings(tmp_path, "bwrap"), bwrap=MISSING)
+def test_the_refusal_names_the_fix_for_what_is_missing() -> None:
+    missing = refusal("auto", "bubblewrap not found (install the bubblewrap package)", container=False)
+    assert "To fix: install bubblewrap (apt-get install bubblewrap" in missing
+    masked = refusal("auto", "bubblewrap cannot start a sandboxed kernel here: Can't mount proc on /newroot/proc: "
+                     "Operation not permitted", container=True)
+    assert "Can't mount proc" in masked and f"run the container with {CONTAINER_FLAGS}" in masked
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -51,6 +72,7 @@ def test_auto_uses_bwrap_when_it_works(tmp_path: Path, caplog: pytest.LogCapture
     with caplog.at_level(logging.WARNING):
         launcher = spawn_launcher(settings(tmp_path, "auto"))
     assert isinstance(launcher, BwrapLauncher) and not caplog.records
+    assert (sandbox_in_force(launcher) or "").startswith("bubblewrap: own namespaces")
     assert launcher.transport == "ipc" and launcher.kernel_spec().interrupt_mode == "message"
     # The model is told the in-sandbox data path, and network only where slirp4netns gives it.
     view = launcher.kernel_view(KernelOptions(data_dir=tmp_path, network=True))
