@@ -22,7 +22,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
-from bot.events import Attachment
+from bot.events import Attachment, FetchRefused
 from bot.safetext import shown
 from kernels import KernelSession
 from kernels.result import KernelError, QuotaError
@@ -95,6 +95,9 @@ async def ingest(attachments: Sequence[Attachment], workspace: Workspace, *, max
         except KernelError as exc:
             log.warning("could not store upload %r: %s", name, exc)
             outcome.refused.append((name, "it could not be stored safely in the workspace."))
+            continue
+        except FetchRefused as exc:
+            outcome.refused.append((name, str(exc)))
             continue
         except Exception:  # noqa: BLE001 - the adapter's fetch may fail in any client library's way
             log.warning("could not download upload %r", name, exc_info=True)

@@ -14,6 +14,13 @@ from typing import BinaryIO, Protocol
 
 #: Streams an attachment's bytes; the adapter knows how to authenticate.
 FetchBytes = Callable[[], AsyncIterator[bytes]]
+
+
+class FetchRefused(Exception):
+    """An adapter would not fetch an attachment (e.g. its link is not the platform's own);
+    ``str()`` is the reason, one sentence for the person who attached it."""
+
+
 #: Looks up the time zone (an IANA name such as ``Europe/Paris``) the message's author set on
 #: the platform; None when the platform does not say. Asked only by the commands that need it.
 LookUpTimezone = Callable[[], Awaitable[str | None]]

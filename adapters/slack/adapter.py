@@ -39,6 +39,7 @@ from adapters.slack.outbox import (
     parse_feedback,
     stopping_text,
 )
+from adapters.slack.render import mrkdwn, plain
 from adapters.slack.stream import StreamingSupport
 from adapters.tasks import BackgroundTasks
 from bot.config import ChannelPolicy, SlackSettings, SuggestedPrompt
@@ -101,7 +102,7 @@ class SlackAdapter:
         Raises :class:`SlackStartError` (one line naming the setting) when Slack refuses a token.
         """
         self._http = self._client.session = aiohttp.ClientSession()
-        self._downloader = FileDownloader(self._http, self._token)
+        self._downloader = FileDownloader(self._http, self._token, api_url=self._settings.api_url)
         try:
             auth = await call("auth.test", self._client.auth_test())
             if isinstance(auth, Failure):
@@ -239,7 +240,9 @@ class SlackAdapter:
         prompts = self._prompts_for(viewed)
         await call(
             "chat.postMessage",
-            self._client.chat_postMessage(channel=channel, thread_ts=thread_ts, text=self._settings.assistant.greeting),
+            self._client.chat_postMessage(
+                channel=channel, thread_ts=thread_ts, text=mrkdwn(self._settings.assistant.greeting).text
+            ),
         )
         if prompts:
             await call(
@@ -247,7 +250,7 @@ class SlackAdapter:
                 self._client.assistant_threads_setSuggestedPrompts(
                     channel_id=channel,
                     thread_ts=thread_ts,
-                    prompts=[{"title": p.title, "message": p.message} for p in prompts],
+                    prompts=[{"title": plain(p.title), "message": p.message} for p in prompts],
                 ),
             )
 
@@ -297,7 +300,7 @@ class SlackAdapter:
                 self._client.chat_update(
                     channel=str(container.get("channel_id") or key.channel),
                     ts=str(container["message_ts"]),
-                    text=stopping_text(body),
+                    text=stopping_text(body).text,
                     blocks=[],
                 ),
             )

@@ -2,7 +2,10 @@
 
 Pure functions, no I/O. Code blocks and inline code keep their content (only Slack's three
 control characters are escaped there); prose gets bold, italics, strike-through, links,
-headings, bullets and tables translated. Slack shows a fence's language tag as text, so it is
+headings, bullets and tables translated. Since ``<``, ``>`` and ``&`` are escaped everywhere,
+no mention (``<!channel>``, ``<@U…>``, ``<#C…>``, ``<!subteam^…>``) can come from the text;
+links follow :mod:`adapters.slack.links` (http, https and mailto only, never disguised), and
+an ``@`` starting a word is kept from notifying. Slack shows a fence's language tag as text, so it is
 dropped; a Markdown table becomes an aligned code block (:mod:`adapters.tables`), the only way
 Slack keeps its columns aligned.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from adapters.slack.links import allowed_target, disguised, quiet_mentions
 from adapters.tables import table_at
 from adapters.textsplit import split_markdown
 
@@ -20,7 +24,7 @@ MESSAGE_LIMIT = 3_800
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+.#-]*)\s*$")
 _INLINE_CODE = re.compile(r"(`+)(.+?)\1")
 _LINK = re.compile(r"!?\[([^\]\n]+)\]\((\S+?)(?:\s+\"[^\"]*\")?\)")
-_AUTOLINK = re.compile(r"&lt;(https?://[^\s&]+)&gt;")
+_AUTOLINK = re.compile(r"&lt;(https?://[^\s&|]+)&gt;")
 _BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
 _ITALIC_STAR = re.compile(r"(?<![\w*])\*(?=\S)([^*\n]+?)(?<=\S)\*(?![\w*])")
 _STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
@@ -98,7 +102,7 @@ def _line(line: str) -> str:
 
     line = _INLINE_CODE.sub(lambda m: keep("`" + escape(m.group(2).strip()) + "`"), line)
     line = escape(line)
-    line = _LINK.sub(lambda m: keep(f"<{m.group(2)}|{m.group(1)}>"), line)
+    line = _LINK.sub(lambda m: keep(_link(m.group(1), m.group(2))), line)
     line = _AUTOLINK.sub(lambda m: keep(f"<{m.group(1)}>"), line)
     heading = _HEADING.match(line)
     if heading:
@@ -109,5 +113,22 @@ def _line(line: str) -> str:
         line = _ITALIC_STAR.sub(r"_\1_", line)
         line = _BOLD.sub(r"*\2*", line)
         line = _STRIKE.sub(r"~\1~", line)
+    line = quiet_mentions(line)
     line = _PLACEHOLDER_RE.sub(lambda m: kept[int(m.group(1))], line)
     return quote + line
+
+
+def _link(label: str, target: str) -> str:
+    """A Markdown link (label and target already escaped) as mrkdwn: a link only to http(s)
+    or mailto, showing its real target when the label reads as another address."""
+    raw = _unescape(target)
+    if not allowed_target(raw):
+        return quiet_mentions(label)
+    target = target.replace("|", "%7C")
+    if disguised(_unescape(label), raw):
+        return f"<{target}>"
+    return f"<{target}|{quiet_mentions(label)}>"
+
+
+def _unescape(text: str) -> str:
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")

@@ -20,10 +20,9 @@ from typing import Any
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.api import Failure, call
-from adapters.slack.format import escape, to_chunks, to_mrkdwn
+from adapters.slack.render import Mention, Mrkdwn, cut, mrkdwn, mrkdwn_chunks, plain, split_rendered
 from adapters.slack.stream import AnswerStream, StreamingSupport
 from adapters.slack.uploads import UploadItem, share_files
-from adapters.textsplit import split_markdown
 from bot.events import Reply, ThreadKey
 from bot.attachments import human_size
 
@@ -101,7 +100,7 @@ class SlackOutbox:
     async def notify(self, text: str) -> None:
         """Post a short notice into the thread."""
         await self.received()
-        for chunk in to_chunks(text):
+        for chunk in mrkdwn_chunks(text):
             await self.say(chunk)
 
     async def post(self, reply: Reply) -> None:
@@ -140,15 +139,15 @@ class SlackOutbox:
             await stream.drop()
 
     async def _post_whole(self, reply: Reply, feedback: list[dict[str, Any]]) -> None:
-        chunks = to_chunks(reply.text)
+        chunks = mrkdwn_chunks(reply.text)
         # The last part goes with the buttons, in a section block (which holds 3,000 characters).
-        last = split_markdown(chunks.pop(), _SECTION_LIMIT) if chunks else []
+        last = split_rendered(chunks.pop(), _SECTION_LIMIT) if chunks else []
         chunks += last[:-1]
         for chunk in chunks:
             await self.say(chunk)
-        final = last[-1] if last else ""
-        blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": final}}, *feedback] if final else []
-        notes: list[str] = []
+        final = last[-1] if last else None
+        blocks = [section(final), *feedback] if final else []
+        notes: list[Mrkdwn] = []
         self._shared_text = False
         if reply.images or reply.files:
             notes = await self._upload(reply, text=final, blocks=blocks)  # text, buttons and files in one message
@@ -161,12 +160,12 @@ class SlackOutbox:
         """A status message with a Stop button, edited in place."""
         return SlackProgress(self)
 
-    async def say(self, mrkdwn: str, blocks: list[dict[str, Any]] | None = None) -> str | None:
-        """Post one mrkdwn message in the thread; returns its ts (None if Slack refused it)."""
+    async def say(self, text: Mrkdwn, blocks: list[dict[str, Any]] | None = None) -> str | None:
+        """Post one rendered message in the thread; returns its ts (None if Slack refused it)."""
         result = await call(
             "chat.postMessage",
             self._client.chat_postMessage(
-                channel=self.channel, thread_ts=self.thread_ts, text=mrkdwn, blocks=blocks, unfurl_links=False
+                channel=self.channel, thread_ts=self.thread_ts, text=text.text, blocks=blocks, unfurl_links=False
             ),
         )
         if isinstance(result, Failure):
@@ -202,38 +201,42 @@ class SlackOutbox:
         )
         await call(method, request, expected=frozenset({"already_reacted", "no_reaction"}))
 
-    async def _upload(self, reply: Reply, *, text: str = "", blocks: list[dict[str, Any]] | None = None) -> list[str]:
+    async def _upload(
+        self, reply: Reply, *, text: Mrkdwn | None = None, blocks: list[dict[str, Any]] | None = None
+    ) -> list[Mrkdwn]:
         """Stream the reply's images and files to Slack and share them in the thread as one
         message, carrying ``text`` and ``blocks`` when given (a message that was not shared
         carries nothing). Returns the notes to post after it: files kept back or that failed."""
-        # Names come escaped from the core (FileOut, ImageOut): shown as they are.
+        # Names come with control characters escaped from the core (FileOut, ImageOut); titles are plain text.
         items = [
-            UploadItem(image.filename, image.title, len(image.data), functools.partial(io.BytesIO, image.data))
+            UploadItem(image.filename, plain(image.title), len(image.data), functools.partial(io.BytesIO, image.data))
             for image in reply.images
         ]
-        notes: list[str] = []
+        notes: list[Mrkdwn] = []
         for file in reply.files:
             name = file.name
             if file.size > MAX_UPLOAD_BYTES:
                 notes.append(
-                    f":package: `{escape(name)}` is over {human_size(MAX_UPLOAD_BYTES)}, so it stays in "
-                    "this thread's workspace; ask me for a smaller extract or a compressed copy."
+                    mrkdwn(
+                        f":package: {_code(name)} is over {human_size(MAX_UPLOAD_BYTES)}, so it stays in "
+                        "this thread's workspace; ask me for a smaller extract or a compressed copy."
+                    )
                 )
                 continue
-            items.append(UploadItem(name, name, file.size, file.open_reader))
+            items.append(UploadItem(name, plain(name), file.size, file.open_reader))
         if not items:
             return notes
         outcome = await share_files(
             self._client, items, channel=self.channel, thread_ts=self.thread_ts, text=text, blocks=blocks
         )
         self._shared_text = outcome.shared
-        notes += [f":warning: I could not read `{escape(name)}` to send it." for name in outcome.unreadable]
+        notes += [mrkdwn(f":warning: I could not read {_code(name)} to send it.") for name in outcome.unreadable]
         by_error: dict[str, list[str]] = {}
         for name, error in outcome.failed.items():
             by_error.setdefault(error, []).append(name)
         for error, failed in by_error.items():
-            names = ", ".join(f"`{escape(name)}`" for name in failed)
-            notes.append(f":warning: I could not upload {names} to Slack ({escape(error)}).")
+            names = ", ".join(_code(name) for name in failed)
+            notes.append(mrkdwn(f":warning: I could not upload {names} to Slack ({error})."))
         return notes
 
     async def _explain(self, failure: Failure) -> None:
@@ -241,11 +244,12 @@ class SlackOutbox:
         if failure.error not in _NO_CHANNEL_ERRORS or self._warned_user or not self._user_id:
             return
         self._warned_user = True
-        text = (
-            f"I could not answer in <#{self.channel}> ({failure.error}). "
-            "Invite me to the channel with `/invite @Threadbook` and ask again."
+        text = mrkdwn(
+            "I could not answer in ",
+            Mention("channel", self.channel),
+            f" ({failure.error}). Invite me to the channel with `/invite @Threadbook` and ask again.",
         )
-        await call("chat.postMessage", self._client.chat_postMessage(channel=self._user_id, text=text))
+        await call("chat.postMessage", self._client.chat_postMessage(channel=self._user_id, text=text.text))
 
 
 class SlackProgress:
@@ -290,10 +294,10 @@ class SlackProgress:
                 await call(
                     "assistant.threads.setTitle",
                     self._client.assistant_threads_setTitle(
-                        channel_id=self._outbox.channel, thread_ts=self._outbox.thread_ts, title=self._assistant.title
+                        channel_id=self._outbox.channel, thread_ts=self._outbox.thread_ts, title=plain(self._assistant.title)
                     ),
                 )
-        self._ts = await self._outbox.say(to_mrkdwn(status), blocks=status_blocks(status, self._outbox.key))
+        self._ts = await self._outbox.say(mrkdwn(status), blocks=status_blocks(status, self._outbox.key))
         self._shown, self._last = status, time.monotonic()
 
     async def _set_status(self, status: str, loading: list[str] | None = None) -> bool:
@@ -302,7 +306,10 @@ class SlackProgress:
         result = await call(
             "assistant.threads.setStatus",
             self._client.assistant_threads_setStatus(
-                channel_id=self._outbox.channel, thread_ts=self._outbox.thread_ts, status=status, loading_messages=loading
+                channel_id=self._outbox.channel,
+                thread_ts=self._outbox.thread_ts,
+                status=plain(status),
+                loading_messages=loading,
             ),
         )
         if isinstance(result, Failure):
@@ -342,7 +349,9 @@ class SlackProgress:
             if isinstance(result, Failure):  # leave a finished status rather than a live Stop button
                 await call(
                     "chat.update",
-                    self._client.chat_update(channel=self._outbox.channel, ts=self._ts, text="Done." if ok else "Failed.", blocks=[]),
+                    self._client.chat_update(
+                        channel=self._outbox.channel, ts=self._ts, text=mrkdwn("Done." if ok else "Failed.").text, blocks=[]
+                    ),
                 )
             self._ts = None
         if self._assistant is not None:
@@ -359,23 +368,20 @@ class SlackProgress:
             return
         self._shown, self._last = status, time.monotonic()
         if self._assistant is not None:
-            await self._set_status(status.replace("`", ""))
+            await self._set_status(status)
             return
         await call(
             "chat.update",
             self._client.chat_update(
-                channel=self._outbox.channel, ts=self._ts, text=to_mrkdwn(status), blocks=status_blocks(status, self._outbox.key)
+                channel=self._outbox.channel, ts=self._ts, text=mrkdwn(status).text, blocks=status_blocks(status, self._outbox.key)
             ),
         )
 
 
 def status_blocks(status: str, key: ThreadKey) -> list[dict[str, Any]]:
-    """A status section plus a Stop button whose value is the thread key."""
-    text = to_mrkdwn(status)
-    if len(text) > _SECTION_LIMIT:
-        text = text[: _SECTION_LIMIT - 1] + "…"
+    """A status section (``status`` is Markdown) plus a Stop button whose value is the thread key."""
     return [
-        {"type": "section", "text": {"type": "mrkdwn", "text": f":hourglass_flowing_sand: {text}"}},
+        section(cut(mrkdwn(":hourglass_flowing_sand: " + status), _SECTION_LIMIT)),
         {
             "type": "actions",
             "elements": [
@@ -389,6 +395,16 @@ def status_blocks(status: str, key: ThreadKey) -> list[dict[str, Any]]:
             ],
         },
     ]
+
+
+def section(text: Mrkdwn) -> dict[str, Any]:
+    """A section block showing rendered text."""
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text.text}}
+
+
+def _code(name: str) -> str:
+    """A name as inline code in Markdown (a backtick in it cannot end the span)."""
+    return f"`` {name} ``" if "`" in name else f"`{name}`"
 
 
 def feedback_blocks(key: ThreadKey, turn_id: str) -> list[dict[str, Any]]:
@@ -430,7 +446,10 @@ def parse_feedback(value: str) -> tuple[bool, ThreadKey, str] | None:
     return verdict == "good", key, turn_id
 
 
-def stopping_text(payload: Mapping[str, Any]) -> str:
+def stopping_text(payload: Mapping[str, Any]) -> Mrkdwn:
     """The status text shown once Stop was clicked (by whom)."""
-    user = (payload.get("user") or {}).get("id")
-    return f":octagonal_sign: Stopping (requested by <@{user}>)…" if user else ":octagonal_sign: Stopping…"
+    user = str((payload.get("user") or {}).get("id") or "")
+    try:
+        return mrkdwn(":octagonal_sign: Stopping (requested by ", Mention("user", user), ")…")
+    except ValueError:  # no user, or not a Slack id
+        return mrkdwn(":octagonal_sign: Stopping…")

@@ -9,6 +9,12 @@ Calls are buffered by time, not by size: the first once the model has written fo
 :data:`FIRST_DRAFT_S` (a quick answer is posted whole instead), then at most one call per
 :data:`STREAM_INTERVAL_S` per answer (≤ 50 a minute, the floor of Slack's Tier 3 and its
 one-message-a-second pace in a channel), each carrying everything written since the last one.
+
+Streamed pieces are :func:`~adapters.slack.render.markdown_text` of the whole text so far,
+sent as the difference to what the message already holds: what Slack puts together is always
+one rendered text, never pieces that form a mention or link between them. When rendering
+the longer text changes what was sent, no more is appended and the final answer replaces the
+draft; a link still being written is held back until it closes, so that is rare.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +30,12 @@ from typing import Any
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.api import Failure, call
-from adapters.slack.format import MESSAGE_LIMIT, to_mrkdwn
+from adapters.slack.format import MESSAGE_LIMIT
+from adapters.slack.render import markdown_text, mrkdwn
 
 log = logging.getLogger("threadbook.slack")
+
+_LINK = re.compile(r"!?\[[^\]\n]*\]\([^)\n]*\)")
 
 STREAM_INTERVAL_S = 1.2
 #: A draft shows once the model has been writing this long: an answer whole by then is posted
@@ -72,8 +82,10 @@ class AnswerStream:
         self._began: float | None = None
         self._native = support.native
         self._ts: str | None = None
-        #: What the message shows (native: the Markdown sent so far; edited: the last text).
+        #: What the message shows (native: the rendered Markdown sent so far; edited: the last text).
         self._sent = ""
+        #: The text (as the model wrote it) of the last call, and the newest text.
+        self._flushed = ""
         self._wanted = ""
         self._last = 0.0
         self._failed = False
@@ -129,7 +141,7 @@ class AnswerStream:
 
     async def _stop_native(self, text: str, blocks: list[dict[str, Any]]) -> bool:
         assert self._ts is not None
-        rest = _continuation(self._sent, text)
+        rest = _continuation(self._sent, markdown_text(text).text)
         if rest is not None and len(rest) <= _APPEND_LIMIT:
             stopped = await call(
                 "chat.stopStream",
@@ -142,14 +154,14 @@ class AnswerStream:
 
     async def _edit(self, text: str, blocks: list[dict[str, Any]]) -> bool:
         assert self._ts is not None
-        mrkdwn = to_mrkdwn(text)
-        if len(mrkdwn) > MESSAGE_LIMIT:
+        rendered = mrkdwn(text).text
+        if len(rendered) > MESSAGE_LIMIT:
             return False
-        section = [{"type": "section", "text": {"type": "mrkdwn", "text": mrkdwn}}] if len(mrkdwn) <= 2900 else []
+        section = [{"type": "section", "text": {"type": "mrkdwn", "text": rendered}}] if len(rendered) <= 2900 else []
         updated = await call(
             "chat.update",
             self._client.chat_update(
-                channel=self._channel, ts=self._ts, text=mrkdwn, blocks=[*section, *blocks] if section else None
+                channel=self._channel, ts=self._ts, text=rendered, blocks=[*section, *blocks] if section else None
             ),
         )
         return not isinstance(updated, Failure)
@@ -161,7 +173,8 @@ class AnswerStream:
         self._reset()
 
     def _reset(self) -> None:
-        self._ts, self._sent, self._wanted, self._failed, self._began = None, "", "", False, None
+        self._ts, self._sent, self._flushed, self._wanted = None, "", "", ""
+        self._failed, self._began = False, None
 
     async def _cancel_flusher(self) -> None:
         if self._flusher is not None:
@@ -177,9 +190,9 @@ class AnswerStream:
     async def _flush(self) -> None:
         async with self._lock:
             wanted = self._wanted
-            if self._failed or not wanted.strip() or wanted == self._sent:
+            if self._failed or not wanted.strip() or wanted == self._flushed:
                 return
-            self._last = time.monotonic()
+            self._last, self._flushed = time.monotonic(), wanted
             if self._ts is not None:
                 await (self._append_native if self._native else self._update_edited)(wanted)
                 return
@@ -189,12 +202,13 @@ class AnswerStream:
                 await self._post_edited(wanted)
 
     async def _start_native(self, text: str) -> None:
+        first = markdown_text(_settled(text)).text[:_APPEND_LIMIT]
         started = await call(
             "chat.startStream",
             self._client.chat_startStream(
                 channel=self._channel,
                 thread_ts=self._thread_ts,
-                markdown_text=text[:_APPEND_LIMIT],
+                markdown_text=first,
                 recipient_team_id=self._team_id or None,
                 recipient_user_id=self._user_id or None,
             ),
@@ -203,13 +217,16 @@ class AnswerStream:
             log.info("Slack: no native streaming here (%s); answers are drafted by editing a message", started.error)
             self._native = self._support.native = False
             return
-        self._ts, self._sent = str(started["ts"]), text[:_APPEND_LIMIT]
+        self._ts, self._sent = str(started["ts"]), first
 
     async def _append_native(self, text: str) -> None:
         assert self._ts is not None
-        if not text.startswith(self._sent):
-            return  # a retried request started over: the final answer replaces the draft
-        rest = text[len(self._sent) :][:_APPEND_LIMIT]
+        rendered = markdown_text(_settled(text)).text
+        if not rendered.startswith(self._sent):
+            return  # a retried request started over, or a link closed: the final answer replaces the draft
+        rest = rendered[len(self._sent) :][:_APPEND_LIMIT]
+        if not rest:
+            return
         appended = await call(
             "chat.appendStream", self._client.chat_appendStream(channel=self._channel, ts=self._ts, markdown_text=rest)
         )
@@ -219,12 +236,12 @@ class AnswerStream:
         self._sent += rest
 
     async def _post_edited(self, text: str) -> None:
-        mrkdwn = to_mrkdwn(text)
-        if len(mrkdwn) > MESSAGE_LIMIT:
+        rendered = mrkdwn(text).text
+        if len(rendered) > MESSAGE_LIMIT:
             return  # too long for one message already: the final answer is posted in parts
         posted = await call(
             "chat.postMessage",
-            self._client.chat_postMessage(channel=self._channel, thread_ts=self._thread_ts, text=mrkdwn, unfurl_links=False),
+            self._client.chat_postMessage(channel=self._channel, thread_ts=self._thread_ts, text=rendered, unfurl_links=False),
         )
         if isinstance(posted, Failure):
             self._failed = True
@@ -233,14 +250,26 @@ class AnswerStream:
 
     async def _update_edited(self, text: str) -> None:
         assert self._ts is not None
-        mrkdwn = to_mrkdwn(text)
-        if len(mrkdwn) > MESSAGE_LIMIT:
+        rendered = mrkdwn(text).text
+        if len(rendered) > MESSAGE_LIMIT:
             return
-        updated = await call("chat.update", self._client.chat_update(channel=self._channel, ts=self._ts, text=mrkdwn))
+        updated = await call("chat.update", self._client.chat_update(channel=self._channel, ts=self._ts, text=rendered))
         if isinstance(updated, Failure):
             self._failed = True
             return
         self._sent = text
+
+
+def _settled(text: str) -> str:
+    """``text`` without a link still being written at its end (from its ``[`` on): a link is
+    streamed once whole, so the rendered stream only grows."""
+    start = text.rfind("\n") + 1
+    line = text[start:]
+    complete = [m.span() for m in _LINK.finditer(line)]
+    for at in (i for i, ch in enumerate(line) if ch == "["):
+        if not any(a <= at < b for a, b in complete):
+            return text[: start + at]
+    return text
 
 
 def _continuation(sent: str, final: str) -> str | None:

@@ -23,6 +23,7 @@ import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.api import Failure, call, log
+from adapters.slack.render import Mrkdwn
 from bot.events import OpenReader
 
 #: Bytes read (in a worker thread) and written per step: memory stays flat whatever the size.
@@ -35,7 +36,7 @@ _RETRY_PAUSE_S = 1.0
 
 @dataclass(frozen=True, slots=True)
 class UploadItem:
-    """One file to share: the name and title Slack shows (already safe), its size, its bytes."""
+    """One file to share: its name, the title Slack shows (plain text, :func:`~adapters.slack.render.plain`), its size, its bytes."""
 
     filename: str
     title: str
@@ -71,7 +72,7 @@ async def share_files(
     *,
     channel: str,
     thread_ts: str,
-    text: str = "",
+    text: Mrkdwn | None = None,
     blocks: list[dict[str, Any]] | None = None,
 ) -> UploadOutcome:
     """Upload ``items`` one after another (each streamed) and share those that arrived in the
@@ -106,7 +107,7 @@ async def share_files(
             await session.close()
     if not uploaded:
         return outcome
-    words: dict[str, Any] = {"blocks": json.dumps(blocks)} if blocks else {"initial_comment": text} if text else {}
+    words: dict[str, Any] = {"blocks": json.dumps(blocks)} if blocks else {"initial_comment": text.text} if text else {}
     result = await call(
         "files.completeUploadExternal",
         client.files_completeUploadExternal(

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from adapters.slack.format import MESSAGE_LIMIT, to_chunks, to_mrkdwn
+from adapters.slack.render import Mention, markdown_text, mrkdwn, plain
 from adapters.textsplit import split_markdown
 
 
@@ -89,3 +90,35 @@ def test_long_answer_chunks_fit_slack() -> None:
     assert len(chunks) >= 2
     assert all(len(c) <= MESSAGE_LIMIT and _fences_balanced(c) for c in chunks)
     assert chunks[0].startswith("*Squares*") and chunks[-1].endswith("Done *now*.")
+
+
+def test_only_the_bots_own_mentions_are_tokens() -> None:
+    assert mrkdwn("asked by ", Mention("user", "U0ASKER"), " in ", Mention("channel", "C0ROOM")).text == (
+        "asked by <@U0ASKER> in <#C0ROOM>"
+    )
+    assert mrkdwn("<@U0ASKER> <!channel> <!subteam^S1>").text == "&lt;@\u2060U0ASKER&gt; &lt;!channel&gt; &lt;!subteam^S1&gt;"
+    with pytest.raises(ValueError):
+        Mention("user", "!channel").token()
+    with pytest.raises(ValueError):
+        Mention("channel", "C1|x> <!here").token()
+    assert "<!" not in markdown_text("<!here> `<!here>`\n```\n<!channel>\n```").text
+    assert plain("<!here> `x` @channel") == "‹!here› x @\u2060channel"
+
+
+@pytest.mark.parametrize(
+    ("markdown", "shown"),
+    [
+        ("[see the chart](!channel)", "see the chart"),
+        ("[team](!subteam^S1|analysts) [you](@U1) [room](#C1)", "team you room"),
+        ("[x](javascript:alert(1)) [y](ftp://h.org/f) [z](/etc/passwd)", "x) y z"),
+        ("[https://intranet.example.com/q3](https://evil.example.net/login)", "<https://evil.example.net/login>"),
+        ("[intranet.example.com](https://evil.example.net/)", "<https://evil.example.net/>"),
+        ("[boss@example.com](mailto:thief@evil.net)", "<mailto:thief@evil.net>"),
+        ("[example.com](https://www.example.com/)", "<https://www.example.com/|example.com>"),
+        ("[the docs](https://x.org/a) [mail me](mailto:a@b.org)", "<https://x.org/a|the docs> <mailto:a@b.org|mail me>"),
+        ("<https://evil.example.net|intranet.example.com>", "&lt;https://evil.example.net|intranet.example.com&gt;"),
+        ("@here @channel, mail a@b.org", "@\u2060here @\u2060channel, mail a@b.org"),
+    ],
+)
+def test_links_open_only_what_they_show(markdown: str, shown: str) -> None:
+    assert to_mrkdwn(markdown) == shown
