@@ -60,7 +60,7 @@ class ScheduleCommands:
             return Reply(text=await self._list(message))
         if word == "unschedule":
             return Reply(text=await self._remove(message, rest))
-        if not rest:
+        if not rest or rest.lower() in ("help", "?"):
             return Reply(text=SCHEDULE_HELP)
         return Reply(text=await self._add(message, rest))
 
@@ -70,8 +70,8 @@ class ScheduleCommands:
             parsed = parse_schedule(rest, default_timezone=default)
             now = self._clock()
             first_run = parsed.when.next_after(now)
-        except WhenError as exc:
-            return f"⚠️ {exc}. {SCHEDULE_HELP}"
+        except WhenError as exc:  # one line with the reason; the help is one `schedule help` away
+            return f"⚠️ Not scheduled: {exc}. `schedule help` shows how to write it."
         limit = self._settings.schedules.max_per_thread
         new = NewSchedule(
             thread=str(message.key), creator=message.user_id, creator_name=message.user_name, question=parsed.question,

@@ -11,13 +11,20 @@ Accepted at the start of ``schedule <when> <question>`` (case does not matter)::
 A time zone may follow the time (``every monday 9:00 Europe/Paris``); otherwise the author's,
 else ``schedules.timezone``. Fire times come from apscheduler's :class:`CronTrigger` with the
 day-of-week field written as names: its numbers start at Monday, cron's at Sunday.
+
+Time zones: the trigger is always asked from a UTC instant (so the repeated hour of a
+fall-back keeps its fold) and each answer is checked to be later than the instant asked about.
+A wall-clock time that a fall-back repeats runs once, at its first pass, unless the rule runs
+every hour (then each real hour has its run); a time a spring-forward skips runs once, just
+after the change (apscheduler's choice, as cron's).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+import math
+from datetime import datetime, timezone
 from functools import cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
@@ -25,6 +32,8 @@ from apscheduler.triggers.cron import CronTrigger
 
 #: Runs closer together than this are refused (a model turn each time costs tokens).
 MIN_INTERVAL_S = 5 * 60
+
+_TOO_OFTEN = f"that is too often: scheduled runs must be at least {MIN_INTERVAL_S // 60} minutes apart"
 
 DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # cron's numbering: 0 (and 7) is Sunday
 _DAY_NAMES = {
@@ -40,7 +49,9 @@ _AT_TIME = rf"(?:\s+(?:at\s+)?{_TIME})?"
 _DAY = r"(?:sun|mon|tues?|wed(?:nes)?|thu(?:rs?)?|fri|sat(?:ur)?)(?:days?|s)?\b"
 _DAY_LIST = rf"(?P<days>{_DAY}(?:\s*(?:,|and|&)\s*{_DAY})*)"
 _PHRASES = (
-    ("minutes", re.compile(r"every\s+(?P<n>\d+)\s+(?:minutes|mins?)\b")),
+    ("seconds", re.compile(r"every\s+(?:\d+\s+)?(?:seconds?|secs?)\b")),
+    ("minute", re.compile(r"(?:every\s+minute|each\s+minute|minutely)\b")),
+    ("minutes", re.compile(r"every\s+(?P<n>\d+)\s+(?:minutes?|mins?)\b")),
     ("hours", re.compile(r"every\s+(?P<n>\d+)\s+hours?\b")),
     ("hourly", re.compile(r"(?:hourly|every\s+hour)\b")),
     ("weekdays", re.compile(rf"(?:weekdays|every\s+weekday|every\s+work\s*day)\b{_AT_TIME}")),
@@ -66,12 +77,21 @@ class When:
     described: str
 
     def next_after(self, moment: float) -> float:
-        """The first run strictly after ``moment`` (a Unix time)."""
-        start = datetime.fromtimestamp(moment, ZoneInfo(self.timezone)) + timedelta(seconds=1)
-        fire = _trigger(self.cron, self.timezone).get_next_fire_time(None, start.replace(microsecond=0))
-        if fire is None:  # a cron rule with no future run (e.g. February 30th)
-            raise WhenError("that time never comes")
-        return float(fire.timestamp())
+        """The first run strictly after ``moment`` (a Unix time); see the module docstring on
+        daylight-saving changes."""
+        trigger = _trigger(self.cron, self.timezone)
+        every_hour = self.cron.split()[1] == "*"
+        after = moment
+        for _ in range(_MAX_SKIPS):
+            start = datetime.fromtimestamp(math.floor(after) + 1, timezone.utc)
+            fire = trigger.get_next_fire_time(None, start)
+            if fire is None:  # a cron rule with no future run (e.g. February 30th)
+                break
+            at = float(fire.timestamp())
+            if at > moment and (every_hour or not _second_pass(fire)):
+                return at
+            after = max(at, after + 1)
+        raise WhenError("that time never comes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +129,12 @@ def _phrase(lowered: str) -> tuple[str, str, int]:
         if match is None:
             continue
         groups = match.groupdict()
+        if kind in ("seconds", "minute"):
+            raise WhenError(_TOO_OFTEN)
         if kind == "minutes":
             n = int(groups["n"])
+            if n * 60 < MIN_INTERVAL_S:
+                raise WhenError(_TOO_OFTEN)
             if not 1 <= n <= 59 or 60 % n:
                 raise WhenError("minutes must divide the hour (5, 10, 15, 20, 30)")
             return f"*/{n} * * * *", f"every {n} minutes", match.end()
@@ -136,8 +160,8 @@ def _phrase(lowered: str) -> tuple[str, str, int]:
         shown = " and ".join(_SHOWN_DAYS[d] for d in days)
         return f"{minute} {hour} * * {','.join(days)}", f"every {shown} {at}", match.end()
     raise WhenError(
-        "I could not read when to run it; start with e.g. `every monday 9:00`, `daily 18:30`, `every hour`, "
-        "`weekdays 8:00` or a cron expression like `0 9 * * 1`"
+        "I could not read when to run it (start with e.g. `every monday 9:00`, `daily 18:30`, `every hour` "
+        "or a cron expression like `0 9 * * 1`)"
     )
 
 
@@ -248,6 +272,15 @@ def _day_number(text: str) -> int:
     return DAYS.index(name)
 
 
+#: Fire times skipped at most before giving up (the second passes of one fall-back).
+_MAX_SKIPS = 120
+
+
+def _second_pass(fire: datetime) -> bool:
+    """True for a wall-clock time's second pass in a fall-back (the repeated hour)."""
+    return fire.fold == 1 and fire.replace(fold=0).utcoffset() != fire.utcoffset()
+
+
 @cache
 def _trigger(cron: str, timezone: str) -> CronTrigger:
     try:
@@ -264,4 +297,4 @@ def _check_interval(when: When) -> None:
     for _ in range(24):
         fires.append(when.next_after(fires[-1]))
     if min(b - a for a, b in zip(fires, fires[1:])) < MIN_INTERVAL_S:
-        raise WhenError(f"scheduled runs must be at least {MIN_INTERVAL_S // 60} minutes apart")
+        raise WhenError(_TOO_OFTEN)

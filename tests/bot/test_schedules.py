@@ -227,3 +227,77 @@ async def test_two_schedulers_on_one_store_run_a_slot_once(store_target: Path | 
 )
 def test_schedules_and_unschedule_are_commands_only_as_the_whole_message(text: str, command: bool) -> None:
     assert is_schedule_command(text) is command
+
+
+NEW_YORK = ZoneInfo("America/New_York")
+
+
+@pytest.mark.parametrize(
+    ("cron", "start", "expected"),
+    [
+        # Fall-back (2026-11-01, 02:00 EDT → 01:00 EST): every real hour once, 01:00 twice.
+        ("0 * * * *", datetime(2026, 11, 1, 0, 10), ["01 01:00-0400", "01 01:00-0500", "01 02:00-0500", "01 03:00-0500"]),
+        # The repeated half hour runs once, at its first pass.
+        ("30 1 * * *", datetime(2026, 10, 31, 12, 0), ["01 01:30-0400", "02 01:30-0500", "03 01:30-0500"]),
+        # Spring-forward (2026-03-08, 02:00 EST → 03:00 EDT): 02:00 never comes; 02:30 runs once, after.
+        ("0 * * * *", datetime(2026, 3, 8, 0, 10), ["08 01:00-0500", "08 03:00-0400", "08 04:00-0400", "08 05:00-0400"]),
+        ("30 2 * * *", datetime(2026, 3, 7, 12, 0), ["08 03:30-0400", "09 02:30-0400", "10 02:30-0400"]),
+    ],
+)
+def test_next_runs_across_daylight_saving_changes(cron: str, start: datetime, expected: list[str]) -> None:
+    when = parse_schedule(f"{cron} q", default_timezone="America/New_York").when
+    moment, runs = start.replace(tzinfo=NEW_YORK).timestamp(), []
+    for _ in expected:
+        following = when.next_after(moment)
+        assert following > moment  # never the same or an earlier instant
+        moment = following
+        runs.append(f"{datetime.fromtimestamp(moment, NEW_YORK):%d %H:%M%z}")
+    assert runs == expected
+
+
+@pytest.mark.parametrize(
+    ("question", "start", "end", "expected"),
+    [
+        ("every hour America/New_York report", datetime(2026, 11, 1, 0, 50), datetime(2026, 11, 1, 3, 20), 4),
+        ("daily 1:30 America/New_York report", datetime(2026, 11, 1, 0, 50), datetime(2026, 11, 1, 3, 20), 1),
+        ("every hour America/New_York report", datetime(2026, 3, 8, 0, 50), datetime(2026, 3, 8, 4, 20), 3),
+        ("daily 2:30 America/New_York report", datetime(2026, 3, 8, 0, 50), datetime(2026, 3, 8, 4, 20), 1),
+    ],
+)
+async def test_one_run_per_slot_while_the_clock_crosses_a_daylight_saving_change(
+    tmp_path: Path, llm: ScriptedOpenAI, question: str, start: datetime, end: datetime, expected: int
+) -> None:
+    """The bot's clock starts just before the change and polls every 10 s (as the scheduler
+    does) until after it: a run per real slot, no run at every poll."""
+    first = start.replace(tzinfo=NEW_YORK).timestamp()
+    last = end.replace(tzinfo=NEW_YORK).timestamp()
+    clock, reach = Clock(first), MemoryReach()
+    async with running(tmp_path, llm, clock) as core:
+        chat = MemoryChat(core.dispatcher)
+        assert (await chat.say(f"schedule {question}")).reply.text.startswith("⏰ Scheduled #1")
+        scheduler = scheduler_of(core, reach, clock)
+        llm.script(*(answer("ok") for _ in range(expected + 2)))
+        started: list[float] = []
+        while clock.now < last:
+            if await tick(scheduler):
+                started.append(clock.now)
+            clock.now += 10
+        assert len(started) == expected, [f"{datetime.fromtimestamp(t, NEW_YORK):%H:%M:%S%z}" for t in started]
+        assert all(b - a >= 3600 - 10 for a, b in zip(started, started[1:]))
+        assert len(reach.runs(chat.key())) == expected
+
+
+async def test_a_refused_schedule_is_one_line_naming_why(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+    async with running(tmp_path, llm, Clock(TUESDAY)) as core:
+        chat = MemoryChat(core.dispatcher)
+        for text, reason in [
+            ("schedule every minute report", "too often"),
+            ("schedule every 30 seconds report", "too often"),
+            ("schedule */2 * * * * report", "too often"),
+            ("schedule whenever you like report", "could not read when"),
+        ]:
+            refused = (await chat.say(text)).reply.text
+            assert refused.startswith("⚠️ Not scheduled: ") and reason in refused and "\n" not in refused
+            assert "`schedules` lists" not in refused  # the help paragraph only on request
+        assert (await chat.say("schedule help")).reply.text.startswith("To ask a question again at set times")
+        assert await core.store.schedules.of_thread(str(chat.key())) == []
