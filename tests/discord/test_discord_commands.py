@@ -90,6 +90,9 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
         async with running_adapter(settings) as (core, adapter):
             yield World(fake, llm, core, adapter, tmp_path / "data" / "threadbook.db", forum, other_forum)
         assert fake.unknown_routes == []
+        # Slash-command replies, followups and button updates ping no one either (issue 31).
+        assert fake.message_requests
+        assert [line for line, body in fake.message_requests if body.get("allowed_mentions") != {"parse": []}] == []
 
 
 @pytest.fixture(autouse=True)

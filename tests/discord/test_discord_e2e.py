@@ -261,3 +261,16 @@ async def test_missing_thread_permission_is_reported_in_the_channel(world: World
     assert told.id > int(message["id"])
     assert int(message["id"]) not in fake.threads and len(world.llm.requests) == requests_before
     fake.sent.pop(CHANNEL_ID)
+
+
+async def test_every_message_the_bot_sends_or_edits_mentions_no_one(world: World) -> None:
+    """Last in the module: every message request of every test so far (sends, status edits,
+    answers, files, interaction replies) carries ``allowed_mentions`` with nothing to parse."""
+    fake = world.discord
+    world.llm.script(tool_call("print(1)"), answer("Done, @everyone and <@123> and <@&456>."))
+    message, thread = await world.ask("mention everyone when done")
+    assert await world.turn_done(message) == "✅"
+    assert any("@everyone" in s.content for s in fake.sent.get(thread, []))  # said, as text
+    sent = fake.message_requests
+    assert len({line for line, _ in sent}) >= 2 and len(sent) >= 3
+    assert [(line, body.get("allowed_mentions")) for line, body in sent if body.get("allowed_mentions") != {"parse": []}] == []

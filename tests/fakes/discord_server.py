@@ -240,6 +240,9 @@ class FakeDiscord:
         self.identified_shards: list[tuple[int, int] | None] = []
         self.resumes = 0
         self.requests: list[str] = []
+        #: Every message the bot sent or edited: (``METHOD /path``, the message's JSON: for an
+        #: interaction callback its ``data``), e.g. to check ``allowed_mentions``.
+        self.message_requests: list[tuple[str, dict[str, Any]]] = []
         self.unknown_routes: list[str] = []
         self.cdn_downloads: list[str] = []
 
@@ -615,6 +618,9 @@ class FakeDiscord:
 
     # ---- REST ----------------------------------------------------------------------------
 
+    def _keep(self, request: web.Request, body: dict[str, Any]) -> None:
+        self.message_requests.append((f"{request.method} {request.path}", body))
+
     async def _rest(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["tail"]
         self.requests.append(f"{request.method} {path}")
@@ -684,6 +690,7 @@ class FakeDiscord:
         if cid not in self._channels:
             return _error(404, 10003, "Unknown Channel")
         body, files = await _message_body(request)
+        self._keep(request, body)
         if any(len(f.data) > self.upload_limit for f in files):
             return _error(413, 40005, "Request entity too large")
         content = body.get("content") or ""
@@ -704,6 +711,7 @@ class FakeDiscord:
         if message is None or int(message["channel_id"]) != int(channel_id):
             return _error(404, 10008, "Unknown Message")
         body = await request.json()
+        self._keep(request, body)
         sent = self._find_sent(int(message_id))
         if "content" in body:
             message["content"] = sent.content = body["content"] or ""
@@ -756,6 +764,8 @@ class FakeDiscord:
         if token != f"itoken-{interaction_id}":
             return _error(401, 50027, "Invalid Webhook Token")
         body = await request.json()
+        if body.get("type") in (4, 7):  # a message, or an update of the button's message
+            self._keep(request, body.get("data") or {})
         self.interaction_responses.append({"interaction_id": int(interaction_id), **body})
         found = self._interactions.get(int(interaction_id))
         if found is None:
@@ -810,6 +820,7 @@ class FakeDiscord:
         if interaction is None:
             return _error(401, 50027, "Invalid Webhook Token")
         body, files = await _message_body(request)
+        self._keep(request, body)
         content = body.get("content") or ""
         if len(content) > 2000:
             return _error(400, 50035, "Invalid Form Body: content: Must be 2000 or fewer in length.")
@@ -827,6 +838,7 @@ class FakeDiscord:
         if sent is None:
             return _error(404, 10008, "Unknown Message")
         body, files = await _message_body(request)
+        self._keep(request, body)
         message = self._messages[sent.id]
         if "content" in body:
             message["content"] = sent.content = body["content"] or ""
