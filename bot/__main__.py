@@ -77,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # logging.format (text or json); lines logged while a message is handled name its thread and turn.
     logs.use_format(settings.logging.format)
+    log_path = _console_logging(settings) if args.command == "console" else None
     # From here on no secret is in the environment and no same-uid process can read ours.
     harden(settings, referenced)
     try:
         if args.command == "console":
-            log_path = _console_logging(settings)
             from bot.app import run_console
 
             return asyncio.run(run_console(settings, args.out, args.thread, log_path))

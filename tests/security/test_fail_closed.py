@@ -141,6 +141,8 @@ async def test_auto_without_a_working_sandbox_refuses_to_start(tmp_path: Path, c
     assert "or set kernels.sandbox: none to run kernels without a sandbox" in line
     assert (CONTAINER_FLAGS in line) == in_container(), "the runtime flags where they are the fix"
     assert "Traceback" not in stderr and not out.strip()
+    if command == "console":  # through a pipe stderr carries warnings and errors only: just that line
+        assert stderr.strip().splitlines() == [line]
     # No kernel ran, none was even planned: no fork server, no warm kernel, no launcher.
     assert "kernel isolation" not in stderr and "fork server" not in stderr
     assert not _kernels_of(tmp_path)
