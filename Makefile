@@ -1,6 +1,8 @@
 # Threadbook: `make run` starts the bot, `make test` runs the tests, `make check` runs
 # strict mypy and the import-layering contracts. All create .venv (the bot) and .venv-kernel
-# (what kernels run: kernels/requirements.txt, installed with uv) on first use (needs Python >= 3.11).
+# (what kernels run: kernels/requirements.txt, installed with uv) on first use (needs Python >= 3.11);
+# `run` and `console` install only what the bot needs, `test`, `check` and `bench` add the
+# test and type-checking extras (`.[test]`) to .venv.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,9 +13,11 @@ CONFIG ?= config.yaml
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: run console test check bench clean venv kernel-env gateway-env
+.PHONY: run console test check bench clean venv dev-venv kernel-env gateway-env
 
 venv: $(VENV)/.installed $(KERNEL_VENV)/.installed
+
+dev-venv: venv $(VENV)/.installed-dev
 
 kernel-env: $(KERNEL_VENV)/.installed
 
@@ -21,6 +25,11 @@ $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then echo "error: Threadbook needs Python >= 3.11 (python3.11 or newer on PATH)." >&2; exit 1; fi
 	@[ -x $(PY) ] || $(PYTHON) -m venv $(VENV) || { echo "error: could not create $(VENV); install the venv module (Debian: apt-get install python3-venv)." >&2; exit 1; }
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	@touch $@
+
+# The test and type-checking extras (pytest, mypy, import-linter, stubs, pandas for the tests).
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test]'
 	@touch $@
 
@@ -48,16 +57,16 @@ $(GATEWAY_VENV)/.installed: $(VENV)/.installed
 		|| { echo "error: could not build the gateway environment $(GATEWAY_VENV) (needs PyPI, or UV_INDEX_URL / UV_FIND_LINKS)." >&2; exit 1; }
 	@touch $@
 
-test: venv gateway-env
+test: dev-venv gateway-env
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Strict typing (with pydantic's plugin) and the import layering; both configured in pyproject.toml.
-check: venv
+check: dev-venv
 	$(PY) -m mypy
 	cd kernels/runtime && MYPYPATH=. $(CURDIR)/$(PY) -m mypy --config-file /dev/null --strict --ignore-missing-imports --python-version 3.11 -p threadbook_kernel
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
-bench: venv
+bench: dev-venv
 	$(PY) -m bench
 
 clean:
