@@ -26,6 +26,7 @@ from bot.events import Outbox, ThreadKey, ThreadReach
 from bot.health import OpsServer, Readiness
 from bot.loopwatch import LoopWatchdog
 from bot.schedules.runner import POLL_S, Scheduler
+from bot.sources.registry import Sources
 from bot.store import Store
 from bot.turn import TurnRunner
 from kernels import KernelPool, Reaper, build_launcher
@@ -78,7 +79,11 @@ class Core:
             # One installer for the process: its lock serialises every thread's installs.
             packages = package_installer(settings.kernels, launcher)
             budgets = Budgets(settings, store, clock=clock)
-            turns = TurnRunner(settings=settings, store=store, pool=pool, agent=agent, budgets=budgets, packages=packages)
+            sources = Sources(settings.sources)
+            stack.push_async_callback(sources.close)
+            turns = TurnRunner(
+                settings=settings, store=store, pool=pool, agent=agent, budgets=budgets, packages=packages, sources=sources
+            )
             commands = Commands(store=store, pool=pool, settings=settings, clock=clock)
             dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands, pool=pool)
             yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher, clock=clock,

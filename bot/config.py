@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from bot.sources.settings import NAME_PATTERN, SourceSettings
 from kernels.settings import KernelSettings
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -245,6 +246,8 @@ class ChannelPolicy(_Model):
     suggested_prompts: tuple[SuggestedPrompt, ...] | None = Field(None, max_length=4)
     #: This channel's budgets: the keys set here replace the global ``limits``.
     limits: Limits | None = None
+    #: The ``sources`` this channel's threads may query with the model's ``sql`` tool.
+    sources: tuple[str, ...] = ()
 
     @field_validator("data_dir")
     @classmethod
@@ -268,6 +271,24 @@ class Settings(_Model):
     limits: Limits = Field(default_factory=Limits)
     schedules: ScheduleSettings = Field(default_factory=ScheduleSettings)
     channels: dict[str, ChannelPolicy] = Field(default_factory=dict)
+    #: Databases channels may be granted (``channels.*.sources``), by name.
+    sources: dict[str, SourceSettings] = Field(default_factory=dict)
+
+    @field_validator("sources")
+    @classmethod
+    def _source_names(cls, value: dict[str, SourceSettings]) -> dict[str, SourceSettings]:
+        for name in value:
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"source name {name!r} must be letters, digits, '_', '.' or '-' (at most 63)")
+        return value
+
+    @model_validator(mode="after")
+    def _granted_sources_exist(self) -> Settings:
+        for key, policy in self.channels.items():
+            for name in policy.sources:
+                if name not in self.sources:
+                    raise ValueError(f"channels.{key}.sources names {name!r}, which is not under sources")
+        return self
 
     @field_validator("channels")
     @classmethod

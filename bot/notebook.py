@@ -21,6 +21,7 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from bot.agent.loop import fenced_python, text_tool_call
+from bot.sources.cell import SQL_TOOL, notebook_code, notebook_markdown
 from kernels.result import DisplayOutput, ExecutionResult
 
 #: MIME types whose data nbformat stores as JSON (any other type holds text).
@@ -101,7 +102,8 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
     they come first). A tool call with no recorded cell (not executed, or recorded before
     cells were kept) becomes a code cell whose output is the tool result the model saw.
     System messages and tool results of recorded cells are left out: the notebook shows the
-    conversation and the code, not the prompt plumbing.
+    conversation and the code, not the prompt plumbing. An ``sql`` call becomes a ``%%sql``
+    markdown cell with its query, then the cell that loaded its rows into the kernel.
     """
     ran_by = _cells_run_by(timeline)
     placed = {cell.seq for found in ran_by.values() for runs in found for cell in runs}
@@ -126,9 +128,17 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
                 cells.append(new_markdown_cell(f"**{ASSISTANT_LABEL}:**\n\n{text}"))
             found = iter(ran_by.get(entry.seq, []))
             for call in message.get("tool_calls") or []:
+                sql = call.get("function", {}).get("name") == SQL_TOOL
+                if sql:
+                    cells.append(new_markdown_cell(notebook_markdown(call["function"].get("arguments"))))
                 recorded = next(found, [])
                 if recorded:
                     cells.extend(_code_cell(run) for run in recorded)  # with their real outputs
+                    continue
+                if sql:  # refused or failed: nothing was loaded, the answer it got is what there is
+                    said = tool_results.get(str(call.get("id")), "").strip()
+                    if said:
+                        cells.append(new_markdown_cell("\n".join(f"> {line}" for line in said.splitlines())))
                     continue
                 cell = new_code_cell(_code_of(call))
                 observed = tool_results.get(str(call.get("id")))
@@ -219,8 +229,11 @@ def _text_of(content: Any) -> str:
 
 
 def _code_of(call: dict[str, Any]) -> str:
-    """The ``code`` argument of a ``python`` tool call (raw arguments when not JSON)."""
+    """The ``code`` argument of a ``python`` tool call (raw arguments when not JSON); for an
+    ``sql`` call, the code that loaded its rows."""
     arguments = call.get("function", {}).get("arguments", "")
+    if call.get("function", {}).get("name") == SQL_TOOL:
+        return notebook_code(arguments)
     try:
         parsed = json.loads(arguments)
     except (TypeError, ValueError):

@@ -21,6 +21,8 @@ from bot.budgets import Budgets, TokenAllowance
 from bot.config import ChannelPolicy, Settings
 from bot.events import FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, ThreadKey
 from bot.safetext import shown
+from bot.sources.registry import Sources
+from bot.sources.tool import SqlTool
 from bot.store import NOTICE_ROLE, Store
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace
 from kernels.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
@@ -177,8 +179,11 @@ class TurnRunner:
         agent: Agent,
         budgets: Budgets,
         packages: PackageInstaller | None = None,
+        sources: Sources | None = None,
     ) -> None:
-        """``packages``: installs missing modules on demand (None: never)."""
+        """``packages``: installs missing modules on demand (None: never); ``sources``: the
+        data sources channels may be granted (the ``sql`` tool)."""
+        self._sources = sources
         self._settings = settings
         self._budgets = budgets
         self._packages = packages
@@ -297,6 +302,14 @@ class TurnRunner:
         async def on_step(round_no: int, code_line: str) -> None:
             await t.progress.update(f"Running step {round_no}: `{code_line[:80]}`")
 
+        tools = []
+        if policy.sources and self._sources is not None:
+            tools.append(
+                await SqlTool.open(
+                    sources=self._sources, granted=policy.sources, kernel=runner, workspace=t.workspace, status=t.progress.update
+                )
+            )
+
         async def within_budget(spent: Usage) -> str | None:
             return t.allowance.exceeded(spent.prompt_tokens + spent.completion_tokens, self._budgets.clock())
 
@@ -313,6 +326,7 @@ class TurnRunner:
                 has_files=t.has_files,
                 drafts=t.progress if t.progress.shows_drafts else None,
                 budget=within_budget,
+                tools=tools,
             )
         finally:
             # Also when the turn fails: the cells that ran belong in the store, and a failed
@@ -329,7 +343,8 @@ class TurnRunner:
             t.usage_row,
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,
-            kernel_s=sum(r.duration_s for r in runner.results),
+            # The cells' wall time and the data sources' query time.
+            kernel_s=sum(r.duration_s for r in runner.results) + sum(tool.seconds for tool in tools),
         )
         await collect_outputs(runner.results, t.workspace, t.outputs)
         log.info("turn in %s: %s after %d cells, %.1fs", key, result.stop_reason, len(runner.results), time.time() - started)

@@ -6,7 +6,9 @@ Rules (DESIGN.md "Flow" step 4 and "Decisions"):
   also when one reply holds several calls. Errors in user code go back to the model.
 - ``max_rounds`` counts tool calls (code runs) for this user message. A call with invalid
   JSON arguments or an unknown tool name counts too: it is a round the model spent, and
-  counting it stops a model that keeps sending garbage. When the model asks for a run past
+  counting it stops a model that keeps sending garbage. Other tools a turn is given (the
+  ``sql`` tool of a channel with data sources: :class:`Tool`) are offered beside ``python``
+  and their calls count as rounds too. When the model asks for a run past
   the limit, the call is answered "not run", the model is asked once (tools off) to sum up,
   and the user gets that summary with a note that the limit stopped the turn.
 - A reply without tool calls but with ```` ```python ```` / ```` ```py ```` fences, or whose
@@ -30,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -93,6 +95,24 @@ class Drafts(Protocol):
 
 #: A reply starting like this, or holding a Python fence, is code to run, never shown as it comes.
 _CODE_REPLY = re.compile(r"\A\s*(?:\{|<tool_call>|```)|```[ \t]*(?:python|py)\b", re.IGNORECASE)
+
+
+class Tool(Protocol):
+    """A tool offered beside ``python`` for one turn (e.g. :class:`bot.sources.tool.SqlTool`)."""
+
+    @property
+    def name(self) -> str:
+        """The function name the model calls."""
+        ...
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The OpenAI function tool definition."""
+        ...
+
+    async def call(self, arguments: str) -> str:
+        """Run one call with its raw JSON ``arguments``; the text is the tool result."""
+        ...
 
 
 class CodeRunner(Protocol):
@@ -160,6 +180,7 @@ class Agent:
         has_files: bool = False,
         drafts: Drafts | None = None,
         budget: BudgetCheck | None = None,
+        tools: Sequence[Tool] = (),
     ) -> TurnResult:
         """Answer ``user_content``, running code in ``runner`` as the model asks.
 
@@ -169,7 +190,7 @@ class Agent:
         ``has_files`` says files came with this message (for the nudge); ``drafts`` is shown
         each reply as it streams in, and told when a reply turns out not to be the answer;
         ``budget`` is asked before each code run whether the turn's tokens are still within
-        budget (a sentence ends the turn there, the code not run).
+        budget (a sentence ends the turn there, the code not run); ``tools`` are offered beside ``python``.
         """
         user = {"role": "user", "content": user_content}
         model = model or self._settings.model
@@ -188,6 +209,7 @@ class Agent:
             has_files=has_files,
             drafts=drafts,
             budget=budget,
+            tools={tool.name: tool for tool in tools},
         )
         return await turn.run()
 
@@ -208,6 +230,7 @@ class _Turn:
     has_files: bool
     drafts: Drafts | None = None
     budget: BudgetCheck | None = None
+    tools: dict[str, Tool] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
     fitted: dict[str, int] = field(default_factory=dict)  # the Agent's: model → history budget that fits
     rounds: int = 0
@@ -266,7 +289,7 @@ class _Turn:
                 reply = await self.llm.complete(
                     messages,
                     model=self.model,
-                    tools=[PYTHON_TOOL],
+                    tools=[PYTHON_TOOL, *(tool.spec for tool in self.tools.values())],
                     tool_choice="none" if wrap_up else None,
                     on_text=self._draft if self.drafts is not None else None,
                 )
@@ -339,6 +362,9 @@ class _Turn:
                 self._add(_tool_message(call.id, f"Not run: {_SKIPPED[stop]}"))
                 continue
             self.rounds += 1
+            if (tool := self.tools.get(call.name)) is not None:
+                self._add(_tool_message(call.id, await _call_tool(tool, call)))
+                continue
             code, problem = _parse_call(call)
             if code is None:
                 self._add(_tool_message(call.id, problem))
@@ -522,6 +548,14 @@ def _parse_call(call: ToolCall) -> tuple[str | None, str]:
     if not isinstance(code, str) or not code.strip():
         return None, 'Error: the python tool needs a non-empty string argument "code"; nothing ran.'
     return code, ""
+
+
+async def _call_tool(tool: Tool, call: ToolCall) -> str:
+    try:
+        return await tool.call(call.arguments or "{}")
+    except Exception as exc:  # the model is told, the turn goes on; the message could hold secrets
+        log.exception("tool %s failed", call.name)
+        return f"Error: the {call.name} tool failed ({type(exc).__name__}); nothing was loaded."
 
 
 def _runs(count: int) -> str:

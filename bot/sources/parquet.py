@@ -1,0 +1,218 @@
+"""Rows into a Parquet file of the thread's workspace, one row group per batch.
+
+The file is made in Threadbook's own folder of the workspace (:data:`kernels.workspace.STATE_DIR`,
+counted in the quota, never sent back as a file of the turn) from that folder's descriptor:
+created new under a temporary name (``O_EXCL|O_NOFOLLOW``), renamed over the final name when
+complete, so no link the kernel plants is ever followed. Writing stops with
+:class:`ResultTooLarge` when the file outgrows the room left in the workspace's quota.
+All of it is blocking: call it from a worker thread.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import os
+import secrets
+from collections.abc import Sequence
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+#: Values per column shown to the model in the first rows.
+PREVIEW_ROWS = 5
+_PREVIEW_CHARS = 40
+
+
+class ResultTooLarge(Exception):
+    """The Parquet file outgrew the room left in the workspace."""
+
+
+class MixedTypes(Exception):
+    """A later batch of a column does not fit the type its first batch had."""
+
+
+class ParquetSink:
+    """Writes batches of rows as one Parquet file named ``name`` in the folder ``dir_fd``."""
+
+    def __init__(self, dir_fd: int, name: str, *, limit_bytes: int) -> None:
+        self._dir_fd = dir_fd
+        self.name = name
+        self._temp = f".{name}.{secrets.token_hex(4)}.part"
+        self._limit = limit_bytes
+        self._file: BinaryIO | None = None
+        self._writer: pq.ParquetWriter | None = None
+        self._given: list[pa.DataType | None] = []
+        self.columns: list[str] = []
+        self.schema: pa.Schema | None = None
+        self.rows = 0
+        self.bytes = 0
+        #: The first rows, as short strings, for the model.
+        self.preview: list[list[str]] = []
+
+    def start(self, columns: Sequence[str], types: Sequence[pa.DataType | None]) -> None:
+        """The result's column names and, where the database tells them, their Arrow types."""
+        self.columns = _unique(columns)
+        self._given = list(types)
+        fd = os.open(
+            self._temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self._dir_fd
+        )
+        self._file = os.fdopen(fd, "wb")
+
+    def add(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Write one batch (a row group)."""
+        if not rows:
+            return
+        assert self._file is not None, "start() first"
+        values = [list(column) for column in zip(*rows)]
+        if self.schema is None:
+            arrays = [_first_array(column, given) for column, given in zip(values, self._given)]
+            self.schema = pa.schema([pa.field(name, array.type) for name, array in zip(self.columns, arrays)])
+            self._writer = pq.ParquetWriter(self._file, self.schema, compression="snappy")
+        else:
+            arrays = [_array_as(column, field) for column, field in zip(values, self.schema)]
+        assert self._writer is not None
+        self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+        if len(self.preview) < PREVIEW_ROWS:
+            self.preview.extend([_short(v) for v in row] for row in rows[: PREVIEW_ROWS - len(self.preview)])
+        self.rows += len(rows)
+        self.bytes = self._file.tell()
+        if self.bytes > self._limit:
+            raise ResultTooLarge(f"the result outgrew the {self._limit:,} bytes left in the thread's workspace")
+
+    def finish(self) -> None:
+        """Close the file and give it its final name (replacing an earlier result of that name)."""
+        assert self._file is not None, "start() first"
+        if self._writer is None:  # no rows: still a file with the columns
+            self.schema = pa.schema([pa.field(n, t or pa.string()) for n, t in zip(self.columns, self._given)])
+            self._writer = pq.ParquetWriter(self._file, self.schema)
+        self._writer.close()
+        self._file.flush()
+        self.bytes = self._file.tell()
+        self._file.close()
+        self._file = None
+        os.rename(self._temp, self.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+
+    def abort(self) -> None:
+        """Drop what was written (safe to call at any point, and twice)."""
+        try:
+            if self._writer is not None:
+                self._writer.close()
+        except Exception:  # the file is deleted just below either way
+            pass
+        self._writer = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            try:
+                os.unlink(self._temp, dir_fd=self._dir_fd)
+            except FileNotFoundError:
+                pass
+
+
+def arrow_type_for(postgres_type: str) -> pa.DataType | None:
+    """The Arrow type of a PostgreSQL type (by name); None: inferred from the values."""
+    return _POSTGRES_TYPES.get(postgres_type)
+
+
+_POSTGRES_TYPES: dict[str, pa.DataType] = {
+    "int2": pa.int16(),
+    "int4": pa.int32(),
+    "int8": pa.int64(),
+    "oid": pa.int64(),
+    "float4": pa.float32(),
+    "float8": pa.float64(),
+    "numeric": pa.float64(),
+    "money": pa.string(),
+    "bool": pa.bool_(),
+    "text": pa.string(),
+    "varchar": pa.string(),
+    "bpchar": pa.string(),
+    "char": pa.string(),
+    "name": pa.string(),
+    "citext": pa.string(),
+    "uuid": pa.string(),
+    "json": pa.string(),
+    "jsonb": pa.string(),
+    "xml": pa.string(),
+    "inet": pa.string(),
+    "cidr": pa.string(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us"),
+    "timestamptz": pa.timestamp("us", tz="UTC"),
+    "time": pa.time64("us"),
+    "interval": pa.duration("us"),
+    "bytea": pa.binary(),
+}
+
+
+def _first_array(values: list[Any], given: pa.DataType | None) -> pa.Array:
+    """The first batch of a column: as the database typed it, else as Arrow infers it
+    (decimals as float64, no values as string, what Arrow cannot type as text)."""
+    if given is not None:
+        return _convert(values, given)
+    if any(isinstance(v, decimal.Decimal) for v in values):
+        return _convert(values, pa.float64())
+    try:
+        array = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return _as_text(values)
+    return array.cast(pa.string()) if pa.types.is_null(array.type) else array
+
+
+def _array_as(values: list[Any], field: pa.Field) -> pa.Array:
+    try:
+        return _convert(values, field.type)
+    except MixedTypes:
+        raise MixedTypes(
+            f"column {field.name!r} changes type after its first rows (it began as {field.type}); "
+            "CAST it to one type in the query"
+        ) from None
+
+
+def _convert(values: list[Any], type_: pa.DataType) -> pa.Array:
+    if pa.types.is_string(type_):
+        return _as_text(values)
+    try:
+        return pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        pass
+    if pa.types.is_floating(type_):  # decimals, or SQLite's integers and reals mixed
+        try:
+            return pa.array([None if v is None else float(v) for v in values], type=type_)
+        except (TypeError, ValueError):
+            pass
+    raise MixedTypes(f"values do not fit {type_}")
+
+
+def _as_text(values: list[Any]) -> pa.Array:
+    return pa.array([v if v is None or isinstance(v, str) else _text(v) for v in values], type=pa.string())
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    return str(value)
+
+
+def _short(value: Any) -> str:
+    text = "NULL" if value is None else _text(value)
+    text = " ".join(text.split())
+    return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 1] + "…"
+
+
+def _unique(columns: Sequence[str]) -> list[str]:
+    """Column names made unique (``id``, ``id_2``) and never empty (``column_3``)."""
+    seen: set[str] = set()
+    names: list[str] = []
+    for index, name in enumerate(columns, start=1):
+        base = str(name) or f"column_{index}"
+        candidate, counter = base, 2
+        while candidate in seen:
+            candidate, counter = f"{base}_{counter}", counter + 1
+        seen.add(candidate)
+        names.append(candidate)
+    return names
