@@ -17,7 +17,9 @@ from bot.attachments import human_size
 from bot.budgets import Clock
 from bot.config import Settings
 from bot.events import FileOut, InboundMessage, Outbox, Reply
-from bot.notebook import export_notebook
+from bot.hostpaths import HostPaths
+from bot.notebook import TimelineEntry, export_notebook
+from bot.readable import readable
 from bot.safetext import shown
 from bot.schedules.commands import ScheduleCommands, is_schedule_command
 from bot.store import Store
@@ -93,6 +95,7 @@ class Commands:
         self._store = store
         self._pool = pool
         self._settings = settings
+        self._host_paths = HostPaths.of(settings)
         self._table: dict[str, Callable[[InboundMessage], Awaitable[Reply]]] = {
             "help": self._help,
             "reset": self._reset,
@@ -158,11 +161,15 @@ class Commands:
             return Reply(text="Nothing to export yet.")
         title = f"Threadbook thread {message.key.channel}/{message.key.thread}"
         # Validating and serialising a long thread with charts takes a while: off the event loop.
-        data = await asyncio.to_thread(export_notebook, timeline, title=title)
+        data = await asyncio.to_thread(self._notebook, timeline, title)
         name = f"threadbook-{message.key.thread.replace('.', '-')}.ipynb"
         # The notebook is the bot's own bytes, already in memory: adapters read them, not the file.
         notebook = FileOut(name=name, size=len(data), open_reader=functools.partial(io.BytesIO, data))
         return Reply(text=f"📓 Here is this thread as a notebook ({len(timeline)} entries).", files=(notebook,))
+
+    def _notebook(self, timeline: list[TimelineEntry], title: str) -> bytes:
+        """The thread's notebook as readers get it: tracebacks trimmed, no host path (blocking)."""
+        return readable(export_notebook(timeline, title=title), self._host_paths.hide)
 
     async def _export_html(self, message: InboundMessage) -> Reply:
         """The thread as one self-contained web page, rendered by the thread's kernel.
@@ -178,7 +185,7 @@ class Commands:
         if not timeline:
             return Reply(text="Nothing to export yet.")
         title = f"Threadbook thread {message.key.channel}/{message.key.thread}"
-        notebook = await asyncio.to_thread(export_notebook, timeline, title=title)
+        notebook = await asyncio.to_thread(self._notebook, timeline, title)
         workspace = self._pool.workspaces.for_key(key)
         token = _export_token()
         source, target = f"export-{token}.ipynb", f"export-{token}.html"

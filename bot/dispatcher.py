@@ -29,6 +29,8 @@ from bot import logs, metrics
 from bot.commands import Commands
 from bot.config import Settings
 from bot.events import InboundMessage, Outbox, ThreadKey
+from bot.hostpaths import HostPaths
+from bot.outgoing import hiding_paths
 from bot.store import QueuedTurn, Store
 from bot.turn import TurnRunner, kernel_options
 from kernels import KernelPool
@@ -79,9 +81,11 @@ class Dispatcher:
         self._commands = commands
         self._pool = pool
         self._slots: dict[ThreadKey, _ThreadSlot] = {}
+        self._host_paths = HostPaths.of(settings)
 
     async def handle(self, message: InboundMessage, outbox: Outbox) -> None:
         """Handle one inbound message end to end. Never raises, except to pass on cancellation."""
+        outbox = hiding_paths(outbox, self._host_paths)  # no host path reaches any platform
         slot = self._slots.setdefault(message.key, _ThreadSlot())  # before any await: arrival order
         slot.users += 1
         log_context = logs.enter_turn(message.key, message.message_id)  # every line logged for it names it

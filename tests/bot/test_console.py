@@ -127,3 +127,23 @@ async def test_console_thread_keeps_its_variables_across_a_restart(tmp_path: Pat
         code, out, err = await run_cli(*args, stdin="still there?\n", cwd=tmp_path)
         assert code == 0, err
         assert "False" in out.split("now", 1)[1]
+
+
+async def test_the_console_shows_no_host_path(tmp_path: Path) -> None:
+    """A traceback the model quotes names no folder of the server (issue 31)."""
+    async with ScriptedOpenAI() as llm:
+        config = write_config(tmp_path, llm.base_url)
+        kernels = kernel_config(tmp_path)
+        llm.script(
+            tool_call("import pandas as pd\npd.read_csv('missing.csv')"),
+            lambda r: answer("It failed: " + r["messages"][-1]["content"] + f" (in {kernels['workspace_root']}/t1)"),
+        )
+        code, out, err = await run_cli(
+            "console", "--config", str(config), "--out", str(tmp_path / "out"), "--thread", "paths",
+            stdin="read missing.csv\n", cwd=tmp_path,
+        )
+        assert code == 0, err
+        assert "FileNotFoundError" in out and "site-packages/pandas" in out
+        venv = os.path.dirname(os.path.dirname(os.path.abspath(kernels["python"])))
+        for folder in (venv, str(kernels["workspace_root"]), str(REPO)):
+            assert folder not in out

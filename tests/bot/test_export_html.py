@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import time
 from html.parser import HTMLParser
@@ -255,3 +256,33 @@ async def test_a_render_that_takes_too_long_is_stopped_and_loses_nothing(
     assert await session.evaluate("x", 5) == "42"
     assert export_files(core.pool.workspaces.for_key(key).path) == []
     assert (await chat.say("export html", mentioned=False)).reply.ok
+
+
+async def test_exports_read_well_styled_tables_trimmed_tracebacks_no_server_paths(
+    chat: MemoryChat, llm: ScriptedOpenAI, core: Core
+) -> None:
+    """Issue 31: a DataFrame is a table, never preceded by its CSS as text; a traceback is trimmed
+    as in the thread; no folder of the server (kernel environment, workspace) is in either export."""
+    kernels = core.settings.kernels
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(kernels.python)))
+    root = os.path.abspath(kernels.workspace_root)
+    llm.script(
+        tool_call("import os, pandas as pd\nprint(os.getcwd())\npd.DataFrame({'region': ['north'], 'sales': [5]})"),
+        tool_call("pd.read_csv('missing.csv')"),
+        answer("The table is above; the file is missing."),
+    )
+    await chat.say("show the table, then read missing.csv")
+    html = (await chat.say("export html", mentioned=False)).reply
+    assert html.ok, html.text
+    page = parse(html.files[0].open_reader().read())
+    text = "".join(page.text)
+    assert "north" in text and page.named("th") and page.named("td")
+    assert "vertical-align" not in text and ".dataframe" not in text and "<style" not in text
+    assert "FileNotFoundError" in text and "Traceback (last frames)" in text
+    assert text.count("site-packages/pandas") <= 2  # the last frames only, as the thread shows them
+    assert "/workspace" in text
+    ipynb = (await chat.say("export", mentioned=False)).reply.files[0].open_reader().read().decode()
+    [error] = [o for c in json.loads(ipynb)["cells"] for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert error["traceback"][0] == "Traceback (last frames):" and error["traceback"][-1].startswith("FileNotFoundError:")
+    for export in (text, ipynb):
+        assert venv not in export and root not in export

@@ -6,8 +6,10 @@ shared-file comments and titles, the status line and thread titles."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -167,3 +169,26 @@ async def test_the_status_line_and_title_of_an_assistant_thread_ping_no_one(bot:
     await bot.finished(message)
     assert offences(bot.slack, since) == []
 
+
+
+@pytest.mark.parametrize("pace_s", [0.0, 0.02])
+async def test_host_paths_in_an_answer_are_not_posted(bot: Bot, pace_s: float) -> None:
+    """A traceback the model quotes (whole, or streamed) names no folder of the server."""
+    kernels = bot.core.settings.kernels
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(kernels.python)))
+    root = os.path.abspath(kernels.workspace_root)
+    repo = str(Path(__file__).resolve().parents[2])
+    since = len(bot.slack.calls)
+    bot.llm.script(
+        tool_call("import pandas as pd\npd.read_csv('missing.csv')"),
+        lambda request: answer(
+            f"It failed:\n```\n{request['messages'][-1]['content']}\n```\nSee {root}/abc123/missing.csv.", pace_s=pace_s
+        ),
+    )
+    event = await ask(bot, f"C_PATHS_{int(pace_s * 100)}", "read missing.csv")
+    texts = [text for _, text in shown_texts(bot.slack.calls[since:])]
+    quoted = [t for t in texts if "FileNotFoundError" in t]
+    assert quoted and any("site-packages/pandas" in t for t in quoted), texts  # the traceback is shown…
+    assert any("/workspace/missing.csv" in t for t in quoted)
+    assert [t for t in texts if venv in t or root in t or repo in t] == []  # …without the server's folders
+    assert bot.answers(event)

@@ -1,0 +1,61 @@
+"""What the core says to any platform passes here first: host paths hidden (:mod:`bot.hostpaths`).
+
+:func:`hiding_paths` wraps the :class:`~bot.events.Outbox` an adapter hands the dispatcher, so
+notices, replies, status lines and streamed drafts reach the platform's own renderer (Slack's
+:mod:`adapters.slack.render`, Discord's messages, the console) without them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from bot.events import Outbox, Progress, Reply
+from bot.hostpaths import HostPaths
+
+Hide = Callable[[str], str]
+
+
+def hiding_paths(outbox: Outbox, paths: HostPaths) -> Outbox:
+    """``outbox`` with every text it is given rewritten by ``paths.hide``."""
+    return outbox if isinstance(outbox, _HidingOutbox) else _HidingOutbox(outbox, paths.hide)
+
+
+class _HidingOutbox:
+    def __init__(self, outbox: Outbox, hide: Hide) -> None:
+        self._outbox = outbox
+        self._hide = hide
+
+    async def notify(self, text: str) -> None:
+        await self._outbox.notify(self._hide(text))
+
+    async def post(self, reply: Reply) -> None:
+        await self._outbox.post(dataclasses.replace(reply, text=self._hide(reply.text)))
+
+    def progress(self) -> Progress:
+        return _HidingProgress(self._outbox.progress(), self._hide)
+
+
+class _HidingProgress:
+    def __init__(self, progress: Progress, hide: Hide) -> None:
+        self._progress = progress
+        self._hide = hide
+
+    @property
+    def shows_drafts(self) -> bool:
+        return self._progress.shows_drafts
+
+    async def start(self, status: str) -> None:
+        await self._progress.start(self._hide(status))
+
+    async def update(self, status: str) -> None:
+        await self._progress.update(self._hide(status))
+
+    async def finish(self, ok: bool) -> None:
+        await self._progress.finish(ok)
+
+    async def draft(self, text: str) -> None:
+        await self._progress.draft(self._hide(text))
+
+    async def drop_draft(self) -> None:
+        await self._progress.drop_draft()
