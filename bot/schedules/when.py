@@ -33,7 +33,7 @@ from apscheduler.triggers.cron import CronTrigger
 #: Runs closer together than this are refused (a model turn each time costs tokens).
 MIN_INTERVAL_S = 5 * 60
 
-_TOO_OFTEN = f"that is too often: scheduled runs must be at least {MIN_INTERVAL_S // 60} minutes apart"
+_TOO_OFTEN = f"that is too often (scheduled runs must be at least {MIN_INTERVAL_S // 60} minutes apart)"
 
 DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # cron's numbering: 0 (and 7) is Sunday
 _DAY_NAMES = {
