@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import fork_path, kernels, replicas, slack, snapshots, warm_trace
+from bench import fork_path, kernels, replicas, slack, snapshots, sources, warm_trace
 from bench.gateway import GATEWAY, stop_shared_gateway
 from bench.kernels import Sandbox
 from bench.postgres import find_postgres
@@ -73,6 +73,8 @@ TARGETS = (
     Target("queued", "fork", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (fork server)"),
     Target("queued", "pool", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (warm pool)"),
     Target("restore", "fork", "p50_ms", 1000, "restore a thread's 1M-row DataFrame into its next kernel: p50 <= 1 s"),
+    Target("sources", "spawn", "p50_ms", 1500, "100,000 rows x 5 columns from PostgreSQL into a DataFrame: p50 <= 1.5 s"),
+    Target("sources", "spawn", "peak_mib", 100, "the bot's memory while fetching 1,000,000 rows: <= +100 MiB"),
     Target("replicas", "2-replicas", "errors", 0,
            "100 messages in 10 threads through 2 replicas on PostgreSQL: each answered once, in order"),
 )
@@ -89,6 +91,7 @@ def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[st
         "queued": lambda mode, root: slack.queued_threads(mode, root, sizes.queued, sandbox=sandbox),
         "restore": lambda mode, root: snapshots.restore(mode, root, sizes.restores, sandbox=sandbox),
         "replicas": lambda mode, root: replicas.turns_per_second(mode, root, sizes.replica_threads),
+        "sources": lambda mode, root: sources.load_rows(mode, root, sizes.first, sandbox=sandbox),
         **({"warm_trace": lambda mode, root: warm_trace.replay(mode, root, sizes.trace_burst, sandbox=sandbox)}
            if sizes.trace_burst else {}),
     }
@@ -96,7 +99,7 @@ def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[st
 
 #: Scenarios whose modes are not kernel sources.
 SCENARIO_MODES: dict[str, tuple[str, ...]] = {
-    "replicas": replicas.MODES, "warm_trace": warm_trace.MODES, "fork_path": ("fork",),
+    "replicas": replicas.MODES, "warm_trace": warm_trace.MODES, "fork_path": ("fork",), "sources": sources.MODES,
 }  # fmt: skip
 
 
@@ -109,7 +112,7 @@ async def run(sizes: Sizes, only: set[str] | None, sandbox: Sandbox = "none") ->
         for mode in SCENARIO_MODES.get(name, kernels.MODES):
             if mode in kernels.GATEWAY_MODES and (name not in kernels.GATEWAY_SCENARIOS or not GATEWAY.exists()):
                 continue  # without .venv-gateway (make gateway-env) the gateway sources are left out
-            if mode in replicas.POSTGRES_MODES and find_postgres()[0] is None:
+            if (mode in replicas.POSTGRES_MODES or name == "sources") and find_postgres()[0] is None:
                 continue  # without PostgreSQL (Debian: postgresql) the replica modes are left out
             with tempfile.TemporaryDirectory(prefix=f"bench-{name}-{mode}-") as scratch:
                 started = time.perf_counter()
@@ -141,7 +144,8 @@ def _fmt(value: Any, digits: int = 1) -> str:
 #: Scenario-specific numbers shown in the table's last column: key → label.
 _ALSO = {"save_ms": "save {:.0f} ms", "csv_ms": "CSV re-read {:.0f} ms", "snapshot_mib": "snapshot {:.1f} MiB",
          "turns_per_s": "{:.1f} turns/s", "hit_rate": "hit rate {:.0%}", "peak_warm": "peak warm {}",
-         "floor_s": "floor {:.2f} s", "cpu_per_kernel_ms": "CPU {:.0f} ms/kernel"}
+         "floor_s": "floor {:.2f} s", "cpu_per_kernel_ms": "CPU {:.0f} ms/kernel",
+         "peak_mib": "bot peak +{:.1f} MiB (1M rows)", "load_1m_ms": "1M rows {:.0f} ms"}
 
 
 def _also(result: dict[str, Any]) -> str:

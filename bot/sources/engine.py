@@ -175,13 +175,24 @@ class PostgresSource(Source):
                 await _to_sink(sink.start, [a.name for a in attributes], types)
                 cursor = await statement.cursor()
                 read = 0
-                while read <= limit:
-                    batch = await cursor.fetch(min(BATCH_ROWS, limit + 1 - read))
-                    if not batch:
-                        break
-                    read += len(batch)
-                    keep = batch if read <= limit else batch[: len(batch) - (read - limit)]
-                    await _to_sink(sink.add, keep)
+                # The next batch is read from the server while the last one is written.
+                writing: asyncio.Task[None] | None = None
+                try:
+                    while read <= limit:
+                        batch = await cursor.fetch(min(BATCH_ROWS, limit + 1 - read))
+                        if writing is not None:
+                            await writing
+                            writing = None
+                        if not batch:
+                            break
+                        read += len(batch)
+                        keep = batch if read <= limit else batch[: len(batch) - (read - limit)]
+                        writing = asyncio.create_task(_to_sink(sink.add, keep))
+                    if writing is not None:
+                        await writing
+                finally:
+                    if writing is not None and not writing.done():
+                        writing.cancel()  # its thread finishes the batch; the caller drops the file
                 return read
 
     async def tables(self) -> list[TableColumns]:
