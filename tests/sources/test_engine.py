@@ -3,18 +3,21 @@ read-only session (with the parser's guard bypassed), scrubbed errors, the catal
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import asyncpg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import pytest_asyncio
 
-from bot.sources.engine import QueryFailed, QueryTimedOut, Source, open_source
+from bot.sources.catalogue import Catalogue, format_tables
+from bot.sources.engine import QueryFailed, QueryTimedOut, Source, TableColumns, open_source
 from bot.sources.parquet import ParquetSink
 from bot.sources.settings import SourceSettings
 from tests.sources.conftest import PASSWORD, count_rows
@@ -102,8 +105,6 @@ async def test_postgres_timeout_cancels_on_the_server(pg: Source, tmp_path: Path
         await pg.fetch("SELECT pg_sleep(30)", sink)
     sink.abort()
     os.close(fd)
-    import asyncpg
-
     conn = await asyncpg.connect(pg_url)
     try:  # nothing of the query is left running on the server
         running = await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'")
@@ -198,3 +199,41 @@ async def test_quota_stops_a_result_too_large(pg: Source, tmp_path: Path) -> Non
         sink.abort()
         os.close(fd)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+async def test_queries_beyond_max_concurrent_wait_for_a_connection(
+    limit: int, pg_reader_url: str, source_settings: MakeSettings, tmp_path: Path
+) -> None:
+    source = open_source("limited", source_settings(pg_reader_url, max_concurrent=limit))
+    folders = [tmp_path / str(i) for i in range(2)]
+    try:
+        tables = await asyncio.gather(
+            *(fetch_table(source, "SELECT pg_backend_pid() AS pid FROM pg_sleep(0.3)", folder) for folder in folders)
+        )
+    finally:
+        await source.close()
+    backends = {table.column("pid").to_pylist()[0] for table, _ in tables}
+    assert len(backends) == limit  # one connection served both in turn, or two ran side by side
+
+
+async def test_the_catalogue_is_cached_and_refreshed_on_demand(pg: Source, pg_url: str) -> None:
+    catalogue = Catalogue()
+    first = await catalogue.describe(pg)
+    assert "- orders(id integer, customer text, amount numeric, placed date, paid boolean)" in first
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute("CREATE TABLE refunds (order_id integer, reason text)")
+        await conn.execute("CREATE TABLE secrets (token text)")  # not granted: not listed
+        await conn.execute("GRANT SELECT ON refunds TO reader")
+    finally:
+        await conn.close()
+    assert "refunds" not in await catalogue.describe(pg)  # cached
+    again = await catalogue.describe(pg, refresh=True)
+    assert "- refunds(order_id integer, reason text)" in again and "secrets" not in again
+
+
+def test_a_long_catalogue_is_cut_and_says_so() -> None:
+    tables = [TableColumns(f"t{i}", tuple((f"c{j}", "integer") for j in range(20))) for i in range(100)]
+    text = format_tables("Source `x`", tables, limit=2_000)
+    assert len(text) <= 2_100 and text.endswith("more tables (query the database's catalogue to list them)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from bot.app import Core
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat, MemoryOutbox
 from tests.fakes.openai_server import ScriptedOpenAI, answer, raw_tool_call, tool_call
+from tests.security.conftest import SKIP_REASON
 from tests.sources.conftest import PASSWORD, count_rows
 
 
@@ -36,11 +38,14 @@ def offered(request: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {t["function"]["name"]: t["function"] for t in request.get("tools", [])}
 
 
-@pytest_asyncio.fixture
-async def core(tmp_path: Path, llm: ScriptedOpenAI, pg_reader_url: str, sqlite_file: Path) -> AsyncIterator[Core]:
+@asynccontextmanager
+async def open_core(
+    tmp_path: Path, llm: ScriptedOpenAI, pg_reader_url: str, sqlite_file: Path, sandbox: str
+) -> AsyncIterator[Core]:
     settings = make_settings(
         tmp_path,
         llm_url=llm.base_url,
+        kernels={"sandbox": sandbox},
         sources={
             "warehouse": {"url": pg_reader_url, "description": "Orders of the shop", "statement_timeout_s": 5},
             "shop": {"url": f"sqlite:///{sqlite_file}", "max_rows": 2},
@@ -53,12 +58,30 @@ async def core(tmp_path: Path, llm: ScriptedOpenAI, pg_reader_url: str, sqlite_f
 
 
 @pytest_asyncio.fixture
+async def core(tmp_path: Path, llm: ScriptedOpenAI, pg_reader_url: str, sqlite_file: Path) -> AsyncIterator[Core]:
+    async with open_core(tmp_path, llm, pg_reader_url, sqlite_file, "none") as running:
+        yield running
+
+
+@pytest_asyncio.fixture(params=["none", "bwrap"])
+async def any_core(
+    request: pytest.FixtureRequest, tmp_path: Path, llm: ScriptedOpenAI, pg_reader_url: str, sqlite_file: Path
+) -> AsyncIterator[Core]:
+    """Kernels unsandboxed (they see every process), then in bubblewrap as another uid."""
+    if request.param == "bwrap" and SKIP_REASON:
+        pytest.skip(SKIP_REASON)
+    async with open_core(tmp_path, llm, pg_reader_url, sqlite_file, request.param) as running:
+        yield running
+
+
+@pytest_asyncio.fixture
 async def llm() -> AsyncIterator[ScriptedOpenAI]:
     async with ScriptedOpenAI() as server:
         yield server
 
 
-async def test_sql_then_python_on_the_dataframe(core: Core, llm: ScriptedOpenAI) -> None:
+async def test_sql_then_python_on_the_dataframe(any_core: Core, llm: ScriptedOpenAI) -> None:
+    core = any_core
     chat = MemoryChat(core.dispatcher, channel="C1")
     llm.script(
         sql_call("SELECT customer, amount, placed FROM orders ORDER BY id", name="orders"),
@@ -144,8 +167,8 @@ def _hunt(text: str) -> list[str]:
     return [line for line in text.splitlines() if PASSWORD in line]
 
 
-async def test_the_password_is_nowhere_outside_the_bot(core: Core, llm: ScriptedOpenAI) -> None:
-    chat = MemoryChat(core.dispatcher, channel="C3")
+async def test_the_password_is_nowhere_outside_the_bot(any_core: Core, llm: ScriptedOpenAI) -> None:
+    chat = MemoryChat(any_core.dispatcher, channel="C3")
     outs: list[MemoryOutbox] = []
     # A query that works, one that fails in the database, one on a source that cannot be reached.
     llm.script(
