@@ -306,7 +306,12 @@ class TurnRunner:
         if policy.sources and self._sources is not None:
             tools.append(
                 await SqlTool.open(
-                    sources=self._sources, granted=policy.sources, kernel=runner, workspace=t.workspace, status=t.progress.update
+                    sources=self._sources,
+                    granted=policy.sources,
+                    kernel=runner,
+                    workspace=t.workspace,
+                    status=t.progress.update,
+                    leave=t.active.leave,
                 )
             )
 

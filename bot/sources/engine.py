@@ -247,13 +247,19 @@ class SyncSource(Source):
         await self._limit.acquire()
         work = asyncio.ensure_future(asyncio.to_thread(self._fetch, query, sink, limit, stop, held))
         work.add_done_callback(lambda _: self._limit.release())  # also when the query is abandoned
-        try:
-            rows = await asyncio.wait_for(asyncio.shield(work), self.settings.statement_timeout_s)
-        except TimeoutError:
+        def interrupt() -> None:
             stop.set()
             for connection in held:
                 if hasattr(connection, "interrupt"):
                     connection.interrupt()  # sqlite3: thread-safe; the query ends with "interrupted"
+
+        try:
+            rows = await asyncio.wait_for(asyncio.shield(work), self.settings.statement_timeout_s)
+        except asyncio.CancelledError:
+            interrupt()  # the turn was stopped: the thread ends the query and drops the rows
+            raise
+        except TimeoutError:
+            interrupt()
             try:
                 await asyncio.wait_for(asyncio.shield(work), _ABANDON_WAIT_S)
             except BaseException:  # noqa: BLE001 - its failure is the timeout we report

@@ -54,12 +54,15 @@ class SqlTool:
         workspace: Workspace,
         status: Status | None = None,
         schema: str = "",
+        leave: asyncio.Event | None = None,
     ) -> None:
+        """``leave``: set by Stop (a query then running is cancelled, no later one starts)."""
         self._sources = sources
         self._granted = list(granted)
         self._kernel = kernel
         self._workspace = workspace
         self._status = status
+        self._leave = leave
         #: The OpenAI function tool offered to the model (its description lists the tables).
         self.spec = _spec(self._granted, schema)
         #: Seconds spent in queries this turn (counted with the turn's kernel seconds).
@@ -67,14 +70,29 @@ class SqlTool:
 
     @classmethod
     async def open(
-        cls, *, sources: Sources, granted: Sequence[str], kernel: Kernel, workspace: Workspace, status: Status | None = None
+        cls,
+        *,
+        sources: Sources,
+        granted: Sequence[str],
+        kernel: Kernel,
+        workspace: Workspace,
+        status: Status | None = None,
+        leave: asyncio.Event | None = None,
     ) -> SqlTool:
         """The tool, its description holding each granted source's tables (cached listings)."""
         schema = "\n\n".join([await sources.catalogue.describe(sources.get(name)) for name in granted])
-        return cls(sources=sources, granted=granted, kernel=kernel, workspace=workspace, status=status, schema=schema)
+        return cls(
+            sources=sources, granted=granted, kernel=kernel, workspace=workspace, status=status, schema=schema, leave=leave
+        )
+
+    @property
+    def _stopped(self) -> bool:
+        return self._leave is not None and self._leave.is_set()
 
     async def call(self, arguments: str) -> str:
         """Run one call; the text is the tool result the model reads."""
+        if self._stopped:
+            return _STOPPED
         args = arguments_of(arguments)
         query = args.get("query")
         if not isinstance(query, str) or not query.strip():
@@ -122,12 +140,16 @@ class SqlTool:
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            fetched = await source.fetch(query, sink)
+            fetched = await self._fetch(source, query, sink)
             await asyncio.to_thread(sink.finish)
         except QueryFailed as exc:
             await asyncio.to_thread(sink.abort)
             os.close(state)
             return f"The database refused or failed the query: {exc}. Nothing was loaded; `{name}` is unchanged."
+        except _Stopped:
+            await asyncio.to_thread(sink.abort)
+            os.close(state)
+            return _STOPPED
         except SinkFailed as exc:
             log.warning("could not write a query's rows into %s: %s", self._workspace.path, exc)
             await asyncio.to_thread(sink.abort)
@@ -151,6 +173,33 @@ class SqlTool:
             why = loaded.error.evalue if loaded.error is not None else (loaded.notice or loaded.outcome.value)
             return f"The rows were fetched but not loaded into the kernel: {why[:300]}"
         return _summary(source, name, fetched, sink)
+
+
+    async def _fetch(self, source: Source, query: str, sink: ParquetSink) -> Fetched:
+        """The query, cancelled (on the server too) when Stop is pressed meanwhile."""
+        if self._leave is None:
+            return await source.fetch(query, sink)
+        fetching = asyncio.ensure_future(source.fetch(query, sink))
+        stopping = asyncio.ensure_future(self._leave.wait())
+        try:
+            await asyncio.wait({fetching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not fetching.done():
+            fetching.cancel()
+            try:
+                await fetching
+            except (asyncio.CancelledError, QueryFailed):
+                pass
+            raise _Stopped
+        return fetching.result()
+
+
+class _Stopped(Exception):
+    """Stop was pressed while the query ran."""
+
+
+_STOPPED = "Not run: the user pressed Stop; no query runs any more in this turn."
 
 
 def _summary(source: Source, name: str, fetched: Fetched, sink: ParquetSink) -> str:

@@ -3,6 +3,7 @@ model server, real PostgreSQL and SQLite sources, an in-memory chat."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -10,6 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import nbformat
 import pytest
 import pytest_asyncio
@@ -211,3 +213,28 @@ async def test_the_password_is_nowhere_outside_the_bot(any_core: Core, llm: Scri
         for file in out.reply.files if out.replies else ():
             with file.open_reader() as reader:
                 assert PASSWORD.encode() not in reader.read()
+
+
+async def test_stop_cancels_a_running_query_on_the_server(core: Core, llm: ScriptedOpenAI, pg_url: str) -> None:
+    chat = MemoryChat(core.dispatcher, channel="C1")
+    llm.script(sql_call("SELECT pg_sleep(4) AS slept"), tool_call("print('must not run')"), answer("stopped"))
+    turn = asyncio.create_task(chat.say("slow one"))
+    while not await _sleeping(pg_url):
+        await asyncio.sleep(0.05)
+    assert await core.dispatcher.stop(chat.key())
+    out = await turn
+    told = tool_results(llm.requests[1])[0]
+    assert told.startswith("Not run: the user pressed Stop")
+    assert not await _sleeping(pg_url)  # cancelled on the server, not left to finish
+    assert await core.store.cell_count(str(chat.key())) == 0  # neither the loading cell nor the python after it
+    assert "Stopped on request" in out.reply.text
+
+
+async def _sleeping(pg_url: str) -> bool:
+    conn = await asyncpg.connect(pg_url)
+    try:
+        return bool(
+            await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(4)%' AND state = 'active'")
+        )
+    finally:
+        await conn.close()
