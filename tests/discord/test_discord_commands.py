@@ -204,7 +204,8 @@ async def test_forum_posts_are_sessions_of_their_own(world: World) -> None:
     fake = world.discord
 
     def where_am_i() -> list[Any]:
-        return [tool_call("import os\nprint(os.getcwd())"),
+        # The workspace's own folder name (the full path is a host path, which no post shows).
+        return [tool_call("import os\nprint(os.path.basename(os.getcwd()))"),
                 lambda request: answer("cwd: " + request["messages"][-1]["content"].strip())]
 
     # One post at a time: the scripted model answers requests in the order they come.
