@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 from bot.schedules.runner import THREAD_GONE, Scheduler
 from tests.fakes.openai_server import answer, tool_call
@@ -55,3 +57,26 @@ async def test_a_schedule_posts_its_answer_and_chart_into_its_thread(tmp_path: P
         assert len(slack.messages) == posted  # nothing posted
         [schedule] = await bot.core.store.schedules.of_thread(f"slack:T1:C_SCHED:{event['ts']}")
         assert schedule.disabled_reason == THREAD_GONE
+
+
+async def test_every_hour_across_the_fall_back_posts_once_per_hour(tmp_path: Path) -> None:
+    """Issue 31: ``every hour America/New_York`` across the November fall-back posted a run header
+    at every poll. The scheduler's clock goes from just before the change to after it, polling
+    every 10 s: one run per real hour (01:00 twice, EDT then EST), nothing at the other polls."""
+    new_york = ZoneInfo("America/New_York")
+    async with running_bot(tmp_path, socket_mode=False) as bot:
+        slack = bot.slack
+        event = slack.mention("C_DST", "schedule every hour America/New_York report")
+        await slack.post_event(bot.events_url, event)
+        assert await bot.finished(event) == {"white_check_mark"}
+        fall_back = datetime(2027, 11, 7, 0, 50, tzinfo=new_york).timestamp()  # the first after now
+        bot.llm.script(*(answer("ok") for _ in range(4)))
+        runs_at: list[str] = []
+        for step in range(0, 150 * 60, 10):  # 2.5 real hours: to 02:20 EST
+            at = fall_back + step
+            if await run_due(bot, at):
+                runs_at.append(f"{datetime.fromtimestamp(at, new_york):%H:%M%z}")
+        # 00:50: the slots missed since the schedule was made, once; then each real hour.
+        assert runs_at == ["00:50-0400", "01:00-0400", "01:00-0500", "02:00-0500"]
+        headers = [t for t in bot.answers(event) if t.startswith("⏰ Scheduled run #1")]
+        assert len(headers) == 4
