@@ -102,11 +102,11 @@ def markdown_text(markdown: str) -> SlackMarkdown:
 
     Every ``<`` gets a word joiner after it and a ``|`` inside ``<…>`` is shown as ``∣`` (no
     ``<!channel>``, ``<@U…>`` or ``<url|label>`` token can form, even across the pieces of a
-    stream); links are kept only to http(s) and
-    mailto targets, shown as their target when disguised; reference definitions are shown as
-    text; an ``@`` starting a word notifies no one. Code keeps its text (bar the joiners).
-    The result for a text is a prefix of the result for that text continued, except where a
-    link closes, so a stream can send the difference.
+    stream); links are kept only to http(s) and mailto targets, shown as their target when
+    disguised; reference definitions are shown as text; an ``@`` starting a word notifies no
+    one. Code keeps its text (bar the joiners). The result for a text is a prefix of the
+    result for that text continued, except where a link closes, so a stream can send the
+    difference (:mod:`adapters.slack.stream` holds an unclosed link back).
     """
     out: list[str] = []
     fence: str | None = None
