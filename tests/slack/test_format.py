@@ -122,3 +122,23 @@ def test_only_the_bots_own_mentions_are_tokens() -> None:
 )
 def test_links_open_only_what_they_show(markdown: str, shown: str) -> None:
     assert to_mrkdwn(markdown) == shown
+
+
+def test_a_stream_split_anywhere_never_forms_a_token_or_a_disguised_link() -> None:
+    """What Slack joins from a stream's pieces, cut after every character of a hostile answer."""
+    from adapters.slack.stream import _settled
+
+    text = (
+        "Hi <!channel> and <@U0BOSS>, [see](!here) [ok](https://a.example.org/x) "
+        "<https://evil.example.net|intranet.example.com> [intranet.example.com](https://evil.example.net/)\n"
+        "`<!here>` and @everyone\n```\n<!subteam^S1>\n```\n[ref]: !channel\n"
+    )
+    sent, appended = "", 0
+    for end in range(1, len(text) + 1):
+        rendered = markdown_text(_settled(text[:end])).text
+        if rendered.startswith(sent) and rendered != sent:
+            sent, appended = rendered, appended + 1
+        assert not re.search(r"<[!@#]|<[^<>\s]*\|", sent), sent
+        assert not re.search(r"(?<![\w@])@(here|channel|everyone)\b", sent), sent
+        assert "](https://evil" not in sent and "intranet.example.com](" not in sent
+    assert appended > 20  # it did stream piece by piece
