@@ -206,19 +206,29 @@ def _summary(source: Source, name: str, fetched: Fetched, sink: ParquetSink) -> 
     assert sink.schema is not None
     lines = [
         f"Ran on `{source.name}` in {fetched.seconds:.2f} s. `{name}` is now a pandas DataFrame in the kernel: "
-        f"{fetched.rows:,} rows × {len(sink.columns)} columns."
+        f"{fetched.rows:,} row{'' if fetched.rows == 1 else 's'} × {len(sink.columns)} columns."
     ]
     if fetched.cut:
         lines.append(
             f"The result was CUT at max_rows = {source.settings.max_rows:,}: the query returned more rows. "
             "Aggregate or filter in SQL if you need all of them."
         )
-    lines.append("Columns: " + ", ".join(f"{f.name} ({f.type})" for f in sink.schema))
+    columns = ", ".join(f"{f.name} ({f.type})" for f in sink.schema)
+    if len(columns) > _MAX_COLUMNS_CHARS:
+        columns = columns[: _MAX_COLUMNS_CHARS - 1] + f"… ({len(sink.columns)} columns in all: see `{name}.dtypes`)"
+    lines.append("Columns: " + columns)
     if sink.preview:
+        shown = sink.columns[:_PREVIEW_COLUMNS]
+        more = f" | … {len(sink.columns) - len(shown)} more columns" if len(sink.columns) > len(shown) else ""
         lines.append("First rows:")
-        lines.append(" | ".join(sink.columns))
-        lines.extend(" | ".join(row) for row in sink.preview)
+        lines.append(" | ".join(shown) + more)
+        lines.extend(" | ".join(row[: len(shown)]) for row in sink.preview)
     return "\n".join(lines)
+
+
+#: The tool result stays short whatever the width of the result.
+_MAX_COLUMNS_CHARS = 2_000
+_PREVIEW_COLUMNS = 12
 
 
 def _spec(granted: Sequence[str], schema: str) -> dict[str, Any]:

@@ -1,12 +1,23 @@
-"""The parser's guard: one read query passes, anything else is refused before it is sent."""
+"""The parser's guard: one read query passes, anything else is refused before it is sent;
+credentials scrubbed; the tool's answer stays short."""
 
 from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
 
 from bot.sources.guard import QueryRefused, check_query
+from bot.sources.cell import loader_code
+from bot.sources.registry import Sources
 from bot.sources.scrub import scrub, secrets_of
+from bot.sources.settings import SourceSettings
+from bot.sources.tool import SqlTool
+from kernels.result import ExecutionResult
+from kernels.workspace import Workspace
 
 READS = [
     "SELECT * FROM orders",
@@ -65,3 +76,30 @@ def test_scrub_hides_the_url_and_the_password() -> None:
            "reader:s3cret-pass@db.internal password=s3cret-pass"
     cleaned = scrub(text, secrets_of(url))
     assert "s3cret-pass" not in cleaned and "postgresql://" not in cleaned and "db.internal:5432" not in cleaned
+
+
+async def test_a_wide_result_is_summed_up_briefly(tmp_path: Path) -> None:
+    db = tmp_path / "wide.db"
+    columns = ", ".join(f"c{i} integer" for i in range(200))
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"CREATE TABLE wide ({columns})")
+        conn.execute(f"INSERT INTO wide VALUES ({', '.join('1' for _ in range(200))})")
+    sources = Sources({"wide": SourceSettings.model_validate({"url": f"sqlite:///{db}"})})
+    ran: list[str] = []
+
+    class Kernel:
+        async def execute(self, code: str, timeout: float | None = None) -> ExecutionResult:
+            ran.append(code)
+            return ExecutionResult()
+
+    (tmp_path / "ws").mkdir()
+    workspace = Workspace(tmp_path / "ws", max_file_bytes=2**30, quota_bytes=2**30)
+    tool = await SqlTool.open(sources=sources, granted=["wide"], kernel=Kernel(), workspace=workspace)
+    try:
+        told = await tool.call(json.dumps({"query": "SELECT * FROM wide", "name": "w"}))
+    finally:
+        await sources.close()
+    assert "1 row × 200 columns" in told and "188 more columns" in told and "see `w.dtypes`" in told
+    assert len(told) < 3_000
+    assert ran == [loader_code("w")]
+    assert not list((tmp_path / "ws" / ".threadbook").iterdir())  # the file is gone once loaded
