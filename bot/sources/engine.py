@@ -340,10 +340,10 @@ def _sync_sink(call: Callable[..., None], *args: Any) -> None:
 
 def _read_only_sqlite(url: URL) -> URL:
     """``sqlite:///x.db`` → the file opened read-only through an SQLite URI (``mode=ro``)."""
-    database = url.database or ""
-    if not database or database == ":memory:" or database.startswith("file:"):
-        raise ValueError("an SQLite source needs a file: sqlite:///path/to/file.db")
-    return url.set(database=f"file:{database}").update_query_dict({"mode": "ro", "uri": "true"})
+    database = url.database or ""  # a file (the settings refuse an in-memory database)
+    if not database.startswith("file:"):
+        database = f"file:{database}"
+    return url.set(database=database).update_query_dict({"mode": "ro", "uri": "true"})
 
 
 def _query_only(dbapi_connection: Any, _record: Any) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 #: What a source's name may look like (it is shown to the model and used in ``channels.*.sources``).
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -27,7 +29,12 @@ class SourceSettings(BaseModel):
 
     @field_validator("url")
     @classmethod
-    def _has_scheme(cls, value: SecretStr) -> SecretStr:
-        if "://" not in value.get_secret_value():
-            raise ValueError("must be an SQLAlchemy URL such as postgresql://user:pass@host/db or sqlite:///file.db")
+    def _an_sqlalchemy_url(cls, value: SecretStr) -> SecretStr:
+        example = "such as postgresql://user:pass@host/db or sqlite:///file.db"
+        try:
+            url = make_url(value.get_secret_value())
+        except (ArgumentError, ValueError):  # its message would quote the URL
+            raise ValueError(f"must be an SQLAlchemy URL {example}") from None
+        if url.get_backend_name() == "sqlite" and (url.database or ":memory:") == ":memory:":
+            raise ValueError("an SQLite source needs a file: sqlite:///path/to/file.db")
         return value

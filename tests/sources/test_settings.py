@@ -33,6 +33,7 @@ def test_sources_and_grants_are_read_with_their_defaults() -> None:
         ({"sources": {"bad name": {"url": "sqlite:///x.db"}}}, "config: sources: source name 'bad name'"),
         ({"sources": {"w": {"url": f"not a url {SECRET}"}}}, "sources.w.url: must be an SQLAlchemy URL"),
         ({"sources": {"w": {"url": "sqlite:///x.db", "max_rows": 0}}}, "sources.w.max_rows"),
+        ({"sources": {"w": {"url": "sqlite://"}}}, "sources.w.url: an SQLite source needs a file"),
         ({"sources": {"w": {"url": "sqlite:///x.db", "password": SECRET}}}, "sources.w.password: unknown key"),
     ],
 )
