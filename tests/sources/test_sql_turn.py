@@ -238,3 +238,11 @@ async def _sleeping(pg_url: str) -> bool:
         )
     finally:
         await conn.close()
+
+
+async def test_query_time_counts_in_the_kernel_seconds_budget(core: Core, llm: ScriptedOpenAI) -> None:
+    chat = MemoryChat(core.dispatcher, channel="C1")
+    llm.script(sql_call("SELECT 1 AS one FROM pg_sleep(1.5)"), answer("slept"))
+    await chat.say("sleep in the database")
+    # The loading cell costs the kernel milliseconds; the query at least 1.5 s.
+    assert sum(row.kernel_s for row in await core.store.spent(since=0, user_id="U1")) >= 1.5
