@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import fork_path, kernels, replicas, slack, snapshots, sources, warm_trace
+from bench import fork_path, freeze, kernels, replicas, slack, snapshots, sources, warm_trace
 from bench.gateway import GATEWAY, stop_shared_gateway
 from bench.kernels import Sandbox
 from bench.postgres import find_postgres
@@ -43,9 +43,12 @@ class Sizes:
     replica_threads: int
     #: New threads in each burst of the ``warm_trace`` scenario; 0: not run (it takes ~50 s).
     trace_burst: int = 0
+    #: How long the ``freeze`` scenario watches an idle kernel whose cell left a spinning thread.
+    idle_s: float = 2.0
 
 
-FULL = Sizes(first=10, burst=100, turns=30, concurrent=100, queued=24, restores=5, replica_threads=10, trace_burst=20)
+FULL = Sizes(first=10, burst=100, turns=30, concurrent=100, queued=24, restores=5, replica_threads=10, trace_burst=20,
+             idle_s=60.0)  # fmt: skip
 QUICK = Sizes(first=2, burst=3, turns=5, concurrent=5, queued=4, restores=1, replica_threads=2)
 
 
@@ -73,6 +76,8 @@ TARGETS = (
     Target("queued", "fork", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (fork server)"),
     Target("queued", "pool", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (warm pool)"),
     Target("restore", "fork", "p50_ms", 1000, "restore a thread's 1M-row DataFrame into its next kernel: p50 <= 1 s"),
+    Target("freeze", "fork", "p50_ms", 2, "freeze + CPU reading + thaw of a thread's kernel: p50 <= 2 ms"),
+    Target("freeze", "fork", "idle_cpu_s", 0.05, "an idle thread's kernel, a spinning thread in it: no CPU (<= 0.05 s)"),
     Target("sources", "spawn", "p50_ms", 1500, "100,000 rows x 5 columns from PostgreSQL into a DataFrame: p50 <= 1.5 s"),
     Target("sources", "spawn", "peak_mib", 100, "the bot's memory while fetching 1,000,000 rows: <= +100 MiB"),
     Target("replicas", "2-replicas", "errors", 0,
@@ -90,6 +95,7 @@ def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[st
         "concurrent": lambda mode, root: slack.concurrent_threads(mode, root, sizes.concurrent, sandbox=sandbox),
         "queued": lambda mode, root: slack.queued_threads(mode, root, sizes.queued, sandbox=sandbox),
         "restore": lambda mode, root: snapshots.restore(mode, root, sizes.restores, sandbox=sandbox),
+        "freeze": lambda mode, root: freeze.freeze_cost(mode, root, sizes.turns, sizes.idle_s, sandbox=sandbox),
         "replicas": lambda mode, root: replicas.turns_per_second(mode, root, sizes.replica_threads),
         "sources": lambda mode, root: sources.load_rows(mode, root, sizes.first, sandbox=sandbox),
         **({"warm_trace": lambda mode, root: warm_trace.replay(mode, root, sizes.trace_burst, sandbox=sandbox)}
@@ -100,6 +106,7 @@ def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[st
 #: Scenarios whose modes are not kernel sources.
 SCENARIO_MODES: dict[str, tuple[str, ...]] = {
     "replicas": replicas.MODES, "warm_trace": warm_trace.MODES, "fork_path": ("fork",), "sources": sources.MODES,
+    "freeze": ("spawn", "fork"),
 }  # fmt: skip
 
 

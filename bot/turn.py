@@ -25,6 +25,7 @@ from bot.sources.registry import Sources
 from bot.sources.tool import SqlTool
 from bot.store import NOTICE_ROLE, Store
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace
+from kernels.oneshot import OneShot
 from kernels.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
 from kernels.result import KernelUnavailableError, QueueFullError, QueueLeftError, QueueTimeoutError, UnsafePathError
 from kernels import safefs
@@ -178,11 +179,14 @@ class TurnRunner:
         pool: KernelPool,
         agent: Agent,
         budgets: Budgets,
+        oneshot: OneShot,
         packages: PackageInstaller | None = None,
         sources: Sources | None = None,
     ) -> None:
-        """``packages``: installs missing modules on demand (None: never); ``sources``: the
-        data sources channels may be granted (the ``sql`` tool)."""
+        """``oneshot``: where upload previews are computed; ``packages``: installs missing
+        modules on demand (None: never); ``sources``: the data sources channels may be granted
+        (the ``sql`` tool)."""
+        self._oneshot = oneshot
         self._sources = sources
         self._settings = settings
         self._budgets = budgets
@@ -282,8 +286,8 @@ class TurnRunner:
         key = t.message.key
         t.active.session = session
         kernel_is_fresh = session.fresh and await self._store.cell_count(str(key)) > 0
-        if t.uploads.saved:  # previews are computed by the thread's (sandboxed) kernel, never here
-            saved = await add_previews(t.uploads.saved, session)
+        if t.uploads.saved:  # previews come from fresh sandboxed one-shots, never from here or the thread's kernel
+            saved = await add_previews(t.uploads.saved, t.workspace, self._oneshot)
             t.user_content = f"{t.user_content}\n\n{describe_for_model(saved, t.uploads.refused)}".strip()
         workspace_files = await t.workspace.list_files()
         seen = self._pool.launcher.kernel_view(options)  # data_dir and network as the (sandboxed) kernel sees them
@@ -348,13 +352,20 @@ class TurnRunner:
             t.usage_row,
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,
-            # The cells' wall time and the data sources' query time.
-            kernel_s=sum(r.duration_s for r in runner.results) + sum(tool.seconds for tool in tools),
+            # The CPU time the kernel's processes really used (threads a cell started, and the
+            # saves since the last turn, included; the cells' wall time where it is not known),
+            # and the data sources' query time.
+            kernel_s=_or(session.take_cpu_seconds(), sum(r.duration_s for r in runner.results))
+            + sum(tool.seconds for tool in tools),
         )
         await collect_outputs(runner.results, t.workspace, t.outputs)
         log.info("turn in %s: %s after %d cells, %.1fs", key, result.stop_reason, len(runner.results), time.time() - started)
         # A kernel that stopped unasked or variables that could not be saved: told once, here.
         return _reply(result, t.outputs.images, t.outputs.files, [*runner.notes, *session.take_thread_notices()])
+
+
+def _or(value: float | None, fallback: float) -> float:
+    return fallback if value is None else value
 
 
 def _add_notice(result: ExecutionResult, note: str) -> None:

@@ -41,8 +41,12 @@ import psutil
 
 log = logging.getLogger(__name__)
 
-#: The controllers the bot uses, in the order it reports them.
-CONTROLLERS = ("memory", "pids", "cpu")
+#: The controllers the bot uses, in the order it reports them. ``freezer`` and ``cpuacct`` are
+#: v1 hierarchies of their own; cgroup v2 has both in every cgroup (``cgroup.freeze``,
+#: ``cpu.stat``), without a controller to enable.
+CONTROLLERS = ("memory", "pids", "cpu", "freezer", "cpuacct")
+#: Resource controllers: a v1 host with none of these mounted gives kernels no cgroup.
+LIMIT_CONTROLLERS = ("memory", "pids", "cpu")
 PARENT = "threadbook"
 BOT_LEAF = "threadbook-bot"
 KERNEL_PREFIX = "kernel-"
@@ -53,6 +57,8 @@ V2_KERNELS_CPU_WEIGHT = 50
 REMOVE_TIMEOUT_S = 2.0
 #: How long :meth:`KernelCgroup.kill` keeps killing (processes that fork while being killed).
 KILL_TIMEOUT_S = 1.0
+#: How long :meth:`KernelCgroup.freeze` waits for every process to be frozen.
+FREEZE_TIMEOUT_S = 1.0
 MiB = 1024 * 1024
 
 
@@ -179,7 +185,7 @@ def _detect_v2(own: str, mounts: list[_Mount]) -> tuple[CgroupSupport | None, st
         available = set((folder / "cgroup.controllers").read_text().split())
     except OSError as exc:
         return None, f"cgroup v2: {exc.strerror}: {folder}"
-    controllers = tuple(name for name in CONTROLLERS if name in available)
+    controllers = tuple(name for name in LIMIT_CONTROLLERS if name in available)
     if not controllers:
         return None, f"cgroup v2: no memory, pids or cpu controller delegated to {own}"
     if not os.access(folder, os.W_OK) or not os.access(folder / "cgroup.subtree_control", os.W_OK):
@@ -250,7 +256,7 @@ def _detect_v1(own: dict[str, str], mounts: list[_Mount]) -> tuple[CgroupSupport
             swap = (parent / "memory.memsw.limit_in_bytes").exists()
         _remove_stale(parent)
         hierarchies.append(Hierarchy(controllers=controllers, parent=parent, own=path))
-    if not hierarchies:
+    if not any(name in h.controllers for h in hierarchies for name in LIMIT_CONTROLLERS):
         return None, "cgroup v1: " + ("; ".join(problems) if problems else "no memory, pids or cpu hierarchy mounted")
     if problems:
         log.warning("cgroup v1: not every controller can be used: %s", "; ".join(problems))
@@ -282,6 +288,54 @@ class KernelCgroup:
         self.folders = folders
         # Paths made up front: enter() runs between fork and exec and should allocate little.
         self._procs = tuple(os.fsencode(folder / "cgroup.procs") for folder in folders)
+        self._freezer = _freezer_of(folders)
+        self._cpu_usage = _cpu_usage_of(folders)
+
+    @property
+    def can_freeze(self) -> bool:
+        """Whether the cgroup has a freezer (v1 ``freezer.state``, v2 ``cgroup.freeze``)."""
+        return self._freezer is not None
+
+    def freeze(self, timeout: float = FREEZE_TIMEOUT_S) -> bool:
+        """(Blocking) stop every process and thread of the cgroup, those it starts later too;
+        True once all are frozen (False: no freezer, or still freezing after ``timeout``)."""
+        if self._freezer is None:
+            return False
+        control, frozen, _, state, done = self._freezer
+        _write(control, frozen)
+        deadline = time.monotonic() + timeout
+        delay = 0.0002
+        while True:
+            try:
+                if done in state.read_text():
+                    return True
+            except OSError:
+                return False
+            if time.monotonic() > deadline:
+                log.warning("%s is still freezing after %.1f s", control.parent, timeout)
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+
+    def thaw(self) -> None:
+        """(Blocking) let the cgroup's processes run again (nothing without a freezer)."""
+        if self._freezer is not None:
+            control, _, thawed, _, _ = self._freezer
+            _write(control, thawed)
+
+    def cpu_seconds(self) -> float | None:
+        """(Blocking) CPU time every process of the cgroup has used, those that ended too
+        (v1 ``cpuacct.usage``, v2 ``cpu.stat`` ``usage_usec``); None without accounting."""
+        if self._cpu_usage is None:
+            return None
+        path, scale = self._cpu_usage
+        try:
+            text = path.read_text()
+        except OSError:
+            return None
+        if path.name == "cpu.stat":
+            text = next((line.split()[1] for line in text.splitlines() if line.startswith("usage_usec ")), "0")
+        return int(text.strip() or 0) * scale
 
     def enter(self) -> None:
         """Move the calling process into the cgroup (safe in a ``preexec_fn``)."""
@@ -337,6 +391,10 @@ class KernelCgroup:
         each pid is pinned by a pidfd and checked to still be a member before the signal."""
         killed: set[int] = set()
         deadline = time.monotonic() + timeout
+        try:
+            self.thaw()  # a frozen process takes a SIGKILL only once thawed (cgroup v1)
+        except OSError:
+            pass
         while True:
             try:
                 targets = self.pids() - keep
@@ -395,6 +453,27 @@ class KernelCgroup:
         return True
 
 
+def _freezer_of(folders: tuple[Path, ...]) -> tuple[Path, str, str, Path, str] | None:
+    """(control file, frozen value, thawed value, state file, state text once frozen) of the
+    cgroup's freezer, or None."""
+    for folder in folders:
+        if (folder / "freezer.state").exists():  # v1
+            return folder / "freezer.state", "FROZEN", "THAWED", folder / "freezer.state", "FROZEN"
+        if (folder / "cgroup.freeze").exists():  # v2
+            return folder / "cgroup.freeze", "1", "0", folder / "cgroup.events", "frozen 1"
+    return None
+
+
+def _cpu_usage_of(folders: tuple[Path, ...]) -> tuple[Path, float] | None:
+    """The file that counts the cgroup's CPU time and its unit in seconds, or None."""
+    for folder in folders:
+        if (folder / "cpuacct.usage").exists():  # v1, nanoseconds
+            return folder / "cpuacct.usage", 1e-9
+        if (folder / "cgroup.freeze").exists() and (folder / "cpu.stat").exists():  # v2, microseconds
+            return folder / "cpu.stat", 1e-6
+    return None
+
+
 class Cgroups:
     """Makes and removes per-kernel cgroups with the limits of one bot's settings."""
 
@@ -427,8 +506,11 @@ class Cgroups:
             "memory": f"memory {self.memory_bytes // MiB} MiB" + (" incl. swap" if support.swap_accounted else ""),
             "pids": f"pids {self.max_processes}",
             "cpu": "cpu weight 1/2 of the bot",
+            "freezer": "frozen between turns",
+            "cpuacct": "CPU time counted",
         }
-        used = ", ".join(parts[name] for name in support.controllers)
+        always = ("freezer", "cpuacct") if support.version == 2 else ()  # core files of every v2 cgroup
+        used = ", ".join(parts[name] for name in (*support.controllers, *always))
         return f"cgroup v{support.version} ({used}); rlimits"
 
     def where(self) -> str:

@@ -350,6 +350,19 @@ class GatewayKernelHandle:
         """The gateway keeps the kernel's log."""
         return ""
 
+    async def freeze(self) -> None:
+        """Nothing: the gateway's kernel processes are not the bot's to stop (its pod's limits hold)."""
+
+    def freeze_blocking(self) -> None:
+        """Nothing (see :meth:`freeze`)."""
+
+    async def thaw(self) -> None:
+        """Nothing (see :meth:`freeze`)."""
+
+    async def cpu_seconds(self) -> float | None:
+        """Unknown: the gateway does not report it (turns count the wall time of cells)."""
+        return None
+
     async def memory_bytes(self) -> int | None:
         """Unknown on a gateway."""
         return None

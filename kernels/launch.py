@@ -24,6 +24,7 @@ Which launcher a deployment gets, and what wraps what, is decided in one place:
 
 from __future__ import annotations
 
+import math
 import resource
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,12 +52,13 @@ class ResourceLimits:
 
     @classmethod
     def from_settings(cls, settings: KernelSettings) -> ResourceLimits:
-        """The limits ``kernels:`` configures."""
+        """The limits ``kernels:`` configures. No file may outgrow the whole workspace quota:
+        a single-file writer meets ``EFBIG`` there, before any check has to catch it."""
         return cls(
             memory_mb=settings.memory_mb,
             cpu_seconds=settings.cpu_seconds,
             max_processes=settings.max_processes,
-            max_file_mb=settings.max_file_mb,
+            max_file_mb=min(settings.max_file_mb, math.ceil(settings.workspace_quota_mb)),
             max_open_files=settings.max_open_files,
         )
 
@@ -204,6 +206,24 @@ class KernelHandle(Protocol):
 
     async def memory_bytes(self) -> int | None:
         """Its memory use (PSS), when known."""
+        ...
+
+    async def freeze(self) -> None:
+        """Stop every process and thread of the kernel until :meth:`thaw` (its thread has no
+        turn); a no-op where the kernel is not the bot's to stop (a gateway's)."""
+        ...
+
+    def freeze_blocking(self) -> None:
+        """(Blocking, from any thread) :meth:`freeze`, for a watcher that must stop the kernel
+        at once (:mod:`kernels.quota_probe`)."""
+        ...
+
+    async def thaw(self) -> None:
+        """Let a frozen kernel run again."""
+        ...
+
+    async def cpu_seconds(self) -> float | None:
+        """CPU time its processes have used since it started, when known."""
         ...
 
 

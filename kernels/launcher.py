@@ -49,7 +49,7 @@ from jupyter_client.launcher import launch_kernel
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
-from kernels import leftovers, safefs
+from kernels import freezing, leftovers, safefs
 from kernels.cgroups import Cgroups, KernelCgroup
 from kernels.forkjail import KERNEL_OOM_SCORE_ADJ, PR_SET_DUMPABLE, join_session_keyring, prctl, set_oom_score_adj
 from kernels.interpreter import KernelPython, inspect_interpreter
@@ -369,6 +369,23 @@ class LocalKernelHandle:
     async def memory_bytes(self) -> int | None:
         """PSS of the kernel's process tree, or None when unknown."""
         return await asyncio.to_thread(_tree_pss, self.pid)
+
+    async def freeze(self) -> None:
+        """Freeze the kernel's cgroup; without one, SIGSTOP its process tree."""
+        await asyncio.to_thread(self.freeze_blocking)
+
+    def freeze_blocking(self) -> None:
+        """(Blocking, any thread) :meth:`freeze`."""
+        freezing.freeze(self.cgroup, self.pid)
+
+    async def thaw(self) -> None:
+        """Thaw the kernel's cgroup; without one, SIGCONT its process tree."""
+        await asyncio.to_thread(freezing.thaw, self.cgroup, self.pid)
+
+    async def cpu_seconds(self) -> float | None:
+        """CPU time of the kernel's cgroup (ended processes included); without one, of its
+        process tree and the children it reaped."""
+        return await asyncio.to_thread(freezing.cpu_seconds, self.cgroup, self.pid)
 
 
 def _tree_pss(pid: int | None) -> int | None:

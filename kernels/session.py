@@ -12,9 +12,11 @@ background processes (:mod:`kernels.leftovers`); the result's notice says how ma
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from queue import Empty
 from typing import Any
@@ -23,6 +25,7 @@ from kernels import safefs, snapshots
 from kernels.launch import KernelHandle, Launcher
 from kernels.options import KernelOptions
 from kernels.output import MAX_MESSAGE_BYTES, OutputCollector
+from kernels.quota_probe import QuotaProbe
 from kernels.result import ExecutionResult, KernelError, Outcome
 from kernels.safefs import MAX_WALK_ENTRIES
 from kernels.settings import KernelSettings
@@ -34,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: How often a running execution checks that the kernel lives and its workspace is within quota.
 WATCHDOG_INTERVAL_S = 0.25
+#: How soon a running execution notices that the quota probe tripped (and froze the kernel).
+TRIP_LOOK_S = 0.05
 SHELL_REPLY_TIMEOUT_S = 2.0
 INTERRUPTED_REPLY_TIMEOUT_S = 0.25
 #: After the shell reply, how long iopub may stay silent before the execution counts as done
@@ -116,6 +121,12 @@ class KernelSession:
         #: Why the last save failed, until the thread is told; ``_save_failing`` until one works.
         self._save_failed: str | None = None
         self._save_failing = False
+        #: The current kernel is frozen (:mod:`kernels.freezing`): it is, whenever no work holds the session.
+        self._frozen = False
+        #: CPU seconds of the current kernel at its last freeze (or start), and those used since
+        #: the last :meth:`take_cpu_seconds` (None: this kernel's CPU time is not known).
+        self._cpu_read: float | None = None
+        self._cpu_untaken: float | None = None
 
     @property
     def fresh(self) -> bool:
@@ -160,6 +171,48 @@ class KernelSession:
             self._save_failed = None
         return notices
 
+    @contextlib.asynccontextmanager
+    async def _working(self) -> AsyncIterator[None]:
+        """Hold the session for one piece of work (an execution, an evaluation, a snapshot save
+        or restore, a start). The kernel is thawed only where the work asks it to run
+        (:meth:`_run`, :meth:`_evaluate`); when the work ends the kernel (the one running
+        then) is frozen again and the CPU time it used is counted."""
+        async with self._lock:
+            try:
+                yield
+            finally:
+                await self._freeze()
+
+    async def _thaw(self) -> None:
+        handle = self._handle
+        if handle is not None and self._frozen:
+            self._frozen = False
+            try:
+                await handle.thaw()
+            except Exception:
+                log.warning("thawing the kernel of %s failed", self.key, exc_info=True)
+
+    async def _freeze(self) -> None:
+        handle = self._handle
+        if handle is None or self._frozen or self._closed:
+            return
+        try:
+            await handle.freeze()
+            self._frozen = True
+            used = await handle.cpu_seconds()
+        except Exception:
+            log.warning("freezing the kernel of %s failed", self.key, exc_info=True)
+            return
+        if used is not None and self._cpu_read is not None:
+            self._cpu_untaken = (self._cpu_untaken or 0.0) + max(0.0, used - self._cpu_read)
+        self._cpu_read = used
+
+    def take_cpu_seconds(self) -> float | None:
+        """CPU seconds the thread's kernels used since the last call (executions, and the
+        saves and restores between them); None when the kernel's CPU time is not known."""
+        used, self._cpu_untaken = self._cpu_untaken, (None if self._cpu_read is None else 0.0)
+        return used
+
     def _note_death(self, why: str) -> None:
         """A kernel that held the thread's variables stopped unasked: the thread hears why."""
         if self.executions or self._inherited or self.restored is not None:
@@ -178,7 +231,7 @@ class KernelSession:
 
     async def start(self) -> None:
         """Start the kernel if it is not running."""
-        async with self._lock:
+        async with self._working():
             await self._ensure_kernel()
 
     async def _ensure_kernel(self) -> bool:
@@ -216,6 +269,10 @@ class KernelSession:
             raise
         self.executions = 0
         self._inherited = False
+        self._frozen = False
+        self._cpu_read = await self._handle.cpu_seconds()  # its start is not the thread's to pay
+        if self._cpu_read is not None and self._cpu_untaken is None:
+            self._cpu_untaken = 0.0
         self.state = "idle"
         self.last_activity = time.monotonic()
         log.info("kernel started for %s (pid %s)", self.key, self._handle.pid)
@@ -227,6 +284,7 @@ class KernelSession:
         assert handle is not None
         started = time.monotonic()
         report = snapshots.parse_restore(await self._evaluate(handle, snapshots.RESTORE_EXPRESSION, RESTORE_TIMEOUT_S))
+        await self._sweep_after_bot_request()
         if report is None:
             return None
         report = replace(report, seconds=time.monotonic() - started)  # as long as the start waited for it
@@ -249,7 +307,7 @@ class KernelSession:
         """
         if not self.settings.snapshot:
             return None
-        async with self._lock:
+        async with self._working():
             handle = self._handle
             if handle is None or self._closed or not self._unsaved:
                 return None
@@ -266,6 +324,7 @@ class KernelSession:
                 self._note_save_failure("the workspace is full")
                 return None
             answer = await self._evaluate(handle, snapshots.save_expression(budget), SAVE_TIMEOUT_S)
+            await self._sweep_after_bot_request()
             report = snapshots.parse_save(answer)
             if report is None:
                 if self._handle is None:  # it died or ignored the interrupt while saving (already logged)
@@ -293,6 +352,10 @@ class KernelSession:
 
     async def _discard_handle(self) -> None:
         handle, self._handle = self._handle, None
+        if handle is not None and self._frozen:
+            self._frozen = False
+            with contextlib.suppress(Exception):
+                await handle.thaw()  # a process frozen by a cgroup v1 freezer takes no SIGKILL
         if handle is not None:
             try:
                 # Shielded: a cancelled caller (e.g. a reaper job stopped mid-way) must not
@@ -309,7 +372,7 @@ class KernelSession:
         ``kernel_restarted=True`` and a notice that variables were lost.
         """
         timeout = self.settings.exec_timeout_s if timeout is None else timeout
-        async with self._lock:
+        async with self._working():
             await self._ensure_kernel()
             lost, self._lost_state = self._lost_state, False
             self._stop_requested_at = None
@@ -337,7 +400,7 @@ class KernelSession:
         ``interrupt_grace_s``, is discarded as :meth:`execute` does: the next execution
         starts a fresh one and says that variables were lost.
         """
-        async with self._lock:
+        async with self._working():
             try:
                 await self._ensure_kernel()
             except Exception:
@@ -351,6 +414,7 @@ class KernelSession:
                 self.last_activity = time.monotonic()
 
     async def _evaluate(self, handle: KernelHandle, expression: str, timeout: float) -> str | None:
+        await self._thaw()
         msg_id = handle.client.execute(
             "", silent=True, store_history=False, user_expressions={"value": expression}, allow_stdin=False
         )
@@ -416,6 +480,10 @@ class KernelSession:
         scanned = await asyncio.to_thread(self.workspace.scan)  # one walk: the diff's "before" and the quota's
         before = self.workspace.stamps(scanned)
         output = OutputCollector(self.settings.max_output_bytes)
+        room = self.workspace.quota_bytes - scanned.bytes
+        # On a trip the probe's thread freezes the kernel itself: the writer stops before the walk.
+        probe = await asyncio.to_thread(QuotaProbe, self.workspace.path, room, handle.freeze_blocking)
+        await self._thaw()
         started = time.monotonic()
         msg_id = client.execute(code, store_history=True, allow_stdin=False)
         self.executions += 1
@@ -432,52 +500,59 @@ class KernelSession:
         # ipykernel takes SIGINT only once it runs the cell (before that it ignores it, or it
         # breaks the request's own handling): an interrupt waits for execute_input.
         self._cell_running = False
-        while True:
-            now = time.monotonic()
-            if interrupted_at is None and self._stop_requested_at is not None:
-                interrupted_at, reason = self._stop_requested_at, "stop"
-            if interrupted_at is None and now >= deadline:
-                interrupted_at, reason = now, "timeout"
-                if self._cell_running:
-                    await self._interrupt_quietly(handle)
-            if interrupted_at is not None and now >= interrupted_at + self.settings.interrupt_grace_s:
-                outcome = await self._restart_after_stuck(reason)
-                restarted = True
-                break
-            if now >= next_check:
-                if not await handle.is_alive():
-                    outcome = Outcome.DIED
+        try:
+            while True:
+                now = time.monotonic()
+                if interrupted_at is None and self._stop_requested_at is not None:
+                    interrupted_at, reason = self._stop_requested_at, "stop"
+                if interrupted_at is None and now >= deadline:
+                    interrupted_at, reason = now, "timeout"
+                    if self._cell_running:
+                        await self._interrupt_quietly(handle)
+                if interrupted_at is not None and now >= interrupted_at + self.settings.interrupt_grace_s:
+                    outcome = await self._restart_after_stuck(reason)
+                    restarted = True
                     break
-                if (over := await self._over_quota(scanned)) is not None:
+                if now >= next_check:
+                    if not await handle.is_alive():
+                        outcome = Outcome.DIED
+                        break
+                    if (over := await self._over_quota(scanned)) is not None:
+                        outcome, quota_notice = Outcome.DIED, over
+                        break
+                    next_check = now + WATCHDOG_INTERVAL_S
+                elif probe.tripped.is_set() and (over := await self._walk_after_trip(probe, scanned)) is not None:
                     outcome, quota_notice = Outcome.DIED, over
                     break
-                next_check = now + WATCHDOG_INTERVAL_S
-            limit = next_check if interrupted_at is None else interrupted_at + self.settings.interrupt_grace_s
-            if interrupted_at is None:
-                limit = min(limit, deadline)
-            if replied_at is not None:
-                limit = min(limit, replied_at + IOPUB_GRACE_S)
-            try:
-                msg = await client.get_iopub_msg(timeout=max(limit - now, 0.001))
-            except Empty:
-                if replied_at is None and await self._read_shell_reply(handle, msg_id, output, 0):
-                    replied_at = time.monotonic()
-                elif replied_at is not None and time.monotonic() >= replied_at + IOPUB_GRACE_S:
-                    lost_output = True  # the reply is in but "idle" never came: iopub dropped it
-                    break
-                continue
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            msg_type, content = msg["msg_type"], msg["content"]
-            if msg_type == "status":
-                if content.get("execution_state") == "idle":
-                    break
-                continue
-            if msg_type == "execute_input" and not self._cell_running:
-                self._cell_running = True
-                if interrupted_at is not None or self._stop_requested_at is not None:
-                    await self._interrupt_quietly(handle)  # deferred until the cell runs
-            output.handle(msg_type, content)
+                # Looks at least every TRIP_LOOK_S: a kernel the quota probe froze is walked soon.
+                limit = min(next_check, now + TRIP_LOOK_S) if interrupted_at is None else interrupted_at + self.settings.interrupt_grace_s
+                if interrupted_at is None:
+                    limit = min(limit, deadline)
+                if replied_at is not None:
+                    limit = min(limit, replied_at + IOPUB_GRACE_S)
+                try:
+                    msg = await client.get_iopub_msg(timeout=max(limit - now, 0.001))
+                except Empty:
+                    if replied_at is None and await self._read_shell_reply(handle, msg_id, output, 0):
+                        replied_at = time.monotonic()
+                    elif replied_at is not None and time.monotonic() >= replied_at + IOPUB_GRACE_S:
+                        lost_output = True  # the reply is in but "idle" never came: iopub dropped it
+                        break
+                    continue
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                msg_type, content = msg["msg_type"], msg["content"]
+                if msg_type == "status":
+                    if content.get("execution_state") == "idle":
+                        break
+                    continue
+                if msg_type == "execute_input" and not self._cell_running:
+                    self._cell_running = True
+                    if interrupted_at is not None or self._stop_requested_at is not None:
+                        await self._interrupt_quietly(handle)  # deferred until the cell runs
+                output.handle(msg_type, content)
+        finally:
+            probe.stop()
 
         if outcome is Outcome.OK:
             if replied_at is None:
@@ -528,20 +603,44 @@ class KernelSession:
         result.duration_s = time.monotonic() - started
         return result
 
+    async def _walk_after_trip(self, probe: QuotaProbe, before: safefs.Scan) -> str | None:
+        """The probe saw the file system grow past the quota's room and froze the kernel:
+        walk the workspace. Over its quota: the notice (the kernel stays frozen until it is
+        killed). Within it: thaw the kernel and re-arm the probe; None."""
+        self._frozen = True
+        now = await asyncio.to_thread(self.workspace.scan)
+        over = self._quota_notice(before, now)
+        if over is None:
+            await asyncio.to_thread(probe.rearm, self.workspace.quota_bytes - now.bytes)
+            await self._thaw()
+        return over
+
     async def _over_quota(self, before: safefs.Scan) -> str | None:
         """The notice when the workspace outgrew its quota (bytes, or entries) during this
         execution, else None. Code that only shrinks an over-full workspace may run.
 
         This is the fallback the quota has where no size-limited file system holds the
-        workspace: checked every watchdog tick while code runs.
+        workspace: checked every watchdog tick while code runs, and at once when the file
+        system grew past the quota's room (:mod:`kernels.quota_probe`).
         """
+        return self._quota_notice(before, await asyncio.to_thread(self.workspace.scan))
+
+    def _quota_notice(self, before: safefs.Scan, now: safefs.Scan) -> str | None:
         quota = self.workspace.quota_bytes
-        now = await asyncio.to_thread(self.workspace.scan)
         if now.entries > MAX_WALK_ENTRIES >= before.entries:
             return QUOTA_NOTICE.format(used=f"more than {MAX_WALK_ENTRIES:,} files", quota=f"{MAX_WALK_ENTRIES:,} files")
         if now.bytes > quota and now.bytes > before.bytes:
             return QUOTA_NOTICE.format(used=human_size(now.bytes), quota=human_size(quota))
         return None
+
+    async def _sweep_after_bot_request(self) -> None:
+        """After a snapshot save or restore (which run the thread's code: a cell may have
+        replaced the functions they call): kill what it left running, as after a cell."""
+        handle = self._handle
+        if handle is not None and not self.options.background_processes:
+            if (stopped := await self._stop_leftovers(handle)) is not None:
+                log.warning("the kernel of %s left processes running while its variables were saved or restored: %s",
+                            self.key, stopped)  # fmt: skip
 
     async def _stop_leftovers(self, handle: KernelHandle) -> str | None:
         """Kill the processes this execution left running (nothing runs between turns); the
@@ -612,7 +711,7 @@ class KernelSession:
     async def restart(self) -> None:
         """Replace the kernel with a fresh process in the same workspace, and forget the
         thread's saved variables (``reset``: a fresh start means fresh)."""
-        async with self._lock:
+        async with self._working():
             await self._discard_handle()
             self._lost_state = False
             self._unsaved = False

@@ -132,21 +132,27 @@ async def test_death_during_the_restore(pool: KernelPool) -> None:
 
 
 async def test_death_while_idle(pool: KernelPool) -> None:
+    """Killed between two messages. A frozen kernel (cgroup freezer) takes the signal when it
+    is thawed for the next execution, which then reports the death; unfrozen (SIGSTOP'd)
+    processes die at once and the reaper's pass takes the session out. Either way the thread
+    hears it once and goes on with its saved variables."""
     assert (await turn(pool, "t:e", "w = 3"))[0] is Outcome.OK
     await settled(pool)
     session = pool.get("t:e")
     assert session is not None and session.pid is not None
-    os.kill(session.pid, signal.SIGKILL)  # the OOM killer, between two messages
-    for _ in range(100):
-        if not await session.is_alive():
-            break
-        await asyncio.sleep(0.05)
-    assert await Reaper(pool, pool.settings).cull_kernels() == []  # not culled: dropped as dead
-    assert pool.get("t:e") is None
+    os.kill(session.pid, signal.SIGKILL)  # the OOM killer, an operator, between two messages
+    await asyncio.sleep(0.3)
+    assert await Reaper(pool, pool.settings).cull_kernels() == []  # never counted as culled
     await neighbour_answers(pool)
-    outcome, value, told = await turn(pool, "t:e", "w")
+    said: list[str] = []
+    for _ in range(2):  # the first execution may be the one that finds it dead
+        outcome, value, told = await turn(pool, "t:e", "w")
+        said += told
+        if outcome is Outcome.OK:
+            break
+        assert outcome is Outcome.DIED
     assert (outcome, value) == (Outcome.OK, "3")
-    assert len(told) == 1 and "SIGKILL" in told[0]
+    assert len(said) == 1 and "SIGKILL" in said[0]
 
 
 async def test_a_full_workspace_ends_the_save_and_tells_the_thread_once(tmp_path: Path) -> None:
