@@ -100,10 +100,14 @@ async def test_turns_per_minute_and_kernel_seconds(tmp_path: Path, llm: Scripted
 
         clock.now += 120
         llm.script(tool_call("import time; time.sleep(0.6)"), answer("slept"))
-        assert said(await chat.say("sleep")) == "slept"
+        assert said(await chat.say("sleep")) == "slept"  # asleep: no CPU, so it costs no Python time
+        clock.now += 120
+        spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+        llm.script(tool_call(spin), answer("spun"))
+        assert said(await chat.say("spin")) == "spun"
         clock.now += 120
         assert said(await chat.say("more")) == (
-            "🪫 You have used your 0.5 s of Python time for today. It resets at 00:00 UTC, in 13 h 55 min."
+            "🪫 You have used your 0.5 s of Python time for today. It resets at 00:00 UTC, in 13 h 53 min."
         )
         other = MemoryChat(chat.dispatcher, channel="C2")  # the channel's own limit applies there only
         llm.script(answer("elsewhere"))
