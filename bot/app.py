@@ -30,7 +30,7 @@ from bot.sources.registry import Sources
 from bot.store import Store
 from bot.turn import TurnRunner
 from kernels import KernelPool, Reaper, build_launcher
-from kernels.launchers import package_installer
+from kernels.launchers import oneshot_for, package_installer
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,13 @@ class Core:
             budgets = Budgets(settings, store, clock=clock)
             sources = Sources(settings.sources)
             stack.push_async_callback(sources.close)
+            # The bot's own work (upload previews, export html) runs in fresh sandboxed one-shots.
+            oneshot = await asyncio.to_thread(oneshot_for, settings.kernels, launcher)
             turns = TurnRunner(
-                settings=settings, store=store, pool=pool, agent=agent, budgets=budgets, packages=packages, sources=sources
-            )
-            commands = Commands(store=store, pool=pool, settings=settings, clock=clock)
+                settings=settings, store=store, pool=pool, agent=agent, budgets=budgets, oneshot=oneshot,
+                packages=packages, sources=sources,
+            )  # fmt: skip
+            commands = Commands(store=store, pool=pool, settings=settings, oneshot=oneshot, clock=clock)
             dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands, pool=pool)
             yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher, clock=clock,
                       watchdog=watchdog)  # fmt: skip

@@ -1,19 +1,22 @@
 """Uploads: stream chat attachments into the thread's workspace and preview them for the model.
 
 :func:`ingest` saves each attachment through the kernel layer (sanitised unique names,
-per-file and per-workspace quotas, no partial files); :func:`add_previews` asks the thread's
-kernel for a few lines about each saved file (CSV columns, dtypes, rows; Excel sheets; JSON
-shape; ...); :func:`describe_for_model` is the block added to the user's message.
+per-file and per-workspace quotas, no partial files); :func:`add_previews` has a few lines
+computed about each saved file (CSV columns, dtypes, rows; Excel sheets; JSON shape; ...);
+:func:`describe_for_model` is the block added to the user's message.
 
-The bot never parses an upload: previews are computed inside the thread's (sandboxed) kernel
-by ``threadbook_kernel.preview``, so a crafted file (a zip-bomb workbook, a huge sparse CSV,
-an image whose header claims billions of pixels) can cost that kernel, never the bot. What
-comes back is treated as untrusted text: bounded, and replaced by "no preview" when the
-kernel fails, is too slow (it is interrupted) or dies.
+The bot never parses an upload, and never asks the thread's kernel to: a cell could have
+replaced the preview function there. Each preview runs ``threadbook_kernel.preview`` in a
+fresh sandboxed one-shot process (:mod:`kernels.oneshot`) that reads the file through a
+descriptor the bot opened itself (no link followed, a regular file only), so a crafted file
+(a zip-bomb workbook, a huge sparse CSV, an image whose header claims billions of pixels)
+costs that process, never the bot or the thread. What comes back is treated as untrusted
+text: bounded, and replaced by "no preview" when the process fails or is too slow (killed).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import mimetypes
@@ -24,27 +27,26 @@ from pathlib import PurePosixPath
 
 from bot.events import Attachment, FetchRefused
 from bot.safetext import shown
-from kernels import KernelSession
-from kernels.result import KernelError, QuotaError
+from kernels import safefs
+from kernels.oneshot import OneShot, OneShotUnavailableError
+from kernels.result import KernelError, QuotaError, UnsafePathError
 from kernels.units import human_size as human_size  # re-exported for the adapters (which never import kernels)
 from kernels.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
-#: A preview still running after this long is interrupted and replaced by a one-line description.
+#: A preview still running after this long is killed and replaced by a one-line description.
 PREVIEW_TIMEOUT_S = 10.0
-#: A preview is cut to this many characters (the kernel cuts it too; the bot does not trust it to).
+#: A preview is cut to this many characters (the one-shot cuts it too; the bot does not trust it to).
 MAX_PREVIEW_CHARS = 3000
-#: A kernel's answer longer than this is not even decoded.
-_MAX_ANSWER_CHARS = 8 * MAX_PREVIEW_CHARS
-#: Evaluated (silently) in the thread's kernel; ``threadbook_kernel`` is installed in every kernel.
-_PREVIEW_EXPRESSION = "__import__('threadbook_kernel.preview').preview.for_bot({name!r})"
+#: A one-shot's answer longer than this many bytes is cut there (its process killed), not decoded.
+_MAX_ANSWER_BYTES = 8 * MAX_PREVIEW_CHARS
 
 
 @dataclass(frozen=True, slots=True)
 class SavedUpload:
     """An attachment saved in the workspace, with its preview for the model (empty until
-    :func:`add_previews` asked the kernel)."""
+    :func:`add_previews` had it computed)."""
 
     name_in_workspace: str
     original_name: str
@@ -123,37 +125,59 @@ async def _capped(chunks: AsyncIterator[bytes], max_bytes: int) -> AsyncGenerato
             await close()
 
 
-async def add_previews(uploads: Sequence[SavedUpload], session: KernelSession) -> list[SavedUpload]:
-    """``uploads`` with their previews, computed one by one in the thread's kernel."""
-    return [replace(upload, preview=await preview(session, upload.name_in_workspace, upload.size)) for upload in uploads]
+async def add_previews(uploads: Sequence[SavedUpload], workspace: Workspace, oneshot: OneShot) -> list[SavedUpload]:
+    """``uploads`` (files of ``workspace``) with their previews, each from a one-shot of ``oneshot``."""
+    return [
+        replace(upload, preview=await preview(oneshot, workspace, upload.name_in_workspace, upload.size))
+        for upload in uploads
+    ]
 
 
-async def preview(session: KernelSession, name: str, size: int, *, timeout: float = PREVIEW_TIMEOUT_S) -> str:
-    """A short, model-readable summary of the workspace file ``name``, computed by the
-    thread's kernel (silently: no cell, no execution count); never raises.
+async def preview(
+    oneshot: OneShot, workspace: Workspace, name: str, size: int, *, timeout: float = PREVIEW_TIMEOUT_S
+) -> str:
+    """A short, model-readable summary of the workspace file ``name``, computed in a fresh
+    sandboxed process from the file the bot opened; never raises.
 
-    A preview that takes longer than ``timeout`` is interrupted; then, or when the kernel
-    fails or dies, the summary is one line saying there is no preview. A kernel that died or
-    had to be replaced says so at the next execution.
+    A preview that takes longer than ``timeout`` is killed; then, or when the process fails,
+    the file cannot be opened safely, or previews are unavailable on this machine, the
+    summary is one line saying there is no preview (and why).
     """
     if size == 0:
         return "empty file (0 bytes)."
-    answer = await session.evaluate(_PREVIEW_EXPRESSION.format(name=name), timeout)
-    text = _decoded(answer)
+    about = f"{_kind(name)}, {human_size(size)}; no preview"
+    try:
+        file = await asyncio.to_thread(safefs.open_file, workspace.path, name)
+    except (OSError, UnsafePathError) as exc:
+        log.warning("preview of %r: could not open it: %s", name, exc)
+        return f"{about} (it could not be opened safely)."
+    try:
+        result = await oneshot.run(
+            "preview", [str(file.fd), name], timeout=timeout, max_output=_MAX_ANSWER_BYTES, fd=file.fd
+        )
+    except OneShotUnavailableError as exc:
+        log.warning("preview of %r: %s", name, exc)
+        return f"{about} (previews are unavailable on this bot)."
+    except OSError as exc:
+        log.warning("preview of %r: could not start its process: %s", name, exc)
+        return f"{about} (it could not be read)."
+    finally:
+        file.close()
+    text = _decoded(result.output) if result.ok else None
     if text is None:
-        return f"{_kind(name)}, {human_size(size)}; no preview (the kernel could not read it in time)."
+        if not result.timed_out:
+            log.warning("preview of %r gave no answer (exit %s): %s", name, result.exit_code, result.errors[-300:])
+        return f"{about} (it could not be read in time)." if result.timed_out else f"{about} (it could not be read)."
     if len(text) > MAX_PREVIEW_CHARS:
         text = text[:MAX_PREVIEW_CHARS].rstrip() + "\n… (preview cut)"
     return text
 
 
-def _decoded(answer: str | None) -> str | None:
-    """The preview in the kernel's answer (one JSON string), or None when there is none."""
-    if answer is None or len(answer) > _MAX_ANSWER_CHARS:
-        return None
+def _decoded(output: bytes) -> str | None:
+    """The preview in a one-shot's output (one JSON string), or None when there is none."""
     try:
-        text = json.loads(answer)
-    except ValueError:
+        text = json.loads(output.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError included
         return None
     return text if isinstance(text, str) and text.strip() else None
 

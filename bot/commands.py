@@ -7,8 +7,6 @@ import functools
 import io
 import json
 import logging
-import os
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,11 +22,10 @@ from bot.safetext import shown
 from bot.schedules.commands import ScheduleCommands, is_schedule_command
 from bot.store import Store
 from bot.usage import UsageReport
-from bot.turn import KERNEL_SERVICE_NOTICE, kernel_options
-from kernels import KernelPool, Workspace
-from kernels import safefs
+from kernels import KernelPool
+from kernels.oneshot import OneShot, OneShotUnavailableError
 from kernels.launchers import UNSANDBOXED, sandbox_in_force
-from kernels.result import KernelUnavailableError, PoolFullError, UnsafePathError
+from kernels.result import UnsafePathError
 from kernels.units import human_age
 
 log = logging.getLogger(__name__)
@@ -48,24 +45,17 @@ Commands (send just the word):
 • `status` — kernel state, memory, saved variables, steps run, tokens used and 👍/👎 on the answers"""
 
 
-#: ``export html``: the page is rendered by the thread's kernel within this many seconds...
+#: ``export html``: the page is rendered by a one-shot process killed after this many seconds...
 HTML_RENDER_TIMEOUT_S = 120.0
 #: ...and refused when larger (it is read into memory and uploaded as one file).
 HTML_MAX_BYTES = 50 * 2**20
-#: Evaluated (silently) in the thread's kernel; ``threadbook_kernel`` is installed in every kernel.
-_RENDER_EXPRESSION = (
-    "__import__('threadbook_kernel.export').export.for_bot({source!r}, {target!r}, {max_bytes}, {timeout})"
-)
-#: A kernel's answer longer than this is not even decoded.
-_MAX_ANSWER_CHARS = 4096
-HTML_BUSY_NOTICE = "⚠️ No Python kernel is free to render the page right now; please try `export html` again in a few minutes."
-HTML_START_NOTICE = "⚠️ I could not start this thread's Python kernel to render the page; `export` still gives the notebook."
-HTML_WORKSPACE_NOTICE = "⚠️ I could not prepare the page in this thread's workspace; `export` still gives the notebook."
+#: The one-shot's answer (one line of JSON) is cut at this many bytes.
+_MAX_ANSWER_BYTES = 4096
+#: The names of the notebook and the page in the one-shot's scratch folder.
+_NOTEBOOK, _PAGE = "notebook.ipynb", "page.html"
+HTML_UNAVAILABLE_NOTICE = "⚠️ `export html` is not available on this bot (it has nowhere safe to render the page); `export` gives the notebook."
 HTML_FAILED_NOTICE = "⚠️ The page could not be rendered; `export` still gives the notebook."
 HTML_TIMEOUT_NOTICE = "⚠️ Rendering the page took too long and was stopped; `export` still gives the notebook."
-HTML_NO_ANSWER_NOTICE = (
-    "⚠️ The kernel stopped or did not answer while rendering the page; `export` still gives the notebook."
-)
 HTML_TOO_BIG_NOTICE = (
     "⚠️ The page would be {size}, over the {limit} limit of `export html`; `export` gives the notebook instead."
 )
@@ -74,23 +64,24 @@ HTML_TOO_BIG_NOTICE = (
 USAGE_ALL_REFUSED = "Only the bot's admins (`access.admins`) can see everyone's usage; `usage` shows this thread's and yours."
 
 
-def _export_token() -> str:
-    """The random part of an export's temporary file names (a test may fix it)."""
-    return secrets.token_hex(8)
+class _RenderFailed(Exception):
+    """No page: ``reply`` says so to the thread, ``detail`` to the log."""
 
-
-class _TooBig(Exception):
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self.size = size
+    def __init__(self, reply: Reply, detail: str) -> None:
+        super().__init__(detail)
+        self.reply = reply
+        self.detail = detail
 
 
 class Commands:
     """Answers ``help``, ``reset``, ``files``, ``export``, ``export html``, ``status``, ``usage``
     and the schedule commands."""
 
-    def __init__(self, *, store: Store, pool: KernelPool, settings: Settings, clock: Clock = time.time) -> None:
-        """``clock``: what the usage reports count time with."""
+    def __init__(
+        self, *, store: Store, pool: KernelPool, settings: Settings, oneshot: OneShot, clock: Clock = time.time
+    ) -> None:
+        """``oneshot``: where ``export html`` renders pages; ``clock``: what the usage reports count time with."""
+        self._oneshot = oneshot
         self._clock = clock
         self._store = store
         self._pool = pool
@@ -172,13 +163,14 @@ class Commands:
         return readable(export_notebook(timeline, title=title), self._host_paths.hide)
 
     async def _export_html(self, message: InboundMessage) -> Reply:
-        """The thread as one self-contained web page, rendered by the thread's kernel.
+        """The thread as one self-contained web page, rendered in a fresh sandboxed process.
 
-        The bot writes the notebook (its own bytes) into the workspace's ``.threadbook`` folder
-        under a random name, the kernel renders it (``threadbook_kernel.export``: nbconvert,
-        sanitised, nothing loaded from the network) next to it, and the bot reads the page back
-        through :mod:`kernels.safefs` (no link followed, at most :data:`HTML_MAX_BYTES`) and
-        deletes both files. The bot never parses the page.
+        The bot builds the notebook from the store (its own bytes), writes it into a one-shot's
+        private scratch folder, runs ``threadbook_kernel.export`` there (nbconvert, sanitised,
+        nothing loaded from the network; :mod:`kernels.oneshot`) and reads the page back through
+        :mod:`kernels.safefs` (no link followed, at most :data:`HTML_MAX_BYTES`). Nothing of the
+        thread runs: no kernel is leased, so it works while every kernel is busy or the thread's
+        budget is spent. The bot never parses the page.
         """
         key = str(message.key)
         timeline = await self._store.timeline(key)
@@ -186,67 +178,48 @@ class Commands:
             return Reply(text="Nothing to export yet.")
         title = f"Threadbook thread {message.key.channel}/{message.key.thread}"
         notebook = await asyncio.to_thread(self._notebook, timeline, title)
-        workspace = self._pool.workspaces.for_key(key)
-        token = _export_token()
-        source, target = f"export-{token}.ipynb", f"export-{token}.html"
         try:
-            await asyncio.to_thread(_write_notebook, workspace, source, notebook)
-        except (OSError, UnsafePathError) as exc:
-            log.warning("export html of %s: could not write the notebook: %s", key, exc)
-            return Reply(text=HTML_WORKSPACE_NOTICE, ok=False)
-        try:
-            return await self._render(message, workspace, source, target, entries=len(timeline))
-        finally:
-            await asyncio.to_thread(_delete, workspace, source, target)
-
-    async def _render(
-        self, message: InboundMessage, workspace: Workspace, source: str, target: str, *, entries: int
-    ) -> Reply:
-        """Lease the thread's kernel, have it render ``source`` into ``target``, read the page back."""
-        key = str(message.key)
-        options = kernel_options(self._settings, message.key)
-        # The kernel stops its own render 10 s before the bot interrupts it, so it can say why.
-        expression = _RENDER_EXPRESSION.format(
-            source=source, target=target, max_bytes=HTML_MAX_BYTES, timeout=HTML_RENDER_TIMEOUT_S - 10
-        )
-        try:
-            async with self._pool.lease(key, options) as session:
-                answer = await session.evaluate(expression, HTML_RENDER_TIMEOUT_S)
-        except PoolFullError:
-            return Reply(text=HTML_BUSY_NOTICE, ok=False)
-        except KernelUnavailableError as exc:
-            log.warning("export html of %s: kernel service unavailable: %s", key, exc)
-            return Reply(text=KERNEL_SERVICE_NOTICE, ok=False)
-        except Exception:
-            log.exception("export html of %s: kernel start failed", key)
-            return Reply(text=HTML_START_NOTICE, ok=False)
-        status = _status_of(answer)
-        if status.get("error") == "too_big":
-            return _too_big(_size_in(status))
-        if answer is None:
-            log.warning("export html of %s: the kernel gave no answer (too slow, failed or died)", key)
-            return Reply(text=HTML_NO_ANSWER_NOTICE, ok=False)
-        if status.get("error") == "timeout":
-            return Reply(text=HTML_TIMEOUT_NOTICE, ok=False)
-        if status.get("ok") is not True:
-            detail = str(status.get("detail", ""))[:300]
-            log.warning("export html of %s: the kernel could not render the page: %r", key, detail)
-            return Reply(text=HTML_FAILED_NOTICE, ok=False)
-        try:
-            page = await asyncio.to_thread(_read_page, workspace, target, HTML_MAX_BYTES)
-        except _TooBig as exc:
-            return _too_big(exc.size)
-        except (OSError, UnsafePathError) as exc:
-            log.warning("export html of %s: could not read the page back: %s", key, exc)
-            return Reply(text=HTML_FAILED_NOTICE, ok=False)
+            page = await self._render(notebook)
+        except OneShotUnavailableError as exc:
+            log.warning("export html of %s: %s", key, exc)
+            return Reply(text=HTML_UNAVAILABLE_NOTICE, ok=False)
+        except _RenderFailed as exc:
+            if exc.reply.text == HTML_FAILED_NOTICE:
+                log.warning("export html of %s: %s", key, exc.detail[:300])
+            return exc.reply
         name = f"threadbook-{message.key.thread.replace('.', '-')}.html"
         # The page is read into memory through a checked descriptor: adapters read these bytes.
         file = FileOut(name=name, size=len(page), open_reader=functools.partial(io.BytesIO, page))
         return Reply(
-            text=f"🌐 Here is this thread as one web page ({entries} entries, {human_size(len(page))}); "
+            text=f"🌐 Here is this thread as one web page ({len(timeline)} entries, {human_size(len(page))}); "
             "it opens in any browser, offline.",
             files=(file,),
         )
+
+    async def _render(self, notebook: bytes) -> bytes:
+        """The page of ``notebook``, from a one-shot; :class:`_RenderFailed` with the reply to
+        give when there is none."""
+        try:
+            async with self._oneshot.job() as job:
+                await asyncio.to_thread(job.write, _NOTEBOOK, notebook)
+                result = await job.run(
+                    "export", [_NOTEBOOK, _PAGE, str(HTML_MAX_BYTES)],
+                    timeout=HTML_RENDER_TIMEOUT_S, max_output=_MAX_ANSWER_BYTES,
+                )  # fmt: skip
+                if result.timed_out:
+                    raise _RenderFailed(Reply(text=HTML_TIMEOUT_NOTICE, ok=False), "timed out")
+                status = _status_of(result.output)
+                if status.get("error") == "too_big":
+                    raise _RenderFailed(_too_big(_size_in(status)), "too big")
+                if not result.ok or status.get("ok") is not True:
+                    detail = f"exit {result.exit_code}: {status.get('detail', '')} {result.errors[-300:]}"
+                    raise _RenderFailed(Reply(text=HTML_FAILED_NOTICE, ok=False), detail)
+                page = await asyncio.to_thread(job.read, _PAGE, HTML_MAX_BYTES)
+        except (OSError, UnsafePathError) as exc:
+            raise _RenderFailed(Reply(text=HTML_FAILED_NOTICE, ok=False), f"scratch folder: {exc}") from exc
+        if page is None:
+            raise _RenderFailed(_too_big(None), "too big")
+        return page
 
     async def _status(self, message: InboundMessage) -> Reply:
         key = str(message.key)
@@ -289,12 +262,11 @@ class Commands:
 
 
 
-def _status_of(answer: str | None) -> dict[str, Any]:
-    """The kernel's status (untrusted JSON, bounded): a dict, else empty."""
-    if answer is None or len(answer) > _MAX_ANSWER_CHARS:
-        return {}
+def _status_of(output: bytes) -> dict[str, Any]:
+    """The one-shot's status (untrusted JSON, its last line, bounded): a dict, else empty."""
+    lines = output.decode("utf-8", "replace").strip().splitlines()
     try:
-        status = json.loads(answer)
+        status = json.loads(lines[-1]) if lines else None
     except ValueError:
         return {}
     return status if isinstance(status, dict) else {}
@@ -308,57 +280,3 @@ def _size_in(status: dict[str, Any]) -> int | None:
 def _too_big(size: int | None) -> Reply:
     shown_size = human_size(size) if size is not None else "larger"
     return Reply(text=HTML_TOO_BIG_NOTICE.format(size=shown_size, limit=human_size(HTML_MAX_BYTES)), ok=False)
-
-
-def _write_notebook(workspace: Workspace, name: str, data: bytes) -> None:
-    """(Blocking) ``data`` as the new file ``.threadbook/<name>``: created, never opened through a
-    link (a name the kernel took or planted a link at is refused), readable by the kernel."""
-    folder = workspace.open_state_dir()
-    try:
-        fd = safefs.create_file_at(folder, name, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        except BaseException:
-            os.unlink(name, dir_fd=folder)
-            raise
-        finally:
-            os.close(fd)
-    finally:
-        os.close(folder)
-
-
-def _read_page(workspace: Workspace, name: str, max_bytes: int) -> bytes:
-    """(Blocking) the page the kernel wrote, through a descriptor (no link followed, a regular
-    file only), at most ``max_bytes``; :class:`_TooBig` when larger."""
-    folder = workspace.open_state_dir()
-    try:
-        with safefs.open_file_at(folder, name) as page:
-            if page.size > max_bytes:
-                raise _TooBig(page.size)
-            data = page.read(max_bytes)
-            if len(data) != page.size:
-                raise OSError(f"the page shrank while it was read ({len(data)} of {page.size} bytes)")
-    finally:
-        os.close(folder)
-    return data
-
-
-def _delete(workspace: Workspace, *names: str) -> None:
-    """(Blocking) remove the export's temporary files (a link the kernel put there is removed, never followed)."""
-    try:
-        folder = workspace.open_state_dir()
-    except (OSError, UnsafePathError) as exc:
-        log.warning("export html: could not clean up in %s: %s", workspace.path, exc)
-        return
-    try:
-        for name in names:
-            try:
-                os.unlink(name, dir_fd=folder)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                log.warning("export html: could not delete %s in %s: %s", name, workspace.path, exc)
-    finally:
-        os.close(folder)

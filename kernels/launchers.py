@@ -18,6 +18,7 @@ from kernels.gateway import GatewayLauncher
 from kernels.interpreter import inspect_interpreter
 from kernels.launch import Launcher, ResourceLimits
 from kernels.launcher import KernelLauncher
+from kernels.oneshot import OneShot
 from kernels.packages import PackageInstaller
 from kernels.pool import KernelPool
 from kernels.result import KernelStartError, SandboxUnavailableError
@@ -106,6 +107,28 @@ def _network_support(
     except KernelStartError as exc:
         return None, str(exc)
     return network, ""
+
+
+def oneshot_for(settings: KernelSettings, launcher: Launcher) -> OneShot:
+    """(Blocking for a gateway: probes) the runner of the bot's own one-shot work (upload
+    previews, ``export html``), sandboxed like ``launcher``'s kernels.
+
+    Gateway kernels run elsewhere: the one-shots then run on this machine, from
+    ``kernels.python`` in the sandbox ``kernels.sandbox`` asks for, when both are here;
+    otherwise the runner is unavailable and says why (never a weaker sandbox).
+    """
+    if isinstance(launcher, ForkingLauncher):
+        return OneShot(launcher.spawn)
+    if isinstance(launcher, KernelLauncher):
+        return OneShot(launcher)
+    try:
+        local = spawn_launcher(settings)
+    except KernelStartError as exc:  # SandboxUnavailableError included
+        reason = f"no kernel environment or sandbox on the bot's machine ({exc})"
+        log.warning("upload previews and export html are unavailable: %s", reason)
+        return OneShot.unavailable(reason)
+    log.info("gateway kernels: upload previews and export html run on the bot's machine (%s)", local.isolation)
+    return OneShot(local)
 
 
 def package_installer(settings: KernelSettings, launcher: KernelLauncher | GatewayLauncher) -> PackageInstaller | None:

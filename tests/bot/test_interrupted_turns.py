@@ -24,6 +24,7 @@ from bot.commands import Commands
 from bot.dispatcher import FAILURE_NOTICE, INTERRUPTED_NOTICE, QUEUED_NOTICE, RESTART_NOTICE, Dispatcher
 from bot.events import InboundMessage, Outbox, Reply, ThreadKey
 from bot.store import Store
+from kernels.oneshot import OneShot
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat, MemoryOutbox
 
@@ -102,7 +103,7 @@ def turns() -> HeldTurns:
 @pytest.fixture
 def chat(tmp_path: Path, store: Store, turns: HeldTurns) -> MemoryChat:
     settings = make_settings(tmp_path)
-    commands = Commands(store=store, pool=None, settings=settings)  # type: ignore[arg-type]  # help needs no pool
+    commands = Commands(store=store, pool=None, settings=settings, oneshot=OneShot.unavailable("not needed"))  # type: ignore[arg-type]  # help needs no pool
     dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands,  # type: ignore[arg-type]
                             pool=None)  # type: ignore[arg-type]  # one process, SQLite: the pool is never asked
     return MemoryChat(dispatcher)

@@ -20,6 +20,7 @@ from bot.attachments import add_previews, ingest
 from bot.events import Attachment
 from bot.turn import Outputs, collect_outputs
 from kernels import ExecutionResult, KernelPool, KernelSession, Outcome
+from kernels.launchers import oneshot_for
 from tests.fakes.outputs import PeakRss
 from tests.security.conftest import CANARY, HostFiles, Outcomes
 from tests.security.test_attacks import TRY, attack, report
@@ -96,7 +97,7 @@ print(json.dumps({{'swapping': True}}))
 
 
 async def test_upload_renamed_over_by_a_link_while_the_bot_writes_it(
-    attacker: KernelSession, neighbour: KernelSession, host_files: HostFiles, outcomes: Outcomes
+    attacker: KernelSession, neighbour: KernelSession, host_files: HostFiles, outcomes: Outcomes, sandbox_pool: KernelPool
 ) -> None:
     report(await attack(attacker, neighbour, SWAPPER + f"""
 stop = threading.Event()
@@ -119,8 +120,10 @@ print(json.dumps({{'watching': True}}))
             max_bytes=2**20,
         )
         assert [upload.size for upload in intake.saved] == [len(csv)]  # written whole, through its own descriptor
-        # The preview is the kernel's own (sandboxed) reading: whatever the swap left there, never the host file.
-        previews.extend(upload.preview for upload in await add_previews(intake.saved, attacker))
+        # The preview is a one-shot's (sandboxed) reading of the file the bot opened (no link
+        # followed): whatever the swap left there, never the host file.
+        oneshot = oneshot_for(sandbox_pool.settings, sandbox_pool.launcher)
+        previews.extend(upload.preview for upload in await add_previews(intake.saved, attacker.workspace, oneshot))
     await attacker.execute("stop.set()")
     assert len(previews) == 15
     assert host_files.config.read_text() == f"slack:\n  bot_token: {CANARY}\n"  # nothing written through the link
@@ -128,8 +131,8 @@ print(json.dumps({{'watching': True}}))
         assert CANARY not in text, text[:200]
     outcomes.record(
         "rename a symlink to the bot's config over a fresh upload while the bot writes it and the kernel previews it",
-        "contained: every upload written whole through its own descriptor; previews are computed inside the "
-        "sandboxed kernel, which cannot see the bot's config",
+        "contained: every upload written whole through its own descriptor; previews are computed in a "
+        "sandboxed one-shot from the file the bot opened (a link is not followed), which cannot see the bot's config",
     )
 
 

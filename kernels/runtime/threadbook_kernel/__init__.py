@@ -1,8 +1,10 @@
 """Threadbook's code inside the kernel: installed into the kernel environment, never the bot's.
 
-Whatever parses or renders untrusted content (a chart's ``show()``, an uploaded workbook)
-does it here, inside the thread's sandboxed kernel, so a crafted input costs that kernel and
-never the bot. :func:`setup` runs first in every kernel (spawned or forked, before any user
+Whatever parses or renders untrusted content does it here, never in the bot: a thread's own
+outputs (a chart's ``show()``, its snapshot) inside the thread's sandboxed kernel, and what the
+bot needs for itself (upload previews, the ``export html`` page) in a fresh sandboxed one-shot
+process (``python -I -m threadbook_kernel.preview`` / ``.export``) that no thread's code has
+touched. :func:`setup` runs first in every kernel (spawned or forked, before any user
 code): it puts the shared folder of packages installed on demand at the end of ``sys.path``
 and routes every display through :mod:`threadbook_kernel.display` (charts and SVG gain a
 PNG, HTML-only outputs readable text).
@@ -18,8 +20,8 @@ __all__ = ["setup", "workspace_fd"]
 
 #: Set by the launcher: where the kernel sees the shared packages folder (read-only).
 PACKAGES_ENV = "THREADBOOK_PACKAGES_DIR"
-#: The workspace folder (the kernel's starting directory), held open by :func:`setup`: upload
-#: previews (:mod:`threadbook_kernel.preview`) find files there even after user code changed
+#: The workspace folder (the kernel's starting directory), held open by :func:`setup`: the
+#: snapshot (:mod:`threadbook_kernel.snapshot`) finds its files there even after user code changed
 #: directory, and the descriptor follows the folder when a warm kernel is adopted (renamed).
 WORKSPACE_FD: int | None = None
 

@@ -1,14 +1,12 @@
-"""``export html``: the thread's notebook as one self-contained web page, rendered in the kernel.
+"""``export html``: the thread's notebook as one self-contained web page, rendered in a one-shot.
 
-The bot writes the thread's ``.ipynb`` (its own bytes) into the workspace's ``.threadbook``
-folder and asks the thread's kernel, silently, for :func:`for_bot`. The page is made here,
-never in the bot: the outputs in a notebook are whatever the kernel printed, so parsing and
-rendering them (nbconvert, Markdown, HTML sanitising) costs this sandboxed kernel at most.
-
-The render runs in a child process of the kernel (``python -I -m threadbook_kernel.export``):
-nbconvert is never imported into the kernel itself (an idle kernel's memory does not grow, and
-a render that runs out of memory or time costs the child, never the thread's variables), and
-the child is killed when the bot interrupts a render that takes too long.
+The bot builds the thread's ``.ipynb`` from its store (its own bytes), writes it into a fresh
+private scratch folder and runs ``python -I -m threadbook_kernel.export <notebook> <page>
+<max bytes>`` there, in a new sandboxed process that no thread's code has touched
+(``kernels/oneshot.py``); it reads the page back with a size cap. The page is made here, never
+in the bot: the outputs in a notebook are whatever a kernel printed, so parsing and rendering
+them (nbconvert, Markdown, HTML sanitising) costs this sandboxed process at most. It is never
+asked of the thread's kernel, where a cell could have replaced this module.
 
 The page is one file with nothing to fetch: nbconvert's lab template without its scripts
 (require.js, MathJax, Mermaid, the widget manager: every one is loaded from a CDN), images as
@@ -24,25 +22,19 @@ import json
 import os
 import re
 import stat
-import subprocess
 import sys
 import tempfile
 from typing import Any
 
-from threadbook_kernel import workspace_fd
-from threadbook_kernel.answer import Answer, first_line
+from threadbook_kernel.answer import first_line
 
-__all__ = ["for_bot", "render"]
+__all__ = ["render"]
 
-#: Where the bot puts the notebook and takes the page (Threadbook's own folder in the workspace).
-STATE_DIR = ".threadbook"
 #: What a browser may load for the page: nothing from anywhere but the page itself.
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; "
     "base-uri 'none'; form-action 'none'"
 )
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_NAME = re.compile(r"^export-[0-9a-f]{8,64}\.(ipynb|html)$")
 
 #: Which representation of an output is shown, best first. Widgets and JavaScript are left out
 #: (they need scripts; their ``text/plain`` is shown), Mermaid too (nbconvert writes it unescaped).
@@ -211,49 +203,14 @@ def render(notebook: str) -> str:
     return _self_contained(html)
 
 
-# --- the bot's question, and the child process that answers it -----------------------------------
-
-
-def for_bot(source: str, target: str, max_bytes: int, timeout: float) -> Answer:
-    """Render ``.threadbook/<source>`` (a notebook) into ``.threadbook/<target>`` (a new file)
-    in a child process, within ``timeout`` seconds; the page is not written when it would be
-    over ``max_bytes``. Answers ``{"ok": true, "bytes": n}``, ``{"error": "too_big", "bytes": n}``
-    or ``{"error": "failed" | "timeout", "detail": ...}``."""
-    try:
-        folder = _state_dir(source, target)
-    except Exception as exc:  # noqa: BLE001 - one answer whatever went wrong
-        return Answer({"error": "failed", "detail": first_line(exc)})
-    try:
-        child = subprocess.run(
-            [sys.executable, "-I", "-m", "threadbook_kernel.export", str(folder), source, target, str(max_bytes)],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout,
-            pass_fds=(folder,),
-            check=False,
-        )
-    except subprocess.TimeoutExpired:  # run() killed the child
-        return Answer({"error": "timeout", "detail": f"no page after {timeout:g} s"})
-    finally:
-        os.close(folder)
-    try:
-        answer = json.loads(child.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        tail = child.stderr.decode("utf-8", "replace").strip().splitlines()
-        return Answer({"error": "failed", "detail": (tail[-1] if tail else f"exit status {child.returncode}")[:300]})
-    return Answer(answer)
-
-
-def _state_dir(*names: str) -> int:
-    for name in names:
-        if not _NAME.match(name):
-            raise ValueError(f"not an export file name: {name!r}")
-    return os.open(STATE_DIR, _DIR_FLAGS, dir_fd=workspace_fd())
+# --- the one-shot's entry point -----------------------------------------------------------------
 
 
 def _main(argv: list[str]) -> dict[str, Any]:
-    folder, source, target, max_bytes = int(argv[0]), argv[1], argv[2], int(argv[3])
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+    """Render the notebook file ``argv[0]`` of the current folder into the new file ``argv[1]``,
+    unless the page is over ``argv[2]`` bytes."""
+    source, target, max_bytes = argv[0], argv[1], int(argv[2])
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as file:
         if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
             raise ValueError("the notebook is not a regular file")
@@ -262,7 +219,7 @@ def _main(argv: list[str]) -> dict[str, Any]:
     if len(page) > max_bytes:
         return {"error": "too_big", "bytes": len(page)}
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    out = os.open(target, flags, 0o644, dir_fd=folder)
+    out = os.open(target, flags, 0o644)
     with os.fdopen(out, "wb") as file:
         file.write(page)
     return {"ok": True, "bytes": len(page)}

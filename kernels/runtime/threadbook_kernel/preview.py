@@ -1,13 +1,15 @@
-"""Previews of uploaded files, computed inside the thread's (sandboxed) kernel.
+"""Previews of uploaded files, computed in a one-shot sandboxed process (never in the bot).
 
-The bot asks for them with a silent user expression (``for_bot(name)``) right after an upload
-is saved: the model gets a few lines per file (CSV columns and dtypes, with the delimiter and
-encoding sniffed; Excel sheets; JSON shape; Parquet schema; image size) without the bot ever
-parsing untrusted bytes. Every reader here is bounded: at most :data:`READ_BYTES` of a text
-file, Excel only through openpyxl's streaming reader and only when no part of the workbook
-unpacks to more than :data:`EXCEL_PART_MAX`, Parquet through its footer, images through their
-header (never decoded). A crafted file can still cost this kernel (it is the thread's own,
-under its limits); the bot interrupts a preview that takes too long.
+The bot opens each upload itself (no link followed) and runs ``python -I -m
+threadbook_kernel.preview <fd> <name>`` in a fresh sandbox (``kernels/oneshot.py``) with that
+descriptor inherited: no thread's code has run in that process, and the file read is the one
+the bot checked. The model gets a few lines per file (CSV columns and dtypes, with the
+delimiter and encoding sniffed; Excel sheets; JSON shape; Parquet schema; image size), printed
+as one JSON string. Every reader here is bounded: at most :data:`READ_BYTES` of a text file,
+Excel only through openpyxl's streaming reader and only when no part of the workbook unpacks
+to more than :data:`EXCEL_PART_MAX`, Parquet through its footer, images through their header
+(never decoded). A crafted file can still cost this process (under the kernels' limits); the
+bot kills a preview that takes too long.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import mimetypes
 import os
 import re
 import stat
+import sys
 import warnings
 import xml.etree.ElementTree as ElementTree
 import zipfile
@@ -30,10 +33,9 @@ from itertools import islice
 from pathlib import PurePosixPath
 from typing import IO, Any
 
-from threadbook_kernel import workspace_fd
-from threadbook_kernel.answer import Answer, first_line, human_size
+from threadbook_kernel.answer import first_line, human_size
 
-__all__ = ["for_bot", "preview"]
+__all__ = ["preview"]
 
 #: Bytes a preview reads at most from a text file (CSV, JSON, plain text).
 READ_BYTES = 4 * 2**20
@@ -68,17 +70,12 @@ _CP1252_RANGE = frozenset(range(0x80, 0xA0))
 _DECIMAL_COMMA = re.compile(r"^-?\d+,\d+$")
 
 
-def for_bot(name: str) -> Answer:
-    """The preview of the workspace file ``name``, wrapped for the bot's user expression."""
-    return Answer(preview(name))
-
-
-def preview(name: str) -> str:
-    """A short, model-readable summary of the workspace file ``name``; never raises (except
-    ``KeyboardInterrupt``: the bot interrupts a preview that takes too long)."""
+def preview(fd: int, name: str) -> str:
+    """A short, model-readable summary of the open file ``fd`` (``name``: what it is called,
+    for its kind); never raises. ``fd`` is closed."""
     try:
-        # Quietly: a library's warning here would also silence the same warning in user code later.
-        with warnings.catch_warnings(), _open(name) as (file, size):
+        # Quietly: a library's warning is no part of a preview.
+        with warnings.catch_warnings(), _open(fd) as (file, size):
             warnings.simplefilter("ignore")
             text = _preview(file, name, size)
     except Exception as exc:  # noqa: BLE001 - a preview must never break the turn
@@ -89,12 +86,8 @@ def preview(name: str) -> str:
 
 
 @contextmanager
-def _open(name: str) -> Iterator[tuple[IO[bytes], int]]:
-    """``name`` in the workspace (a plain name, no link followed), opened for reading."""
-    if not name or "/" in name or name in (".", ".."):
-        raise ValueError(f"not a file name in the workspace: {name!r}")
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    fd = os.open(name, flags, dir_fd=workspace_fd())
+def _open(fd: int) -> Iterator[tuple[IO[bytes], int]]:
+    """The regular file open at ``fd``, read from its start (closed at the end)."""
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -104,6 +97,7 @@ def _open(name: str) -> Iterator[tuple[IO[bytes], int]]:
         os.close(fd)
         raise
     with file:
+        file.seek(0)
         yield file, info.st_size
 
 
@@ -460,3 +454,7 @@ def _head_lines(text: str) -> str:
 def _kind(name: str) -> str:
     mime, _ = mimetypes.guess_type(PurePosixPath(name).name)
     return f"file ({mime})" if mime else "file of unknown type"
+
+
+if __name__ == "__main__":
+    print(json.dumps(preview(int(sys.argv[1]), sys.argv[2])))

@@ -1,0 +1,355 @@
+"""One-shot processes for the bot's own work: fresh, sandboxed, bounded, touched by no thread.
+
+What the bot needs computed for itself from untrusted data (an upload's preview, the page of
+``export html``) is never asked of the thread's kernel: code that ran there may have replaced
+any function the bot would call. Instead :class:`OneShot` starts a new process of the kernel
+interpreter, isolated (``python -I -m threadbook_kernel.<module> ...``: no ``PYTHONPATH``, no
+user site, not the current folder on ``sys.path``), in the same sandbox as the kernels of its
+launcher, from data the bot holds:
+
+* **sandbox**: bubblewrap with the kernels' read-only system binds, no network, its own
+  pid namespace and (as root) an unprivileged uid of its own, the kernels' rlimits through
+  ``prlimit`` (:func:`kernels.sandbox.args.sandbox_args`); with ``kernels.sandbox: none`` a
+  plain child with the same environment allow-list and rlimits. Either way it gets a cgroup
+  of its own where the host allows one, the kernels' environment without the shared packages
+  folder (never on its ``sys.path``), and a fresh private scratch folder (``/workspace``
+  inside the sandbox) that no thread's kernel can see;
+* **input**: files the bot writes into the scratch folder (:meth:`Job.write`), and at most
+  one file descriptor the bot opened itself (inherited: the child reads the file the bot
+  checked, never a path a kernel could swap);
+* **bounds**: killed at its deadline and once its standard output passes its cap (every
+  process of it: its process tree, its process group, its cgroup, the sandbox's pid
+  namespace); what it writes is read back through :mod:`kernels.safefs` with a size cap.
+
+Gateway deployments have no local kernel launcher: :func:`kernels.launchers.oneshot_for`
+builds one for the bot's machine when the kernel environment is there, else an
+:meth:`OneShot.unavailable` one whose every run raises :class:`OneShotUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import resource
+import shutil
+import signal
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from kernels import safefs
+from kernels.cgroups import KernelCgroup
+from kernels.launch import LaunchPlan
+from kernels.launcher import PACKAGES_ENV, KernelLauncher, child_setup
+from kernels.options import KernelOptions
+from kernels.result import KernelError
+from kernels.sandbox.args import sandbox_args
+from kernels.sandbox.identity import prepare_run_dir
+from kernels.sandbox.launcher import BwrapLauncher
+
+log = logging.getLogger(__name__)
+
+#: Scratch folders are named ``oneshot-<id>`` under the launcher's run root.
+ONESHOT_PREFIX = "oneshot-"
+#: The modules of the kernel-side package a one-shot may run (``threadbook_kernel.<name>``).
+MODULES = frozenset({"export", "preview"})
+#: One-shots running at once; more wait their turn (they are short, and each costs a core).
+MAX_RUNNING = max(2, os.cpu_count() or 1)
+#: The end of a one-shot's standard error kept for the log.
+ERRORS_KEPT = 4096
+#: How long a killed run's output pipe may take to close.
+REAP_TIMEOUT_S = 5.0
+_CHUNK = 65536
+
+
+class OneShotUnavailableError(KernelError):
+    """No one-shot can run on this machine (a gateway deployment without a local kernel
+    environment or sandbox); the message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class OneShotResult:
+    """How one run ended."""
+
+    #: Its exit status (negative: the signal); None when the bot killed it.
+    exit_code: int | None
+    #: Its standard output, at most the run's ``max_output`` bytes.
+    output: bytes
+    #: Whether it wrote more than ``max_output`` (it was killed then).
+    cut: bool
+    #: Whether it was killed at its deadline.
+    timed_out: bool
+    #: The end of its standard error (for the log; untrusted text).
+    errors: str
+
+    @property
+    def ok(self) -> bool:
+        """It exited by itself with status 0, its output whole."""
+        return self.exit_code == 0 and not self.cut and not self.timed_out
+
+
+class OneShot:
+    """Runs ``threadbook_kernel`` modules in fresh processes sandboxed like ``launcher``'s kernels."""
+
+    def __init__(self, launcher: KernelLauncher | None, *, reason: str = "") -> None:
+        """``launcher``: the local (spawning) launcher whose interpreter, sandbox, limits,
+        run root and cgroups one-shots share; None: unavailable, for ``reason``."""
+        self._launcher = launcher
+        self._reason = reason
+        self._running = asyncio.Semaphore(MAX_RUNNING)
+
+    @classmethod
+    def unavailable(cls, reason: str) -> OneShot:
+        """A runner whose every run raises :class:`OneShotUnavailableError` saying ``reason``."""
+        return cls(None, reason=reason)
+
+    @property
+    def available(self) -> bool:
+        """Whether runs can happen here."""
+        return self._launcher is not None
+
+    @property
+    def sandboxed(self) -> bool:
+        """Whether runs happen inside bubblewrap."""
+        return isinstance(self._launcher, BwrapLauncher)
+
+    @contextlib.asynccontextmanager
+    async def job(self) -> AsyncIterator[Job]:
+        """A fresh scratch folder for one or more runs, removed (with anything left in it) at the end."""
+        launcher = self._launcher
+        if launcher is None:
+            raise OneShotUnavailableError(self._reason)
+        plan = _plan(launcher)
+        await asyncio.to_thread(_make_scratch, launcher, plan)
+        try:
+            yield Job(self, launcher, plan)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, plan.run_dir.parent, True)
+
+    async def run(
+        self, module: str, args: Sequence[str], *, timeout: float, max_output: int, fd: int | None = None
+    ) -> OneShotResult:
+        """Run ``threadbook_kernel.<module>`` with ``args`` in a job of its own (see :meth:`Job.run`)."""
+        async with self.job() as job:
+            return await job.run(module, args, timeout=timeout, max_output=max_output, fd=fd)
+
+
+class Job:
+    """A one-shot's scratch folder (``/workspace`` of its runs) and the runs in it."""
+
+    def __init__(self, runner: OneShot, launcher: KernelLauncher, plan: LaunchPlan) -> None:
+        self._runner = runner
+        self._launcher = launcher
+        self.plan = plan
+
+    def write(self, name: str, data: bytes) -> None:
+        """(Blocking) ``data`` as the new file ``name`` of the scratch folder, readable by the runs."""
+        folder = safefs.open_dir(self.plan.workspace)
+        try:
+            fd = safefs.create_file_at(folder, name, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+        finally:
+            os.close(folder)
+
+    def read(self, name: str, max_bytes: int) -> bytes | None:
+        """(Blocking) the file ``name`` a run wrote, through a descriptor (no link followed, a
+        regular file only); None when it is larger than ``max_bytes``."""
+        with safefs.open_file(self.plan.workspace, name) as file:
+            if file.size > max_bytes:
+                return None
+            data = file.read(max_bytes)
+        if len(data) != file.size:
+            raise OSError(f"{name} changed while it was read")
+        return data
+
+    async def run(
+        self, module: str, args: Sequence[str], *, timeout: float, max_output: int, fd: int | None = None
+    ) -> OneShotResult:
+        """Run ``python -I -m threadbook_kernel.<module> *args`` in the scratch folder; ``fd``
+        (the bot's own descriptor) is inherited under its number. Killed, with every process
+        it started, after ``timeout`` seconds or once its standard output passes ``max_output``
+        bytes; never raises for what the child did."""
+        if module not in MODULES:
+            raise ValueError(f"not a one-shot module: {module!r}")
+        return await self.run_python(["-m", f"threadbook_kernel.{module}", *args], timeout=timeout,
+                                     max_output=max_output, fd=fd)  # fmt: skip
+
+    async def run_python(
+        self, python_args: Sequence[str], *, timeout: float, max_output: int, fd: int | None = None
+    ) -> OneShotResult:
+        """:meth:`run` with the interpreter's own arguments after ``-I`` (tests run ``-c`` code)."""
+        argv = [str(self._launcher.python.executable), "-I", *python_args]
+        async with self._runner._running:
+            return await _run(self._launcher, self.plan, argv, timeout=timeout, max_output=max_output, fd=fd)
+
+
+def _plan(launcher: KernelLauncher) -> LaunchPlan:
+    """A launch plan for one job: a fresh scratch folder as the workspace, no data folder, no
+    network, no shared packages, the kernels' limits and (sandboxed) a uid of its own."""
+    job_id = uuid.uuid4().hex[:12]
+    base = launcher.run_root / f"{ONESHOT_PREFIX}{job_id}"
+    workspace, run_dir = base / "work", base / "run"
+    environment = launcher.environment(workspace, run_dir, KernelOptions())
+    environment.pop(PACKAGES_ENV, None)
+    if not isinstance(launcher, BwrapLauncher):  # caches in the job's folder, not the kernels' shared one
+        environment["MPLCONFIGDIR"] = str(workspace / ".cache" / "matplotlib")
+        environment["XDG_CACHE_HOME"] = str(workspace / ".cache")
+    return LaunchPlan(
+        kernel_id=f"{ONESHOT_PREFIX}{job_id}",
+        workspace=workspace,
+        run_dir=run_dir,
+        environment=environment,
+        limits=launcher.limits,
+        data_dir=None,
+        network=False,
+        packages_dir=None,
+        identity=launcher.identity(workspace),
+    )
+
+
+def _make_scratch(launcher: KernelLauncher, plan: LaunchPlan) -> None:
+    """(Blocking) the job's folder (0700, new), its workspace and run dir, handed to its uid."""
+    launcher.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    plan.run_dir.parent.mkdir(mode=0o700)
+    plan.workspace.mkdir(mode=0o700)
+    plan.run_dir.mkdir(mode=0o700)
+    prepare_run_dir(plan)
+
+
+def _command(launcher: KernelLauncher, plan: LaunchPlan, argv: list[str]) -> list[str]:
+    if isinstance(launcher, BwrapLauncher):
+        return [*sandbox_args(launcher.support, plan), *argv]
+    return argv
+
+
+def _preexec(launcher: KernelLauncher, plan: LaunchPlan, cgroup: KernelCgroup | None) -> Callable[[], None]:
+    """Between fork and exec: the cgroup, keyring and OOM score of a kernel; without the
+    sandbox (whose ``prlimit`` sets them inside) the rlimits too."""
+    setup = child_setup(cgroup)
+    limits = () if isinstance(launcher, BwrapLauncher) else plan.limits.rlimits()
+
+    def preexec() -> None:
+        setup()
+        for limit, value in limits:
+            resource.setrlimit(limit, (value, value))
+
+    return preexec
+
+
+async def _run(
+    launcher: KernelLauncher, plan: LaunchPlan, argv: list[str], *, timeout: float, max_output: int, fd: int | None
+) -> OneShotResult:
+    cgroup = await _make_cgroup(launcher, plan)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *_command(launcher, plan, argv),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=plan.workspace,
+            env=dict(plan.environment),
+            start_new_session=True,  # its own process group, killed whole
+            pass_fds=() if fd is None else (fd,),
+            preexec_fn=_preexec(launcher, plan, cgroup),
+        )
+    except BaseException:
+        if cgroup is not None:
+            await asyncio.to_thread(cgroup.remove)
+        raise
+    assert process.stdout is not None and process.stderr is not None
+    errors = asyncio.create_task(_tail(process.stderr, ERRORS_KEPT))
+    timed_out = cut = False
+    chunks: list[bytes] = []  # what came before a deadline is kept
+    try:
+        try:
+            async with asyncio.timeout(timeout):
+                cut = await _bounded(process.stdout, max_output, chunks)
+                if not cut:
+                    await process.wait()
+        except TimeoutError:
+            timed_out = True
+    finally:
+        exit_code = process.returncode if not (timed_out or cut) else None
+        await _kill(process, process.stdout, cgroup)
+        try:
+            error_text = await asyncio.wait_for(errors, 1.0)
+        except TimeoutError:
+            error_text = ""
+    if timed_out or cut:
+        log.warning("one-shot %s: %s", " ".join(argv[2:4])[:80], "killed at its deadline" if timed_out else "output over its cap")
+    return OneShotResult(exit_code=exit_code, output=b"".join(chunks), cut=cut, timed_out=timed_out, errors=error_text)
+
+
+async def _make_cgroup(launcher: KernelLauncher, plan: LaunchPlan) -> KernelCgroup | None:
+    cgroups = launcher.cgroups
+    if cgroups is None or not cgroups.enabled:
+        return None
+    return await asyncio.to_thread(cgroups.create, plan.kernel_id)
+
+
+async def _bounded(stream: asyncio.StreamReader, limit: int, chunks: list[bytes]) -> bool:
+    """Append what ``stream`` gives to ``chunks`` until its end, at most ``limit`` bytes in
+    all; True when there was more."""
+    total = 0
+    while chunk := await stream.read(_CHUNK):
+        if total + len(chunk) > limit:
+            chunks.append(chunk[: limit - total])
+            return True
+        chunks.append(chunk)
+        total += len(chunk)
+    return False
+
+
+async def _tail(stream: asyncio.StreamReader, keep: int) -> str:
+    """The last ``keep`` bytes of ``stream`` (all of it is read, so the child never blocks on it)."""
+    kept = b""
+    while chunk := await stream.read(_CHUNK):
+        kept = (kept + chunk)[-keep:]
+    return kept.decode("utf-8", "replace")
+
+
+async def _kill(process: asyncio.subprocess.Process, stdout: asyncio.StreamReader, cgroup: KernelCgroup | None) -> None:
+    """SIGKILL every process of the run (whether or not it ended: what it left running goes
+    too), wait for the child, remove its cgroup."""
+    await asyncio.to_thread(_kill_tree, process.pid)
+    if process.returncode is None:
+        # os.kill, not Process.kill: Popen.send_signal polls first and would reap the child
+        # from under asyncio's child watcher.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+    # asyncio's wait() ends only once the pipes are closed too: what is left unread is drained
+    # (a full, unread pipe never reports its end). Both are bounded: a writer that escaped
+    # every kill (unsandboxed, no cgroup) could hold the pipe open.
+    try:
+        async with asyncio.timeout(REAP_TIMEOUT_S):
+            while await stdout.read(_CHUNK):
+                pass
+            await process.wait()
+    except TimeoutError:
+        log.error("one-shot pid %d: its output pipe is still open after it was killed", process.pid)
+    if cgroup is not None:
+        await asyncio.to_thread(cgroup.remove)
+
+
+def _kill_tree(pid: int) -> None:
+    """(Blocking) SIGKILL ``pid``'s descendants (bwrap's pid namespace, children that left the
+    group) and its process group."""
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    for proc in descendants:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

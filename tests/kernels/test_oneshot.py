@@ -1,0 +1,168 @@
+"""One-shot processes (:mod:`kernels.oneshot`): real processes, plain and inside bubblewrap.
+
+Each bound is checked from outside: the process list (psutil) after a run past its deadline,
+the bytes that came back from a run that writes too much, and, inside the sandbox, what a
+one-shot can reach (a listener on the host's loopback, the bot's environment, a workspace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kernels.gateway import GatewayLauncher
+from kernels.launchers import oneshot_for, spawn_launcher
+from kernels.oneshot import ONESHOT_PREFIX, OneShot, OneShotUnavailableError
+from tests.kernels.conftest import kernel_settings
+from tests.security.conftest import SKIP_REASON
+
+SANDBOXES = ["none", pytest.param("bwrap", marks=pytest.mark.skipif(bool(SKIP_REASON), reason=SKIP_REASON or ""))]
+
+
+def runner(root: Path, sandbox: str) -> OneShot:
+    return OneShot(spawn_launcher(kernel_settings(root, sandbox=sandbox)))
+
+
+def marked(marker: str, *, python_only: bool = False) -> list[psutil.Process]:
+    """Processes whose command line carries ``marker`` (bwrap's too, unless ``python_only``)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "name"]):
+        try:
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                if not python_only or (proc.info["name"] or "").startswith("python"):
+                    found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def scratch_folders(root: Path) -> list[str]:
+    run_root = root / f"threadbook-{os.getuid()}"
+    return [name for name in os.listdir(run_root) if name.startswith(ONESHOT_PREFIX)] if run_root.is_dir() else []
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A TCP listener on the host's 127.0.0.1 (its port)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        yield server.getsockname()[1]
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+async def test_a_run_past_its_deadline_is_killed_with_everything_it_started(tmp_path: Path, sandbox: str) -> None:
+    oneshot = runner(tmp_path, sandbox)
+    marker = f"tb-oneshot-{os.urandom(4).hex()}"
+    # A child that leaves the process group, and the main process: both sleep forever.
+    code = textwrap.dedent(f"""
+        import os, subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "{marker}"], start_new_session=True)
+        print("started", flush=True)
+        time.sleep(600)
+    """)
+    async with oneshot.job() as job:
+        run = asyncio.create_task(job.run_python(["-c", code, marker], timeout=3, max_output=1000))
+        while not run.done() and len(marked(marker, python_only=True)) < 2:
+            await asyncio.sleep(0.05)
+        assert len(marked(marker, python_only=True)) == 2, "both processes should run before the deadline"
+        result = await run
+    assert result.timed_out and result.exit_code is None and not result.ok
+    assert result.output == b"started\n"
+    assert marked(marker) == []
+    assert scratch_folders(tmp_path) == []
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+async def test_output_past_the_cap_is_cut_and_the_run_killed(tmp_path: Path, sandbox: str) -> None:
+    oneshot = runner(tmp_path, sandbox)
+    marker = f"tb-oneshot-{os.urandom(4).hex()}"
+    code = "import sys\nwhile True: sys.stdout.write('x' * 65536)"
+    async with oneshot.job() as job:
+        result = await job.run_python(["-c", code, marker], timeout=60, max_output=100_000)
+    assert result.cut and not result.timed_out and not result.ok
+    assert result.output == b"x" * 100_000
+    assert marked(marker) == []
+
+
+async def test_a_run_reads_the_descriptor_the_bot_opened_and_writes_only_its_scratch_folder(tmp_path: Path) -> None:
+    oneshot = runner(tmp_path, "none")
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,2\n")
+    fd = os.open(data, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        result = await oneshot.run("preview", [str(fd), "data.csv"], timeout=60, max_output=10_000, fd=fd)
+    finally:
+        os.close(fd)
+    assert result.ok, result.errors
+    assert b"CSV, 1 rows" in result.output
+    with pytest.raises(ValueError):
+        await oneshot.run("snapshot", [], timeout=5, max_output=10)
+    assert scratch_folders(tmp_path) == []
+
+
+async def test_an_unavailable_runner_says_why() -> None:
+    oneshot = OneShot.unavailable("no kernel environment here")
+    assert not oneshot.available
+    with pytest.raises(OneShotUnavailableError, match="no kernel environment here"):
+        await oneshot.run("preview", ["3", "x.csv"], timeout=5, max_output=10)
+
+
+@pytest.mark.skipif(bool(SKIP_REASON), reason=SKIP_REASON or "")
+async def test_inside_the_sandbox_no_network_no_bot_environment_no_other_workspace(
+    tmp_path: Path, listener: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-oneshot-canary")
+    other = tmp_path / "workspaces" / "someone-else"
+    other.mkdir(parents=True)
+    (other / "secret.txt").write_text("TOP SECRET")
+    oneshot = runner(tmp_path, "bwrap")
+    assert oneshot.sandboxed
+    code = textwrap.dedent(f"""
+        import json, os, socket
+        seen = {{}}
+        try:
+            socket.create_connection(("127.0.0.1", {listener}), timeout=2).close()
+            seen["connect"] = "connected"
+        except OSError as exc:
+            seen["connect"] = type(exc).__name__
+        seen["environ"] = "xoxb-oneshot-canary" in repr(os.environ)
+        procs = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                procs.append(open(f"/proc/{{pid}}/environ", "rb").read())
+            except OSError:
+                pass
+        seen["proc_environ"] = any(b"xoxb-oneshot-canary" in p for p in procs)
+        seen["other"] = os.path.exists({str(other / "secret.txt")!r})
+        seen["uid"] = os.getuid()
+        print(json.dumps(seen))
+    """)
+    async with oneshot.job() as job:
+        result = await job.run_python(["-c", code], timeout=30, max_output=10_000)
+    assert result.ok, result.errors
+    seen = __import__("json").loads(result.output)
+    assert seen["connect"] != "connected"
+    assert seen == {**seen, "environ": False, "proc_environ": False, "other": False}
+    assert seen["uid"] != os.getuid()
+
+
+async def test_gateway_kernels_run_one_shots_locally_or_say_they_cannot(tmp_path: Path) -> None:
+    gateway = {"url": "http://127.0.0.1:9"}
+    settings = kernel_settings(tmp_path, gateway=gateway)
+    local = oneshot_for(settings, GatewayLauncher(settings))
+    assert local.available and not local.sandboxed  # sandbox: none here, as the settings say
+    async with local.job() as job:
+        assert (await job.run_python(["-c", "print(6 * 7)"], timeout=30, max_output=100)).output == b"42\n"
+    missing = kernel_settings(tmp_path, gateway=gateway, python=tmp_path / "no-such-python")
+    unavailable = oneshot_for(missing, GatewayLauncher(missing))
+    assert not unavailable.available
+    with pytest.raises(OneShotUnavailableError, match="no kernel environment or sandbox on the bot's machine"):
+        await unavailable.run("preview", ["3", "x.csv"], timeout=5, max_output=10)
