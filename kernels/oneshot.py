@@ -54,7 +54,7 @@ from kernels.sandbox.launcher import BwrapLauncher
 
 log = logging.getLogger(__name__)
 
-#: Scratch folders are named ``oneshot-<id>`` under the launcher's run root.
+#: Scratch folders are named ``oneshot-<bot pid>-<id>`` under the launcher's run root.
 ONESHOT_PREFIX = "oneshot-"
 #: The modules of the kernel-side package a one-shot may run (``threadbook_kernel.<name>``).
 MODULES = frozenset({"export", "preview"})
@@ -97,8 +97,11 @@ class OneShot:
     """Runs ``threadbook_kernel`` modules in fresh processes sandboxed like ``launcher``'s kernels."""
 
     def __init__(self, launcher: KernelLauncher | None, *, reason: str = "") -> None:
-        """``launcher``: the local (spawning) launcher whose interpreter, sandbox, limits,
-        run root and cgroups one-shots share; None: unavailable, for ``reason``."""
+        """(Blocking) ``launcher``: the local (spawning) launcher whose interpreter, sandbox,
+        limits, run root and cgroups one-shots share; None: unavailable, for ``reason``.
+        Scratch folders a bot process that is gone left behind are removed."""
+        if launcher is not None:
+            _remove_stale(launcher.run_root)
         self._launcher = launcher
         self._reason = reason
         self._running = asyncio.Semaphore(MAX_RUNNING)
@@ -196,7 +199,7 @@ class Job:
 def _plan(launcher: KernelLauncher) -> LaunchPlan:
     """A launch plan for one job: a fresh scratch folder as the workspace, no data folder, no
     network, no shared packages, the kernels' limits and (sandboxed) a uid of its own."""
-    job_id = uuid.uuid4().hex[:12]
+    job_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
     base = launcher.run_root / f"{ONESHOT_PREFIX}{job_id}"
     workspace, run_dir = base / "work", base / "run"
     environment = launcher.environment(workspace, run_dir, KernelOptions())
@@ -215,6 +218,19 @@ def _plan(launcher: KernelLauncher) -> LaunchPlan:
         packages_dir=None,
         identity=launcher.identity(workspace),
     )
+
+
+def _remove_stale(run_root: Path) -> None:
+    """(Blocking) remove the scratch folders of bot processes that no longer run (a bot that
+    was killed mid-run); another live bot's, on the same host and run root, are kept."""
+    try:
+        entries = list(os.scandir(run_root))
+    except OSError:
+        return
+    for entry in entries:
+        owner = entry.name.removeprefix(ONESHOT_PREFIX).split("-", 1)[0]
+        if entry.name.startswith(ONESHOT_PREFIX) and owner.isdigit() and not psutil.pid_exists(int(owner)):
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _make_scratch(launcher: KernelLauncher, plan: LaunchPlan) -> None:

@@ -27,7 +27,7 @@ SANDBOXES = ["none", pytest.param("bwrap", marks=pytest.mark.skipif(bool(SKIP_RE
 
 
 def runner(root: Path, sandbox: str) -> OneShot:
-    return OneShot(spawn_launcher(kernel_settings(root, sandbox=sandbox)))
+    return OneShot(spawn_launcher(kernel_settings(root, sandbox=sandbox), run_root=root))
 
 
 def marked(marker: str, *, python_only: bool = False) -> list[psutil.Process]:
@@ -166,3 +166,12 @@ async def test_gateway_kernels_run_one_shots_locally_or_say_they_cannot(tmp_path
     assert not unavailable.available
     with pytest.raises(OneShotUnavailableError, match="no kernel environment or sandbox on the bot's machine"):
         await unavailable.run("preview", ["3", "x.csv"], timeout=5, max_output=10)
+
+
+def test_scratch_folders_of_a_bot_that_is_gone_are_removed(tmp_path: Path) -> None:
+    run_root = tmp_path / f"threadbook-{os.getuid()}"
+    gone = 2**22 + 1  # above the largest pid_max: no process has it
+    (run_root / f"{ONESHOT_PREFIX}{gone}-abc" / "work").mkdir(parents=True)
+    (run_root / f"{ONESHOT_PREFIX}{os.getpid()}-def" / "work").mkdir(parents=True)
+    runner(tmp_path, "none")
+    assert scratch_folders(tmp_path) == [f"{ONESHOT_PREFIX}{os.getpid()}-def"]
