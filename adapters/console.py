@@ -6,9 +6,15 @@ code block). Replies go to stdout; images and files are saved under the output f
 announced as ``saved: PATH`` lines. When stdin is not a terminal there are no prompts and the
 console exits after answering the last line at EOF, so scripts can drive it through a pipe.
 
+On a terminal (:mod:`adapters.console_terminal`) lines are edited and remembered per thread,
+answers are rendered Markdown, each step's code and output show while it runs (``quiet``: one
+line per step), and the ``--thread`` name to resume is printed on exit; ``thread_folders``
+saves each thread's files in a folder of its own. Through a pipe everything is plain text.
+
 Ctrl-C during a turn stops it (as the Stop button does); Ctrl-C again, Ctrl-C at the prompt,
-or Ctrl-D quits. Terminal input is read through the event loop (``add_reader``), never by a
-thread blocked in ``readline``, so quitting never waits for Enter.
+or Ctrl-D quits. Input is read through the event loop (prompt_toolkit on a terminal,
+``add_reader`` on a pipe), never by a thread blocked in ``readline``, so quitting never waits
+for Enter.
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from adapters.console_terminal import Terminal
 from adapters.tasks import BackgroundTasks
 from bot.dispatcher import Dispatcher
-from bot.events import Attachment, InboundMessage, OpenReader, Reply, ThreadKey
+from bot.events import Attachment, CellProgress, InboundMessage, OpenReader, Reply, ThreadKey
 from bot.safetext import shown
 
 log = logging.getLogger(__name__)
@@ -45,6 +52,8 @@ CHUNK = 256 * 1024
 _NAME_MAX_BYTES = 200  # below NAME_MAX (255), leaving room for a "-N" counter
 _MAX_NAME_TRIES = 1000
 BLOCK_FENCE = '"""'
+#: What was typed in a thread, beside its saved files (terminal only).
+HISTORY_NAME = ".history"
 HELP_LINE = (
     'Type a question, `/attach FILE`, or `help`; paste several lines between two lines of just `"""`. '
     "Ctrl-C stops an answer; Ctrl-C at the prompt or Ctrl-D quits."
@@ -176,6 +185,9 @@ class _ConsoleProgress:
     async def update(self, status: str) -> None:
         self._console.status(status)
 
+    async def cell(self, cell: CellProgress) -> None:
+        self._console.cell(cell)
+
     async def finish(self, ok: bool) -> None:
         self._console.status("done" if ok else "stopped" if self._console.stopping else "failed")
 
@@ -199,14 +211,21 @@ class ConsoleAdapter:
         stdout: TextIO = sys.stdout,
         stderr: TextIO = sys.stderr,
         log_path: Path | None = None,
+        quiet: bool = False,
+        thread_folders: bool = False,
     ) -> None:
+        """``quiet``: on a terminal, one line per step instead of its code and output;
+        ``thread_folders``: files go to a folder of the thread's own under ``out_dir``."""
         self._dispatcher = dispatcher
-        self._out_dir = out_dir
         self.key = ThreadKey("console", "local", "console", thread or time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6])
+        self._out_dir = out_dir / _disk_name(self.key.thread) if thread_folders else out_dir
         self._stdin = stdin
         self._stdout = stdout
         self._stderr = stderr
         self._interactive = stdin.isatty()
+        self._terminal = (
+            Terminal(stdin, stdout, history=self._out_dir / HISTORY_NAME, show_code=not quiet) if self._interactive else None
+        )
         self._log_path = log_path
         self._quit = asyncio.Event()
         self._quitting = False  # the person quit: nothing more is printed
@@ -217,16 +236,18 @@ class ConsoleAdapter:
     async def run(self) -> None:
         """Answer messages until EOF (Ctrl-D) or a quit (Ctrl-C at the prompt, or twice in a turn)."""
         reader = _LineReader(self._stdin)
-        if self._interactive:
-            self._say(f"Threadbook console — thread `{self.key.thread}`. {HELP_LINE}")
-            if self._log_path is not None:
-                self._say(f"Log: {self._log_path}")
-        elif self._log_path is not None:  # input from a pipe, answers on a terminal
+        if self._terminal is not None:
+            with self._terminal.attached(), self._interrupts():
+                self._say(f"Threadbook console — thread {self.key.thread}. {HELP_LINE}")
+                if self._log_path is not None:
+                    self._say(f"Log: {self._log_path}")
+                await self._converse(reader)
+            self._say(f"Resume this thread with: python -m bot console --thread {shlex.quote(self.key.thread)}")
+            return
+        if self._log_path is not None:  # input from a pipe, answers on a terminal
             print(f"Log: {self._log_path}", file=self._stderr, flush=True)
         with self._interrupts():
             await self._converse(reader)
-        if self._quitting and self._interactive:
-            self._say("")  # the shell's prompt starts on a line of its own, not after "^C"
 
     async def _converse(self, reader: _LineReader) -> None:
         pending: list[Attachment] = []
@@ -268,6 +289,8 @@ class ConsoleAdapter:
 
     async def _read(self, reader: _LineReader, prompt: str) -> str | None:
         """The next line without its newline; None at EOF or when the person quits."""
+        if self._terminal is not None:
+            return await self._terminal.read(prompt)
         if self._interactive and not reader.pending():
             self._stdout.write(prompt)
             self._stdout.flush()
@@ -359,14 +382,21 @@ class ConsoleAdapter:
     # Outbox
     async def notify(self, text: str) -> None:
         """Print a notice (nothing once the person quit)."""
-        if not self._quitting:
+        if self._quitting:
+            return
+        if self._terminal is not None:
+            self._terminal.markdown(text)
+        else:
             self._say(text)
 
     async def post(self, reply: Reply) -> None:
         """Print the reply text; save images and files under the output folder."""
         if self._quitting:
             return
-        self._say(reply.text)
+        if self._terminal is not None:
+            self._terminal.markdown(reply.text)
+        else:
+            self._say(reply.text)
         if not (reply.images or reply.files):
             return
         outputs: list[tuple[str, OpenReader]] = [
@@ -387,11 +417,19 @@ class ConsoleAdapter:
 
     def status(self, text: str) -> None:
         """Show a progress line when a person is watching."""
-        if self._interactive and not self._quitting:
-            print(f"  … {text}", file=self._stderr, flush=True)
+        if self._terminal is not None and not self._quitting:
+            self._terminal.status(text)
+
+    def cell(self, cell: CellProgress) -> None:
+        """Show the running cell (its code and output as it runs) when a person is watching."""
+        if self._terminal is not None and not self._quitting:
+            self._terminal.cell(cell)
 
     def _say(self, text: str) -> None:
-        print(text, file=self._stdout, flush=True)
+        if self._terminal is not None:
+            self._terminal.say(text)
+        else:
+            print(text, file=self._stdout, flush=True)
 
     def _save(self, name: str, open_reader: OpenReader) -> Path:
         """(Blocking) copy what ``open_reader`` gives into a new file of the output folder.

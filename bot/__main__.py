@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     console.add_argument("--config", default="config.yaml", help="config file (default config.yaml)")
     console.add_argument("--out", default="out", type=Path, help="where images and files are saved (default ./out)")
     console.add_argument("--thread", default=None, help="resume the console thread with this name")
+    console.add_argument("--quiet", action="store_true", help="do not show the code that runs and its output (one line per step)")
     return parser
 
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "console":
             from bot.app import run_console
 
-            return asyncio.run(run_console(settings, args.out, args.thread, log_path))
+            return asyncio.run(run_console(settings, args.out, args.thread, log_path, quiet=args.quiet))
         from bot.app import run_bot
 
         return asyncio.run(run_bot(settings))

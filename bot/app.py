@@ -203,12 +203,13 @@ async def tell_interrupted_while_running(store: Store, adapters: Sequence[Thread
         await asyncio.sleep(every_s)
 
 
-async def run_console(settings: Settings, out: Path, thread: str | None, log_path: Path | None) -> int:
-    """Chat with the bot in this terminal (or through a pipe) until the input ends. Returns the exit code."""
+async def run_console(settings: Settings, out: Path, thread: str | None, log_path: Path | None, *, quiet: bool = False) -> int:
+    """Chat with the bot in this terminal (or through a pipe) until the input ends; files go
+    to the thread's own folder under ``out``. Returns the exit code."""
     from adapters.console import ConsoleAdapter
 
     async with Core.open(settings) as core:
-        console = ConsoleAdapter(core.dispatcher, out_dir=out, thread=thread, log_path=log_path)
+        console = ConsoleAdapter(core.dispatcher, out_dir=out, thread=thread, log_path=log_path, quiet=quiet, thread_folders=True)
         # A resumed --thread whose last turn was cut off by an unclean stop hears it first;
         # other threads' leftovers stay for their own resumption or platform.
         await tell_interrupted(core.store, [console])

@@ -7,6 +7,7 @@ chat SDK, an LLM client or the kernel layer.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -127,6 +128,53 @@ class Reply:
     rateable: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class CellProgress:
+    """A cell while it runs: which step, what it does, how long it has run, what it printed last."""
+
+    round: int
+    #: What the step does, in the model's words when it gave them (else a telling line of code).
+    label: str
+    code: str
+    elapsed_s: float
+    #: The latest lines it printed (stdout and stderr; a redrawn progress bar as it is now).
+    lines: tuple[str, ...] = ()
+    #: How many lines it has ended so far (those before ``lines`` were shown earlier, or skipped).
+    ended_lines: int = 0
+    #: How many of ``lines`` (the last ones) are not ended yet: a progress bar redrawn in place.
+    unfinished_lines: int = 0
+
+    def headline(self) -> str:
+        """One line: the step, its time and the last line it printed."""
+        last = f" · {self.lines[-1].strip()}" if self.lines and self.lines[-1].strip() else ""
+        return f"Running step {self.round} ({elapsed(self.elapsed_s)}): {self.label}{last}"
+
+    def markdown(self) -> str:
+        """The status in Markdown: the step and its time, then its latest lines as a code block."""
+        head = f"Running step {self.round} ({elapsed(self.elapsed_s)}): {self.label}"
+        if not self.lines:
+            return head
+        body = "\n".join(self.lines)
+        longest = max((len(run) for run in _BACKTICKS.findall(body)), default=0)
+        fence = "`" * max(3, longest + 1)
+        return f"{head}\n{fence}\n{body}\n{fence}"
+
+
+_BACKTICKS = re.compile(r"`+")
+
+
+def elapsed(seconds: float) -> str:
+    """``7 s``, ``1:05 min``, ``1:02:05 h``."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}:{secs:02d} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d} h"
+
+
 class Progress(Protocol):
     """A live status for a running turn (Slack edits one message, Discord too)."""
 
@@ -139,6 +187,10 @@ class Progress(Protocol):
 
     async def update(self, status: str) -> None:
         """Replace the status; implementations throttle."""
+
+    async def cell(self, cell: CellProgress) -> None:
+        """Show the running cell (sent about once a second while it runs; only the newest
+        matters, so implementations throttle and drop older ones)."""
 
     async def finish(self, ok: bool) -> None:
         """Remove or close the status and mark the turn as done or failed."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from bot.events import Outbox, Progress, Reply
+from bot.events import CellProgress, Outbox, Progress, Reply
 from bot.hostpaths import HostPaths
 
 Hide = Callable[[str], str]
@@ -50,6 +50,12 @@ class _HidingProgress:
 
     async def update(self, status: str) -> None:
         await self._progress.update(self._hide(status))
+
+    async def cell(self, cell: CellProgress) -> None:
+        hide = self._hide
+        await self._progress.cell(
+            dataclasses.replace(cell, label=hide(cell.label), code=hide(cell.code), lines=tuple(hide(line) for line in cell.lines))
+        )
 
     async def finish(self, ok: bool) -> None:
         await self._progress.finish(ok)

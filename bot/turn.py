@@ -20,6 +20,7 @@ from bot.attachments import IngestResult, add_previews, describe_for_model, inge
 from bot.budgets import Budgets, TokenAllowance
 from bot.config import ChannelPolicy, Settings
 from bot.events import FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, ThreadKey
+from bot.live import LiveCell
 from bot.safetext import shown
 from bot.sources.registry import Sources
 from bot.sources.tool import SqlTool
@@ -114,6 +115,8 @@ class _RecordingRunner:
     turn: _ActiveTurn
     packages: PackageInstaller | None = None
     progress: Progress | None = None
+    #: Shows each step's cell while it runs (its output as it comes).
+    live: LiveCell | None = None
     results: list[ExecutionResult] = field(default_factory=list)
     #: Lines for the reply (packages installed, installs that failed).
     notes: list[str] = field(default_factory=list)
@@ -125,7 +128,8 @@ class _RecordingRunner:
         """Run ``code`` unless Stop was pressed; record the result and store the cell."""
         if self.turn.stopped:
             return ExecutionResult(outcome=Outcome.INTERRUPTED, notice="Stopped by the user before running.")
-        result = await self._run(code, timeout)
+        live = self.live if self.live is not None and self.live.claim() else None
+        result = await self._run(code, timeout, live)
         module = missing_module(result.error) if self.packages is not None and result.outcome is Outcome.ERROR else None
         if module is None or self.packages is None:
             return self._record(code, result)
@@ -146,12 +150,19 @@ class _RecordingRunner:
                 result.outcome = Outcome.INTERRUPTED
             return self._record(code, result)
         self._record(code, result)  # the failed run stays in the thread's notebook, as it happened
-        again = await self._run(code, timeout)
+        again = await self._run(code, timeout, live)
         _add_notice(again, outcome.model_note())
         return self._record(code, again)
 
-    async def _run(self, code: str, timeout: float | None) -> ExecutionResult:
-        result = await self.session.execute(code, timeout)
+    async def _run(self, code: str, timeout: float | None, live: LiveCell | None = None) -> ExecutionResult:
+        if live is None:
+            result = await self.session.execute(code, timeout)
+        else:
+            live.begin()
+            try:
+                result = await self.session.execute(code, timeout, on_output=live.record)
+            finally:
+                live.ran()
         if self.turn.stopped and result.outcome is not Outcome.INTERRUPTED:
             result.outcome = Outcome.INTERRUPTED
         return result
@@ -299,12 +310,16 @@ class TurnRunner:
             restored=session.restored.notice() if session.restored is not None else None,
             network=seen.network,
         )
+        live = LiveCell(t.progress)
         runner = _RecordingRunner(
-            session=session, store=self._store, key=str(key), turn=t.active, packages=self._packages, progress=t.progress
+            session=session,
+            store=self._store,
+            key=str(key),
+            turn=t.active,
+            packages=self._packages,
+            progress=t.progress,
+            live=live,
         )
-
-        async def on_step(round_no: int, code_line: str) -> None:
-            await t.progress.update(f"Running step {round_no}: `{code_line[:80]}`")
 
         tools = []
         if policy.sources and self._sources is not None:
@@ -331,7 +346,7 @@ class TurnRunner:
                 system_prompt=system_prompt,
                 model=policy.model,
                 max_rounds=policy.max_rounds,
-                on_step=on_step,
+                on_step=live.step,
                 has_files=t.has_files,
                 drafts=t.progress if t.progress.shows_drafts else None,
                 budget=within_budget,
@@ -340,6 +355,7 @@ class TurnRunner:
         finally:
             # Also when the turn fails: the cells that ran belong in the store, and a failed
             # write must surface instead of vanishing with an unawaited task.
+            await live.close()
             await runner.stored()
         metrics.turn_outcome(result.stop_reason)
         # A failed model request leaves new_messages empty: nothing of it (not even the user's

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from queue import Empty
 from typing import Any
@@ -364,8 +364,13 @@ class KernelSession:
             except Exception:
                 log.exception("cleaning up the kernel of %s failed", self.key)
 
-    async def execute(self, code: str, timeout: float | None = None) -> ExecutionResult:
+    async def execute(
+        self, code: str, timeout: float | None = None, on_output: Callable[[str, str], None] | None = None
+    ) -> ExecutionResult:
         """Run ``code`` and return what it produced. User errors are data, not exceptions.
+
+        ``on_output(name, text)`` hears each stream message (``stdout``/``stderr``) as it
+        arrives; it is called from the loop that reads the kernel, so it must only record.
 
         Raises :class:`KernelError` only when no kernel can be started (or the session is
         shut down). A kernel that died before is replaced first; the result then has
@@ -379,7 +384,7 @@ class KernelSession:
             self.state = "busy"
             self.last_activity = time.monotonic()
             try:
-                result = await self._run(code, timeout)
+                result = await self._run(code, timeout, on_output)
             finally:
                 self.last_activity = time.monotonic()
                 if self.state == "busy":
@@ -473,7 +478,7 @@ class KernelSession:
         await self._discard_handle()
         self.state = "dead"
 
-    async def _run(self, code: str, timeout: float) -> ExecutionResult:
+    async def _run(self, code: str, timeout: float, on_output: Callable[[str, str], None] | None = None) -> ExecutionResult:
         handle = self._handle
         assert handle is not None
         client = handle.client
@@ -551,6 +556,11 @@ class KernelSession:
                     if interrupted_at is not None or self._stop_requested_at is not None:
                         await self._interrupt_quietly(handle)  # deferred until the cell runs
                 output.handle(msg_type, content)
+                if on_output is not None and msg_type == "stream":
+                    try:
+                        on_output(str(content.get("name", "stdout")), str(content.get("text", "")))
+                    except Exception:  # a listener's failure must not end the cell
+                        log.exception("on_output failed")
         finally:
             probe.stop()
 

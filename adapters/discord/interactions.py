@@ -13,7 +13,7 @@ from typing import Any
 import discord
 
 from adapters.discord.replies import message_extras, send_reply, send_text
-from bot.events import Reply
+from bot.events import CellProgress, Reply
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,9 @@ class QuietProgress:
         """Nothing to show."""
 
     async def update(self, status: str) -> None:
+        """Nothing to show."""
+
+    async def cell(self, cell: CellProgress) -> None:
         """Nothing to show."""
 
     async def finish(self, ok: bool) -> None:

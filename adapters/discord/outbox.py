@@ -20,7 +20,7 @@ import aiohttp
 import discord
 
 from adapters.discord.replies import MESSAGE_LIMIT, message_extras, send_reply, send_text
-from bot.events import Reply, ThreadKey
+from bot.events import CellProgress, Reply, ThreadKey
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,10 @@ class DiscordProgress:
             return
         delay = max(0.0, self._last_edit + self._interval_s - time.monotonic())
         self._pending = asyncio.create_task(self._edit_after(delay))
+
+    async def cell(self, cell: CellProgress) -> None:
+        """Show the running cell (its step, time and latest lines): an edit like any status."""
+        await self.update(cell.markdown())
 
     async def finish(self, ok: bool) -> None:
         """Stop typing, close the status (button removed) and swap 👀 for ✅, ❌ or ⏹️."""

@@ -1,10 +1,12 @@
 """Discord application (slash) commands: ``/help``, ``/reset``, ``/files``, ``/export``,
-``/status`` and ``/ask``.
+``/status``, ``/usage``, ``/schedule`` and ``/ask``.
 
 The commands only translate: each one's callback hands the interaction to a
 :class:`SlashHandler` (the adapter), which acknowledges it at once (Discord allows 3 seconds)
 and does the work afterwards. The in-thread commands become the same words the dispatcher
-already understands as messages (``export html`` for ``/export format:html``).
+already understands as messages (``export html`` for ``/export format:html``, ``usage all``
+for ``/usage everyone:true``, ``schedule every monday 9:00 …`` for ``/schedule request:…``,
+``schedules`` for a bare ``/schedule``, ``unschedule 2`` for ``/schedule remove:2``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,19 @@ def build_tree(client: discord.Client, handler: SlashHandler) -> CommandTree:
     async def export(interaction: discord.Interaction, format: Literal["ipynb", "html"] = "ipynb") -> None:
         await handler.in_thread(interaction, "export" if format == "ipynb" else f"export {format}")
 
+    @tree.command(name="usage", description="Tokens, Python time and cost of this thread and yours, today and this month")
+    @app_commands.describe(everyone="Everyone's usage (for the bot's admins)")
+    async def usage(interaction: discord.Interaction, everyone: bool = False) -> None:
+        await handler.in_thread(interaction, "usage all" if everyone else "usage")
+
+    @tree.command(name="schedule", description="Ask again at set times; without options, list this thread's schedules")
+    @app_commands.describe(
+        request="When, then the question: every monday 9:00 revenue by region",
+        remove="The number of a schedule to remove (as listed)",
+    )
+    async def schedule(interaction: discord.Interaction, request: str | None = None, remove: int | None = None) -> None:
+        await handler.in_thread(interaction, schedule_text(request, remove))
+
     @tree.command(name="ask", description="Ask a question: I open a thread with its own Python kernel")
     @app_commands.describe(question="What you want to know or have computed",
                            attachment="A file to work with (CSV, Excel, JSON, …)")
@@ -70,6 +85,14 @@ def build_tree(client: discord.Client, handler: SlashHandler) -> CommandTree:
         await handler.ask(interaction, question, attachment)
 
     return tree
+
+
+def schedule_text(request: str | None, remove: int | None) -> str:
+    """The in-thread schedule command a ``/schedule`` interaction stands for."""
+    if remove is not None:
+        return f"unschedule {remove}"
+    request = " ".join((request or "").split())
+    return f"schedule {request}" if request else "schedules"
 
 
 def _in_thread(handler: SlashHandler, text: str) -> Any:

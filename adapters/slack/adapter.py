@@ -40,6 +40,7 @@ from adapters.slack.outbox import (
     stopping_text,
 )
 from adapters.slack.render import mrkdwn, plain
+from adapters.slack.sessions import AgentSessions
 from adapters.slack.stream import StreamingSupport
 from adapters.tasks import BackgroundTasks
 from bot.config import ChannelPolicy, SlackSettings, SuggestedPrompt
@@ -75,6 +76,7 @@ class SlackAdapter:
         self._token = settings.bot_token.get_secret_value()
         self._client = make_client(self._token, settings.api_url)
         self._timezones = TimezoneBook(self._client)
+        self._sessions = AgentSessions(self._client)
         self._tasks = BackgroundTasks(log, "Slack")
         self._team_id = ""
         self._bot_user_id = ""
@@ -167,6 +169,7 @@ class SlackAdapter:
         app.assistant(assistant)
         app.event("app_mention")(self._on_message)
         app.event("message")(self._on_message)
+        app.event("agent_session_stopped")(self._on_session_stopped)
         app.action(STOP_ACTION_ID)(self._on_stop)
         app.action(FEEDBACK_ACTION_ID)(self._on_feedback)
         return app
@@ -224,6 +227,8 @@ class SlackAdapter:
             turn_id=message.message_id,
             streaming=self._streaming,
             assistant=assistant,
+            sessions=self._sessions,
+            question=message.text,
         )
         self._tasks.spawn(self._dispatcher.handle(message, outbox), name=f"slack turn {message.message_id}")
 
@@ -309,6 +314,22 @@ class SlackAdapter:
     async def _stop_turn(self, key: ThreadKey) -> None:
         if not await self._dispatcher.stop(key):
             log.info("Slack: Stop clicked in %s but no turn was running", key)
+
+    async def _on_session_stopped(self, event: Mapping[str, Any], context: AsyncBoltContext) -> None:
+        """Slack's own Stop on an agent session: stop the thread's turn as our Stop button does
+        (the turn's end sets the session back to active; with no turn running, it is set here)."""
+        channel, thread_ts = str(event.get("channel") or ""), str(event.get("thread_ts") or "")
+        team = context.team_id or self._team_id
+        if not channel or not thread_ts or not team:
+            log.warning("Slack: agent_session_stopped without a channel or thread: %r", dict(event))
+            return
+        key = ThreadKey("slack", team, channel, thread_ts)
+        log.info("Slack: session stopped by %s in %s", event.get("user"), key)
+        self._tasks.spawn(self._stop_session(key), name=f"slack session stop {key}")
+
+    async def _stop_session(self, key: ThreadKey) -> None:
+        if not await self._dispatcher.stop(key):
+            await self._sessions.done(key.channel, key.thread)
 
 
 def _bolt_logger() -> logging.Logger:

@@ -20,10 +20,11 @@ from typing import Any
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.api import Failure, call
+from adapters.slack.sessions import AgentSessions
 from adapters.slack.render import Mention, Mrkdwn, cut, mrkdwn, mrkdwn_chunks, plain, split_rendered
 from adapters.slack.stream import AnswerStream, StreamingSupport
 from adapters.slack.uploads import UploadItem, share_files
-from bot.events import Reply, ThreadKey
+from bot.events import CellProgress, Reply, ThreadKey
 from bot.attachments import human_size
 
 STOP_ACTION_ID = "threadbook_stop"
@@ -64,10 +65,13 @@ class SlackOutbox:
         turn_id: str = "",
         streaming: StreamingSupport | None = None,
         assistant: AssistantThread | None = None,
+        sessions: AgentSessions | None = None,
+        question: str = "",
     ) -> None:
         """``turn_id``: the question's message id, which feedback clicks refer to (none: no
         buttons); ``streaming``: stream answers (None: post them whole); ``assistant``: the
-        thread is an assistant thread."""
+        thread is an assistant thread; ``sessions``: the thread is an agent session while the
+        turn runs, titled with ``question`` (None: no sessions)."""
         self._client = client
         self.key = key
         self._message_ts = message_ts
@@ -75,6 +79,8 @@ class SlackOutbox:
         self._turn_id = turn_id
         self._streaming = streaming
         self.assistant = assistant
+        self.sessions = sessions
+        self.question = question
         self._stream: AnswerStream | None = None
         #: The last upload's message carried the answer's last part.
         self._shared_text = False
@@ -266,6 +272,8 @@ class SlackProgress:
         self._last = 0.0
         self._flusher: asyncio.Task[None] | None = None
         self._posting: asyncio.Task[None] | None = None
+        #: Slack shows the thread as a processing agent session (with its own Stop button).
+        self._in_session = False
 
     @property
     def shows_drafts(self) -> bool:
@@ -289,6 +297,8 @@ class SlackProgress:
 
     async def _post(self, status: str) -> None:
         await self._outbox.received()
+        if (sessions := self._outbox.sessions) is not None:
+            self._in_session = await sessions.working(self._outbox.channel, self._outbox.thread_ts, self._outbox.question)
         if self._assistant is not None and await self._set_status(status, LOADING_MESSAGES):
             if self._assistant.title:
                 await call(
@@ -336,6 +346,11 @@ class SlackProgress:
         else:
             self._flusher = asyncio.create_task(self._flush_later(wait))
 
+    async def cell(self, cell: CellProgress) -> None:
+        """Show the running cell: its step, time and latest lines in the status message (one
+        line of them on an assistant thread's status line); throttled like any status."""
+        await self.update(cell.headline() if self._assistant is not None else cell.markdown())
+
     async def finish(self, ok: bool) -> None:
         """Delete the status message (and a draft no answer finished: the turn failed) and
         mark the user's message as done or failed."""
@@ -356,6 +371,9 @@ class SlackProgress:
             self._ts = None
         if self._assistant is not None:
             await self._set_status("")  # the status line goes (Slack also clears it on our reply)
+        if self._in_session and self._outbox.sessions is not None:
+            self._in_session = False
+            await self._outbox.sessions.done(self._outbox.channel, self._outbox.thread_ts)
         await self._outbox.finished(ok)
 
     async def _flush_later(self, delay: float) -> None:

@@ -42,13 +42,15 @@ from bot.agent.history import FENCED_OUTPUT_HEADER, history_chars, trim_history
 from bot.agent.llm import Completion, ContextLengthError, LLMClient, LLMError, ToolCall, Usage
 from bot.agent.nudge import NUDGE, should_nudge
 from bot.agent.observation import format_observation
+from bot.agent.steps import step_label
 from bot.config import LLMSettings
 from kernels.result import ExecutionResult, KernelError, Outcome
 
 log = logging.getLogger(__name__)
 
 StopReason = Literal["answer", "max_rounds", "llm_error", "interrupted", "kernel_error", "budget"]
-OnStep = Callable[[int, str], Awaitable[None]]
+#: Awaited before each code run: (round, what the step does, the code).
+OnStep = Callable[[int, str, str], Awaitable[None]]
 #: Given the turn's usage so far, the sentence that stops it (a spent budget) or None.
 BudgetCheck = Callable[[Usage], Awaitable[str | None]]
 
@@ -186,7 +188,8 @@ class Agent:
 
         ``history`` is earlier turns' ``new_messages`` (trimmed here to the char budget;
         entries of roles the model does not know, such as stored notices, are skipped);
-        ``on_step(round, first_line_of_code)`` is awaited before each execution;
+        ``on_step(round, label, code)`` is awaited before each execution (``label``:
+        :func:`~bot.agent.steps.step_label`, the model's words when it gave them);
         ``has_files`` says files came with this message (for the nudge); ``drafts`` is shown
         each reply as it streams in, and told when a reply turns out not to be the answer;
         ``budget`` is asked before each code run whether the turn's tokens are still within
@@ -254,7 +257,7 @@ class _Turn:
                     for call in reply.tool_calls:
                         self._add(_tool_message(call.id, "Not run: the token budget ran out."))
                     return self._finish("budget", spent)
-                if (done := await self._run_tool_calls(reply.tool_calls)) is not None:
+                if (done := await self._run_tool_calls(reply.tool_calls, reply.content)) is not None:
                     return done
                 continue
             content = reply.content or ""
@@ -276,7 +279,7 @@ class _Turn:
             if (spent := await self._over_budget()) is not None:
                 return self._finish("budget", spent, said=content)
             self._add(reply.message())
-            if (done := await self._run_fenced(code)) is not None:
+            if (done := await self._run_fenced(code, content.split("```", 1)[0])) is not None:
                 return done
 
     async def _ask(self, *, wrap_up: bool = False) -> Completion:
@@ -349,8 +352,9 @@ class _Turn:
         self.replayed = len(kept)
         return True
 
-    async def _run_tool_calls(self, calls: tuple[ToolCall, ...]) -> TurnResult | None:
-        """Run each call in order; every call gets a tool message, run or not."""
+    async def _run_tool_calls(self, calls: tuple[ToolCall, ...], said: str | None) -> TurnResult | None:
+        """Run each call in order; every call gets a tool message, run or not. ``said``: the
+        text the model sent with the calls (the first call's label)."""
         stop: StopReason | None = None
         kernel_failure = ""
         for call in calls:
@@ -369,7 +373,8 @@ class _Turn:
             if code is None:
                 self._add(_tool_message(call.id, problem))
                 continue
-            outcome = await self._execute(code)
+            outcome = await self._execute(code, said)
+            said = None
             if isinstance(outcome, KernelError):
                 stop, kernel_failure = "kernel_error", _one_line(outcome)
                 self._add(_tool_message(call.id, f"The kernel could not run the code: {kernel_failure}"))
@@ -385,9 +390,9 @@ class _Turn:
             return self._finish("kernel_error", f"The Python kernel for this thread failed: {kernel_failure}")
         return None
 
-    async def _run_fenced(self, code: str) -> TurnResult | None:
+    async def _run_fenced(self, code: str, said: str) -> TurnResult | None:
         self.rounds += 1
-        outcome = await self._execute(code)
+        outcome = await self._execute(code, said)
         if isinstance(outcome, KernelError):
             return self._finish("kernel_error", f"The Python kernel for this thread failed: {_one_line(outcome)}")
         self._add({"role": "user", "content": f"{FENCED_OUTPUT_HEADER}\n\n{format_observation(outcome)}"})
@@ -395,10 +400,10 @@ class _Turn:
             return self._finish("interrupted", self._interrupted_note())
         return None
 
-    async def _execute(self, code: str) -> ExecutionResult | KernelError:
+    async def _execute(self, code: str, said: str | None = None) -> ExecutionResult | KernelError:
         if self.on_step is not None:
             try:
-                await self.on_step(self.rounds, first_line(code))
+                await self.on_step(self.rounds, step_label(code, said), code)
             except Exception:  # progress is cosmetic; a failed status edit must not end the turn
                 log.exception("on_step callback failed")
         try:
@@ -520,12 +525,6 @@ def _code_of_call(item: object) -> str | None:
     if function.get("name") != "python" or not isinstance(code, str) or not code.strip():
         return None
     return code
-
-
-def first_line(code: str, limit: int = 80) -> str:
-    """The first non-blank line of ``code``, shortened for a status message."""
-    line = next((ln.strip() for ln in code.splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def strip_base64(text: str) -> str:

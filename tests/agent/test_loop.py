@@ -73,15 +73,15 @@ async def test_tool_call_observation_reaches_the_model(scripted_openai: Scripted
         tool_call("# add them\nprint(2 + 2)"),
         lambda body: answer(f"The kernel said: {body['messages'][-1]['content']}"),
     )
-    steps: list[tuple[int, str]] = []
+    steps: list[tuple[int, str, str]] = []
 
-    async def on_step(round_: int, line: str) -> None:
-        steps.append((round_, line))
+    async def on_step(round_: int, label: str, code: str) -> None:
+        steps.append((round_, label, code))
 
     runner = PreparedRunner(printed("4\n"))
     result = await turn(make_agent(), runner, on_step=on_step, model="special-model")
     assert runner.codes == ["# add them\nprint(2 + 2)"]
-    assert steps == [(1, "# add them")]
+    assert steps == [(1, "add them", "# add them\nprint(2 + 2)")]  # the model's comment labels the step
     assert "stdout:\n4" in result.text
     assert [r.stdout for r in runner.results] == ["4\n"]  # the runner keeps the result the model saw
     assert [m["role"] for m in result.new_messages] == ["user", "assistant", "tool", "assistant"]

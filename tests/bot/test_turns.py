@@ -57,7 +57,8 @@ async def test_csv_question_gets_answer_with_chart_then_follow_up_reuses_variabl
     first_user = next(m for m in llm.requests[0]["messages"] if m["role"] == "user")["content"]
     assert "sales.csv" in first_user and "amount" in first_user
     assert "(3, 2)" in last_tool_output(llm.requests[1])
-    assert ("update", "Running step 1: `import pandas as pd`") in out.progress_log
+    # The step is labelled by what it does (not by its first import) and shows its time.
+    assert ("cell", "Running step 1 (0 s): `df = pd.read_csv('sales.csv')`") in out.progress_log
     assert out.progress_log[-1] == ("finish", "ok")
 
     llm.script(tool_call("print(df['amount'].sum())"), echo_tool_output("Total: "))

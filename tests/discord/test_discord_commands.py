@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -112,7 +113,12 @@ async def test_commands_are_registered_for_the_configured_guild_only(world: Worl
     registered = world.discord.registered_commands
     assert list(registered) == [GUILD_ID]  # guild-scoped (instant), nothing global
     commands = {c["name"]: c for c in registered[GUILD_ID]}
-    assert set(commands) == {"help", "reset", "files", "export", "status", "ask"}
+    assert set(commands) == {"help", "reset", "files", "export", "status", "usage", "schedule", "ask"}
+    [everyone] = commands["usage"]["options"]
+    assert (everyone["name"], everyone["type"], everyone.get("required", False)) == ("everyone", 5, False)
+    request, remove = commands["schedule"]["options"]
+    assert (request["name"], request["type"], request.get("required", False)) == ("request", 3, False)
+    assert (remove["name"], remove["type"], remove.get("required", False)) == ("remove", 4, False)
     [fmt] = commands["export"]["options"]
     assert fmt["name"] == "format" and not fmt.get("required")
     assert [c["value"] for c in fmt["choices"]] == ["ipynb", "html"]
@@ -156,6 +162,33 @@ async def test_in_thread_commands_are_deferred_at_once_and_answered(world: World
     assert len(world.llm.requests) == requests_before
     assert all(s.channel_id == thread_id for i in (help_used, status, export, page, files, reset)
                for s in fake.interaction_messages(i["id"]))
+
+
+async def test_usage_and_schedule_commands_answer_like_the_in_thread_words(world: World) -> None:
+    fake = world.discord
+    thread_id = await world.thread_with_session("count for me")
+    requests_before = len(world.llm.requests)
+
+    async def answered(options: tuple[str, dict[str, Any] | None], words: str) -> str:
+        """Use the command; the text of its followup that holds ``words`` (a queue notice may come first)."""
+        used = await fake.slash_command(options[0], options[1], channel_id=thread_id)
+        found = await fake.wait_until(lambda: next(
+            (s for s in fake.interaction_messages(used["id"]) if not s.original and words in s.content), None), 30)
+        assert deferred_in_time(fake, used)
+        return str(found.content)
+
+    usage = await answered(("usage", None), "This thread")
+    assert "token" in usage.lower()
+    assert "admins" in await answered(("usage", {"everyone": True}), "admins")  # `usage all`, refused to a non-admin
+    added = await answered(("schedule", {"request": "every monday 9:00 revenue by region"}), "revenue by region")
+    assert "monday" in added.lower()
+    listing = await answered(("schedule", None), "revenue by region")  # `schedules`
+    number = int(re.findall(r"#(\d+)", listing)[0])
+    assert f"Schedule #{number} removed" in await answered(("schedule", {"remove": number}), "removed")  # `unschedule N`
+    listed = await fake.slash_command("schedule", channel_id=thread_id)
+    [after] = await world.followups(listed)
+    assert after.content.startswith("This thread has no schedules.")
+    assert len(world.llm.requests) == requests_before  # commands, not questions for the model
 
 
 async def test_a_command_outside_a_thread_gets_one_sentence(world: World) -> None:

@@ -101,7 +101,7 @@ async def test_mention_with_csv_opens_thread_with_chart_and_follow_up_reuses_var
     assert (CHANNEL_ID, mid, "👀") not in fake.reactions
     assert thread_id in fake.typing
     status = next(s for s in fake.sent[thread_id] if s.content.startswith(("⏳", "✅")) and s.edits)
-    assert any("Running step 1: `import pandas as pd`" in e for e in status.edits)
+    assert any(e.startswith("⏳ Running step 1 (") and "s): `df = pd.read_csv('sales.csv')`" in e for e in status.edits)
     assert status.content == "✅ Done." and status.custom_ids == []
 
     world.llm.script(tool_call("print(df['amount'].sum())"),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.dispatcher import Dispatcher
-from bot.events import Attachment, FileOut, InboundMessage, Reply, ThreadKey
+from bot.events import Attachment, CellProgress, FileOut, InboundMessage, Reply, ThreadKey
 
 
 def _uploaded(file: FileOut) -> FileOut:
@@ -37,6 +37,9 @@ class MemoryProgress:
 
     async def update(self, status: str) -> None:
         self.log.append(("update", status))
+
+    async def cell(self, cell: CellProgress) -> None:
+        self.log.append(("cell", cell.markdown()))
 
     async def finish(self, ok: bool) -> None:
         self.log.append(("finish", "ok" if ok else "failed"))

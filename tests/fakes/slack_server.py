@@ -18,7 +18,10 @@ person's ``tz`` from :attr:`FakeSlack.user_timezones`), ``files.getUploadURLExte
 token); streaming (``chat.startStream`` / ``appendStream`` / ``stopStream``: the message keeps
 each piece; :attr:`FakeSlack.refuse_streaming` makes Slack refuse, as for an app or plan it
 will not stream for); ``assistant.threads.setStatus`` / ``setTitle`` / ``setSuggestedPrompts``
-(recorded per thread). Events for the AI-app surface: :meth:`FakeSlack.assistant_thread_started`,
+(recorded per thread); ``agents.sessions.setStatus`` / ``rename`` (statuses and titles per thread
+in :attr:`FakeSlack.sessions` / :attr:`FakeSlack.session_titles`; :attr:`FakeSlack.refuse_sessions`
+makes Slack refuse them, as for an app not declared an agent), and Slack's own Stop on a session,
+:meth:`FakeSlack.agent_session_stopped`. Events for the AI-app surface: :meth:`FakeSlack.assistant_thread_started`,
 and :meth:`FakeSlack.feedback_action` clicks an answer's feedback buttons. Every call is recorded in :attr:`FakeSlack.calls`. A wrong token gets
 ``invalid_auth``; :meth:`FakeSlack.fail` makes the next calls of a method fail with an error
 (``"ratelimited"`` answers HTTP 429 with ``Retry-After: 1``); channels in
@@ -150,6 +153,11 @@ class FakeSlack:
         self.statuses: dict[tuple[str, str], list[str]] = {}
         self.titles: dict[tuple[str, str], str] = {}
         self.suggested_prompts: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        #: ``agents.sessions.setStatus`` statuses per (channel, thread_ts), and each session's title.
+        self.sessions: dict[tuple[str, str], list[str]] = {}
+        self.session_titles: dict[tuple[str, str], str] = {}
+        #: The error ``agents.sessions.*`` answer with (an app not declared as an agent); None: sessions work.
+        self.refuse_sessions: str | None = None
         self.downloads: list[tuple[str, bool]] = []  # (file id, authorised)
         self._failures: dict[str, list[str]] = {}
         self._files: dict[str, tuple[bytes, str]] = {}
@@ -364,6 +372,17 @@ class FakeSlack:
                 "thread_ts": thread_ts,
             },
             "event_ts": thread_ts,
+        }
+
+    def agent_session_stopped(self, channel: str, thread_ts: str, *, user: str = "U1") -> dict[str, Any]:
+        """An ``agent_session_stopped`` event: ``user`` clicked Slack's own Stop on the thread's session."""
+        return {
+            "type": "agent_session_stopped",
+            "channel": channel,
+            "thread_ts": thread_ts,
+            "user": user,
+            "streaming_message_ts": [],
+            "event_ts": self.next_ts(),
         }
 
     def feedback_action(self, message: Message, *, positive: bool, user: str = "U1") -> dict[str, Any]:
@@ -726,6 +745,24 @@ class FakeSlack:
             self.suggested_prompts[where] = list(prompts or [])
         return {"ok": True}
 
+    def _agent_session(self, args: dict[str, Any], rename: bool) -> dict[str, Any]:
+        if self.refuse_sessions is not None:
+            return {"ok": False, "error": self.refuse_sessions}
+        where = (str(args.get("channel_id", "")), str(args.get("thread_ts", "")))
+        if not all(where):
+            return {"ok": False, "error": "invalid_arguments"}
+        title = args.get("title")
+        if rename:
+            self.session_titles[where] = str(title or "")
+            return {"ok": True}
+        status = str(args.get("status", ""))
+        if status not in ("active", "processing", "suspended", "closed"):
+            return {"ok": False, "error": "invalid_status"}
+        if where not in self.sessions and title:
+            self.session_titles[where] = str(title)  # the title counts only when the session is created
+        self.sessions.setdefault(where, []).append(status)
+        return {"ok": True, "status": status, "title": self.session_titles.get(where, "")}
+
     def _connections_open(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "url": f"ws://127.0.0.1:{self.port}/socket?ticket={uuid.uuid4().hex}"}
 
@@ -749,6 +786,8 @@ _METHODS: dict[str, Callable[[FakeSlack, dict[str, Any]], dict[str, Any]]] = {
     "assistant.threads.setStatus": lambda s, a: s._assistant(a, "status"),
     "assistant.threads.setTitle": lambda s, a: s._assistant(a, "title"),
     "assistant.threads.setSuggestedPrompts": lambda s, a: s._assistant(a, "prompts"),
+    "agents.sessions.setStatus": lambda s, a: s._agent_session(a, rename=False),
+    "agents.sessions.rename": lambda s, a: s._agent_session(a, rename=True),
 }
 
 

@@ -1,0 +1,80 @@
+"""The running cell's status: lines as a terminal shows them, step labels, once-a-second rendering."""
+
+from __future__ import annotations
+
+import asyncio
+
+from bot.agent.steps import step_label
+from bot.events import CellProgress, elapsed
+from bot.live import LINE_CHARS, CellOutput, LiveCell
+
+
+def test_a_redrawn_bar_is_one_line_in_its_latest_state() -> None:
+    output = CellOutput()
+    output.record("stdout", "loading\n")
+    for percent in (10, 50, 100):
+        output.record("stderr", f"\r{percent:3d}%|{'#' * (percent // 10)}")
+    lines, unfinished = output.latest()
+    assert lines == ("loading", "100%|##########") and unfinished == 1
+    output.record("stderr", "\n")
+    assert output.latest() == (("loading", "100%|##########"), 0) and output.ended == 2
+
+
+def test_only_the_latest_lines_are_kept_short_and_without_escapes() -> None:
+    output = CellOutput(keep=3)
+    for n in range(1000):
+        output.record("stdout", f"\x1b[31mline {n}\x1b[0m\n")
+    output.record("stdout", "x" * 10_000)
+    lines, unfinished = output.latest()
+    assert lines == ("line 998", "line 999", "x" * LINE_CHARS) and unfinished == 1
+    assert output.ended == 1000
+
+
+def test_the_status_shows_step_time_and_lines_in_a_fence_that_output_cannot_close() -> None:
+    cell = CellProgress(round=2, label="Load the sales", code="", elapsed_s=75.4, lines=("a ``` b", "c"))
+    text = cell.markdown()
+    head, fence, *body = text.split("\n")
+    assert head == "Running step 2 (1:15 min): Load the sales"
+    assert fence == "````" and body == ["a ``` b", "c", "````"]
+    assert cell.headline() == "Running step 2 (1:15 min): Load the sales · c"
+    assert elapsed(7.9) == "7 s" and elapsed(3725) == "1:02:05 h"
+
+
+def test_a_step_is_labelled_by_the_models_words_else_by_a_telling_line() -> None:
+    code = "import pandas as pd\nimport numpy as np\n\ndf = pd.read_csv('sales.csv')\nprint(df.shape)"
+    assert step_label(code) == "`df = pd.read_csv('sales.csv')`"
+    assert step_label("# Load the sales data\nimport pandas as pd") == "Load the sales data"
+    assert step_label(code, "**Loading the file.** Then I will plot it.") == "Loading the file."
+    assert step_label("import time") == "`import time`"  # nothing else to tell
+    assert step_label("%matplotlib inline\nwarnings.filterwarnings('ignore')\nplt.plot(x)") == "`plt.plot(x)`"
+    assert len(step_label("x = " + "1" * 500)) <= 80
+
+
+class _Shown:
+    shows_drafts = False
+
+    def __init__(self) -> None:
+        self.cells: list[CellProgress] = []
+
+    async def cell(self, cell: CellProgress) -> None:
+        self.cells.append(cell)
+        await asyncio.sleep(0.3)  # a slow platform: the next tick waits, nothing queues up
+
+
+async def test_the_running_cell_is_shown_at_once_then_each_tick_with_its_newest_output() -> None:
+    shown = _Shown()
+    live = LiveCell(shown, tick_s=0.05)  # type: ignore[arg-type]
+    await live.step(1, "Count", "for i in range(3): print(i)")
+    assert live.claim() and not live.claim()  # the step's own code, once
+    live.begin()
+    for n in range(3):
+        live.record("stdout", f"{n}\n")
+        await asyncio.sleep(0.2)
+    live.ran()
+    await asyncio.sleep(0.5)
+    await live.close()
+    assert shown.cells[0].lines == () and shown.cells[0].label == "Count"
+    assert any(cell.lines for cell in shown.cells)
+    # Rendered no faster than the platform takes them (sequential ticks), and nothing after the cell ended.
+    assert len(shown.cells) <= 6
+    assert shown.cells[-1].lines[-1:] in ((), ("0",), ("1",), ("2",))
