@@ -181,8 +181,12 @@ def garbage(body: str = "this is not json") -> Step:
 class ScriptedOpenAI:
     """The server; use as ``async with ScriptedOpenAI() as llm``."""
 
-    def __init__(self, *, api_key: str | None = None, model: str = MODEL, strict: Strictness | None = None) -> None:
+    def __init__(
+        self, *, api_key: str | None = None, model: str = MODEL, strict: Strictness | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.api_key = api_key
+        #: The address it listens on (``0.0.0.0``: also for containers on the host's bridges).
+        self.host = host
         self.model = model
         #: The strictness modes in force (may be replaced between requests).
         self.strict = strict or Strictness()
@@ -209,6 +213,11 @@ class ScriptedOpenAI:
         return len(self._steps)
 
     @property
+    def port(self) -> int:
+        """The port it listens on."""
+        return self._port
+
+    @property
     def base_url(self) -> str:
         """The ``base_url`` for ``openai.AsyncOpenAI`` (ends in ``/v1``)."""
         return f"http://127.0.0.1:{self._port}/v1"
@@ -217,7 +226,7 @@ class ScriptedOpenAI:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
-        self._runner, self._port = await serve_locally(app)
+        self._runner, self._port = await serve_locally(app, host=self.host)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
