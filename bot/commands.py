@@ -16,7 +16,8 @@ from bot.budgets import Clock
 from bot.config import Settings
 from bot.events import FileOut, InboundMessage, Outbox, Reply
 from bot.hostpaths import HostPaths
-from bot.notebook import TimelineEntry, export_notebook
+from bot.notebook import export_notebook
+from bot.transcript import TimelineEntry
 from bot.readable import readable
 from bot.safetext import shown
 from bot.schedules.commands import ScheduleCommands, is_schedule_command

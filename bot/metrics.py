@@ -2,8 +2,8 @@
 
 Every metric is defined here, in a registry of our own (:data:`REGISTRY`, not
 prometheus_client's global one), and moved by small functions the core calls in one line
-(:func:`turn_outcome`, :func:`execution`, :func:`package_install`, the :func:`observe_llm`
-decorator…). What is a state rather than an event (kernels, queues) is read from the pool
+(:func:`turn_outcome`, :func:`execution`, :func:`package_install`; the model client's
+``observe_llm`` decorator in :mod:`bot.agent.llm` moves the LLM ones). What is a state rather than an event (kernels, queues) is read from the pool
 and the dispatcher when Prometheus scrapes (:func:`watch`). docs/operations.md lists every
 metric and its labels.
 
@@ -16,25 +16,28 @@ the longest line.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
-import openai
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from bot.config import LLMSettings
-
 if TYPE_CHECKING:
-    from bot.dispatcher import Dispatcher
     from kernels import KernelPool
+
+
+class TurnQueues(Protocol):
+    """What the scrape reads of a dispatcher: the messages waiting per thread."""
+
+    def waiting_turns(self) -> list[int]:
+        """How many messages wait behind the running turn, for each thread with a line."""
+        ...
 
 log = logging.getLogger(__name__)
 
@@ -209,71 +212,6 @@ def endpoint_seen(base_url: str) -> EndpointSeen:
     return _endpoints.setdefault(base_url, EndpointSeen())
 
 
-class _LLMClient(Protocol):
-    @property
-    def settings(self) -> LLMSettings: ...
-
-
-_Client = TypeVar("_Client", bound=_LLMClient)
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def observe_llm(
-    complete: Callable[Concatenate[_Client, _P], Awaitable[_R]],
-) -> Callable[Concatenate[_Client, _P], Awaitable[_R]]:
-    """Decorates ``LLMClient.complete``: its latency and tokens by model, its failures by kind,
-    and when its endpoint last answered or failed (for readiness)."""
-
-    @functools.wraps(complete)
-    async def observed(self: _Client, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        settings = self.settings
-        model = kwargs.get("model")
-        model = model if isinstance(model, str) and model else settings.model
-        seen = endpoint_seen(settings.base_url)
-        started = time.monotonic()
-        try:
-            completion = await complete(self, *args, **kwargs)
-        except Exception as exc:
-            seen.last_failure = time.monotonic()
-            LLM_SECONDS.labels(model).observe(seen.last_failure - started)
-            ERRORS.labels(f"llm_{llm_error_kind(exc)}").inc()
-            raise
-        seen.last_ok = time.monotonic()
-        LLM_SECONDS.labels(model).observe(seen.last_ok - started)
-        usage = getattr(completion, "usage", None)
-        LLM_TOKENS.labels(model, "prompt").inc(max(0, getattr(usage, "prompt_tokens", 0) or 0))
-        LLM_TOKENS.labels(model, "completion").inc(max(0, getattr(usage, "completion_tokens", 0) or 0))
-        return completion
-
-    return observed
-
-
-def llm_error_kind(exc: BaseException) -> str:
-    """One of :data:`LLM_ERROR_KINDS` for a failed request (an ``LLMError`` and its cause)."""
-    from bot.agent.llm import ContextLengthError, LLMError  # here: bot.agent.llm imports this module
-
-    if isinstance(exc, ContextLengthError):
-        return "context_length"
-    status = exc.status if isinstance(exc, LLMError) else None
-    if status is not None:
-        if status in (401, 403):
-            return "auth"
-        if status == 404:
-            return "not_found"
-        if status == 429:
-            return "rate_limited"
-        return "server_error" if status >= 500 else "refused"
-    cause = exc.__cause__
-    if isinstance(cause, openai.APITimeoutError):  # before APIConnectionError: a subclass of it
-        return "timeout"
-    if isinstance(cause, openai.APIConnectionError):
-        return "connection"
-    if isinstance(cause, (openai.APIResponseValidationError, ValueError)) or type(cause).__name__ == "_Unreadable":
-        return "unreadable"
-    return "other"
-
-
 # --- states read at scrape time --------------------------------------------------------------
 
 
@@ -281,7 +219,7 @@ class _LiveCollector(Collector):
     """Kernels and queues of the pools and dispatchers being watched, read when scraped."""
 
     def __init__(self) -> None:
-        self.watched: list[tuple[KernelPool, Dispatcher | None]] = []
+        self.watched: list[tuple[KernelPool, TurnQueues | None]] = []
 
     def describe(self) -> Iterable[Metric]:
         return list(self._families())
@@ -294,7 +232,7 @@ class _LiveCollector(Collector):
             return list(self._families())
 
     @staticmethod
-    def _families(watched: Iterable[tuple[KernelPool, Dispatcher | None]] = ()) -> Iterator[Metric]:
+    def _families(watched: Iterable[tuple[KernelPool, TurnQueues | None]] = ()) -> Iterator[Metric]:
         kernels = GaugeMetricFamily(
             "threadbook_kernels", "Kernel sessions of this process by state (starting, idle, busy, dead).", labels=["state"]
         )
@@ -344,7 +282,7 @@ _live = _LiveCollector()
 REGISTRY.register(_live)
 
 
-def watch(pool: KernelPool, dispatcher: Dispatcher | None = None) -> Callable[[], None]:
+def watch(pool: KernelPool, dispatcher: TurnQueues | None = None) -> Callable[[], None]:
     """Report ``pool``'s kernels and ``dispatcher``'s queues on every scrape until the
     returned function is called."""
     entry = (pool, dispatcher)

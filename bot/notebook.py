@@ -1,19 +1,13 @@
-"""Jupyter notebook format: execution results as nbformat outputs, threads as .ipynb.
-
-:func:`result_to_outputs` turns a :class:`~kernels.result.ExecutionResult` into nbformat v4
-output dicts (the store keeps them per cell); :func:`export_notebook` rebuilds a thread's
-timeline as a notebook: the conversation as markdown cells, executed code as code cells
-with their outputs (images included).
+"""Threads as .ipynb: :func:`export_notebook` rebuilds a thread's timeline (as the store keeps
+it, :mod:`bot.transcript`) as a notebook: the conversation as markdown cells, executed code as
+code cells with their outputs (images included).
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import re
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import nbformat
@@ -22,75 +16,12 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from bot.agent.loop import fenced_python, text_tool_call
 from bot.sources.cell import SQL_TOOL, notebook_code, notebook_markdown
-from kernels.result import DisplayOutput, ExecutionResult
+from bot.transcript import CellEntry, TimelineEntry
 
-#: MIME types whose data nbformat stores as JSON (any other type holds text).
-_JSON_MIME = re.compile(r"^application/(.*\+)?json$")
+__all__ = ["ASSISTANT_LABEL", "export_notebook"]
+
 #: Who the assistant is in exported notebooks.
 ASSISTANT_LABEL = "Threadbook"
-
-
-@dataclass(frozen=True, slots=True)
-class MessageEntry:
-    """One OpenAI-format message of a thread, as stored."""
-
-    seq: int
-    message: dict[str, Any]
-    user_id: str | None
-    created_at: float
-
-    @property
-    def role(self) -> str:
-        """``user``, ``assistant``, ``tool`` or ``system``."""
-        return str(self.message.get("role", ""))
-
-
-@dataclass(frozen=True, slots=True)
-class CellEntry:
-    """One executed code cell with its nbformat v4 outputs."""
-
-    seq: int
-    code: str
-    outputs: list[dict[str, Any]]
-    execution_count: int | None
-    outcome: str
-    duration_s: float
-    created_at: float
-
-
-#: What :meth:`bot.store.Store.timeline` returns and :func:`export_notebook` reads, in ``seq`` order.
-TimelineEntry = MessageEntry | CellEntry
-
-
-def result_to_outputs(result: ExecutionResult) -> list[dict[str, Any]]:
-    """nbformat v4 outputs of one execution: streams, displays, result, error, notice.
-
-    Consecutive stream chunks of the same name are merged; binary payloads (PNG) are
-    stored base64-encoded as nbformat requires.
-    """
-    outputs: list[dict[str, Any]] = []
-    for chunk in result.streams:
-        last = outputs[-1] if outputs else None
-        if last is not None and last["output_type"] == "stream" and last["name"] == chunk.name:
-            last["text"] += chunk.text
-        else:
-            outputs.append(new_output("stream", name=chunk.name, text=chunk.text))
-    for display in result.displays:
-        outputs.append(new_output("display_data", data=_mime_bundle(display), metadata=dict(display.metadata)))
-    if result.result_data is not None or result.result is not None:
-        bundle = _mime_bundle(result.result_data) if result.result_data else {"text/plain": result.result}
-        metadata = dict(result.result_data.metadata) if result.result_data else {}
-        outputs.append(
-            new_output("execute_result", data=bundle, metadata=metadata, execution_count=result.execution_count)
-        )
-    if result.error is not None:
-        error = result.error
-        outputs.append(
-            new_output("error", ename=error.ename, evalue=error.evalue, traceback=error.traceback.splitlines())
-        )
-    if result.notice:
-        outputs.append(new_output("stream", name="stderr", text=f"[{result.notice}]\n"))
-    return [_plain(output) for output in outputs]
 
 
 def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
@@ -190,31 +121,6 @@ def _cells_run_by(timeline: Sequence[TimelineEntry]) -> dict[int, list[list[Cell
             found.append(runs)
         ran_by[entry.seq] = found
     return ran_by
-
-
-def _mime_bundle(display: DisplayOutput) -> dict[str, Any]:
-    """The bundle as the kernel sent it: every MIME type kept, binary ones base64-encoded."""
-    return {mime: _payload(mime, value) for mime, value in display.data.items()}
-
-
-def _payload(mime: str, value: Any) -> Any:
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii")
-    if isinstance(value, str) or _JSON_MIME.match(mime):
-        return value
-    # nbformat takes structured data only under a JSON type (``…+json``); any other type (Altair
-    # 6 says ``application/vnd.vegalite.v6.json``) keeps its data as JSON text so the
-    # notebook stays valid.
-    return json.dumps(value)
-
-
-def _plain(node: Any) -> Any:
-    """NotebookNode → plain dicts/lists, so callers can ``json.dumps`` without nbformat."""
-    if isinstance(node, dict):
-        return {key: _plain(value) for key, value in node.items()}
-    if isinstance(node, list):
-        return [_plain(value) for value in node]
-    return node
 
 
 def _text_of(content: Any) -> str:

@@ -46,7 +46,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from bot.database import Database, database_url, open_database
 from bot.events import ThreadKey
 from bot.migrations import legacy
-from bot.notebook import CellEntry, MessageEntry, TimelineEntry, result_to_outputs
+from bot.transcript import CellEntry, MessageEntry, TimelineEntry, result_to_outputs
 from bot.schedules.book import ScheduleBook
 from bot.schema import cells, feedback, messages, processed, replicas, threads, turns_in_flight, usage
 from kernels.result import ExecutionResult

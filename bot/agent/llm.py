@@ -20,11 +20,13 @@ import dataclasses
 import json
 import logging
 import random
+import functools
 import re
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -83,6 +85,72 @@ class ContextLengthError(LLMError):
         super().__init__(message, status=status)
         self.limit = limit
         self.requested = requested
+
+
+# --- metrics of each request (the decorator on LLMClient.complete) ---------------------------
+
+
+class _LLMClient(Protocol):
+    @property
+    def settings(self) -> LLMSettings: ...
+
+
+_Client = TypeVar("_Client", bound=_LLMClient)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def observe_llm(
+    complete: Callable[Concatenate[_Client, _P], Awaitable[_R]],
+) -> Callable[Concatenate[_Client, _P], Awaitable[_R]]:
+    """Decorates ``LLMClient.complete``: its latency and tokens by model, its failures by kind,
+    and when its endpoint last answered or failed (for readiness)."""
+
+    @functools.wraps(complete)
+    async def observed(self: _Client, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        settings = self.settings
+        model = kwargs.get("model")
+        model = model if isinstance(model, str) and model else settings.model
+        seen = metrics.endpoint_seen(settings.base_url)
+        started = time.monotonic()
+        try:
+            completion = await complete(self, *args, **kwargs)
+        except Exception as exc:
+            seen.last_failure = time.monotonic()
+            metrics.LLM_SECONDS.labels(model).observe(seen.last_failure - started)
+            metrics.ERRORS.labels(f"llm_{llm_error_kind(exc)}").inc()
+            raise
+        seen.last_ok = time.monotonic()
+        metrics.LLM_SECONDS.labels(model).observe(seen.last_ok - started)
+        usage = getattr(completion, "usage", None)
+        metrics.LLM_TOKENS.labels(model, "prompt").inc(max(0, getattr(usage, "prompt_tokens", 0) or 0))
+        metrics.LLM_TOKENS.labels(model, "completion").inc(max(0, getattr(usage, "completion_tokens", 0) or 0))
+        return completion
+
+    return observed
+
+
+def llm_error_kind(exc: BaseException) -> str:
+    """One of :data:`bot.metrics.LLM_ERROR_KINDS` for a failed request (an ``LLMError`` and its cause)."""
+    if isinstance(exc, ContextLengthError):
+        return "context_length"
+    status = exc.status if isinstance(exc, LLMError) else None
+    if status is not None:
+        if status in (401, 403):
+            return "auth"
+        if status == 404:
+            return "not_found"
+        if status == 429:
+            return "rate_limited"
+        return "server_error" if status >= 500 else "refused"
+    cause = exc.__cause__
+    if isinstance(cause, openai.APITimeoutError):  # before APIConnectionError: a subclass of it
+        return "timeout"
+    if isinstance(cause, openai.APIConnectionError):
+        return "connection"
+    if isinstance(cause, (openai.APIResponseValidationError, ValueError)) or type(cause).__name__ == "_Unreadable":
+        return "unreadable"
+    return "other"
 
 
 @dataclass
@@ -159,7 +227,7 @@ class LLMClient:
         """Close the HTTP connections."""
         await self._client.close()
 
-    @metrics.observe_llm  # latency, tokens and failures; when the endpoint last answered (readiness)
+    @observe_llm  # latency, tokens and failures; when the endpoint last answered (readiness)
     async def complete(
         self,
         messages: list[dict[str, Any]],

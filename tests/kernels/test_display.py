@@ -22,7 +22,8 @@ from PIL import Image
 
 from bot.agent.observation import format_observation
 from bot.agent.prompt import build_system_prompt
-from bot.notebook import CellEntry, export_notebook, result_to_outputs
+from bot.notebook import export_notebook
+from bot.transcript import CellEntry, result_to_outputs
 from bot.turn import Outputs, collect_outputs
 from kernels import KernelPool, KernelSession, build_pool
 from kernels.forkserver import ForkingLauncher

@@ -10,7 +10,8 @@ from pathlib import Path
 import nbformat
 from PIL import Image
 
-from bot.notebook import export_notebook, result_to_outputs
+from bot.notebook import export_notebook
+from bot.transcript import result_to_outputs
 from bot.store import Store
 from kernels.result import DisplayOutput, ErrorInfo, ExecutionResult, Outcome, StreamChunk
 
