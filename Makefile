@@ -13,7 +13,7 @@ CONFIG ?= config.yaml
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 
-.PHONY: run console test check bench clean venv dev-venv kernel-env gateway-env
+.PHONY: run console test test-fast check bench clean venv dev-venv kernel-env gateway-env
 
 venv: $(VENV)/.installed $(KERNEL_VENV)/.installed
 
@@ -59,6 +59,11 @@ $(GATEWAY_VENV)/.installed: $(VENV)/.installed
 
 test: dev-venv gateway-env
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Local work: everything but the slow suites (images, benchmarks) and those that start a
+# PostgreSQL or a Kernel Gateway (markers set in tests/conftest.py); CI runs `make test`.
+test-fast: dev-venv
+	$(PY) -m pytest -m "not slow and not postgres and not gateway" $(PYTEST_ARGS)
 
 # Strict typing (with pydantic's plugin) and the import layering; both configured in pyproject.toml.
 check: dev-venv

@@ -71,3 +71,25 @@ def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
     if request.param == "sqlite":
         return tmp_path / "data" / "threadbook.db"
     return str(request.getfixturevalue("pg_url"))
+
+
+#: Parameter ids of kernel sources that run in the sandbox (tests/kernels, tests/security).
+_SANDBOXED_IDS = ("bwrap", "fork", "warm", "sandboxed")
+_SLOW_FOLDERS = ("tests/container/", "tests/bench/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by what it needs (the markers of pyproject.toml), so a run can leave
+    out what is slow or needs a server: ``make test-fast``."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        path = item.path.as_posix()
+        ids = item.nodeid.partition("[")[2]
+        if fixtures & {"postgres", "pg_url"} or "postgresql" in ids or "/tests/replicas/" in path:
+            item.add_marker(pytest.mark.postgres)
+        if "gateway" in fixtures or "/tests/gateway/" in path or "gateway" in ids:
+            item.add_marker(pytest.mark.gateway)
+        if "/tests/security/" in path or any(name in ids for name in _SANDBOXED_IDS):
+            item.add_marker(pytest.mark.sandbox)
+        if any(f"/{folder}" in path for folder in _SLOW_FOLDERS):
+            item.add_marker(pytest.mark.slow)
