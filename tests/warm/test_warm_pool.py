@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,21 +25,20 @@ async def warm_pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
     await pool.shutdown_all()
 
 
-async def test_hand_out_is_fast_sees_uploads_and_refills(warm_pool: KernelPool) -> None:
+async def test_hand_out_is_warm_sees_uploads_and_refills(warm_pool: KernelPool) -> None:
     warm = warm_pool.warm
     assert warm is not None
     workspace = warm_pool.workspaces.for_key("w:a")
     (workspace.path / "upload.csv").write_text("a,b\n1,2\n")  # the first message's attachment
 
-    started = time.monotonic()
     session = await warm_pool.get_or_start("w:a")
     result = await session.execute(
         "import os; print(open('upload.csv').read().split()[1], os.getcwd() == os.environ['HOME'])"
     )
-    elapsed = time.monotonic() - started
     assert result.ok and result.streams[0].text == "1,2 True\n", result
     assert result.execution_count == 1  # the warm-up left no trace in the thread's history
-    assert elapsed < 0.5, f"hand-out + first execution took {elapsed:.3f} s"
+    # The thread got the warm kernel, not a cold start (how fast that is: `python -m bench`, first_exec pool).
+    assert (warm.hits, warm.misses) == (1, 0)
 
     await session.execute("open('made.txt', 'w').write('x')")
     assert (workspace.path / "made.txt").read_text() == "x"  # the Workspace object still addresses it
