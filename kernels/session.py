@@ -2,7 +2,7 @@
 
 An execution follows nbclient's ``async_execute_cell``: only iopub messages whose parent
 ``msg_id`` is ours count, the execution ends on ``status: idle``, the shell reply is read
-for the execution count, and a 1 s watchdog turns a dead process into ``Outcome.DIED``.
+for the execution count, and a watchdog (every 0.25 s) turns a dead process into ``Outcome.DIED``.
 On timeout the kernel is interrupted; if it is still busy ``interrupt_grace_s`` later
 (a long C call ignores SIGINT), it is replaced by a fresh kernel in the same workspace.
 When an execution ends, processes it left running are killed unless the channel allows
