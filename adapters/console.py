@@ -180,6 +180,7 @@ class _ConsoleProgress:
         self._console = console
 
     async def start(self, status: str) -> None:
+        self._console.new_turn()
         self._console.status(status)
 
     async def update(self, status: str) -> None:
@@ -419,6 +420,11 @@ class ConsoleAdapter:
         """Show a progress line when a person is watching."""
         if self._terminal is not None and not self._quitting:
             self._terminal.status(text)
+
+    def new_turn(self) -> None:
+        """A turn starts (its steps are shown from step 1 again)."""
+        if self._terminal is not None:
+            self._terminal.new_turn()
 
     def cell(self, cell: CellProgress) -> None:
         """Show the running cell (its code and output as it runs) when a person is watching."""

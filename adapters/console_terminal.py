@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -32,6 +33,14 @@ from rich.text import Text
 from bot.events import CellProgress
 
 log = logging.getLogger(__name__)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _visible(text: str) -> str:
+    """``text`` without terminal control (escape sequences would be obeyed, not shown)."""
+    return _CONTROL.sub("", text)
 
 
 class _CurrentStdout:
@@ -84,15 +93,15 @@ class Terminal:
 
     def say(self, text: str) -> None:
         """A plain line (file names, the banner): printed as it is, no markup."""
-        self._console().print(Text(text), soft_wrap=True)
+        self._console().print(Text(_visible(text)), soft_wrap=True)
 
     def markdown(self, text: str) -> None:
         """An answer or notice, rendered."""
-        self._console().print(Markdown(text))
+        self._console().print(Markdown(_visible(text)))
 
     def status(self, text: str) -> None:
         """A status line, dimmed."""
-        self._console().print(Text(f"  … {text}", style="dim"), soft_wrap=True)
+        self._console().print(Text(f"  … {_visible(text)}", style="dim"), soft_wrap=True)
 
     def cell(self, cell: CellProgress) -> None:
         """The running cell: its code once when it starts (unless quiet), then each line it
@@ -100,9 +109,10 @@ class Terminal:
         console = self._console()
         if cell.round != self._round:
             self._round, self._printed_lines = cell.round, 0
-            console.print(Text(f"  … Running step {cell.round}: {cell.label}", style="dim"), soft_wrap=True)
+            console.print(Text(f"  … Running step {cell.round}: {_visible(cell.label)}", style="dim"), soft_wrap=True)
             if self._show_code:
-                console.print(Syntax(cell.code, "python", theme="ansi_dark", line_numbers=False, word_wrap=True))
+                code = _visible(cell.code)
+                console.print(Syntax(code, "python", theme="ansi_dark", line_numbers=False, word_wrap=True))
         if not self._show_code:
             return
         ended = cell.lines[: len(cell.lines) - cell.unfinished_lines]
@@ -114,6 +124,10 @@ class Terminal:
         for line in ended[-new:]:
             console.print(Text(f"  │ {line}", style="dim"), soft_wrap=True)
         self._printed_lines = cell.ended_lines
+
+    def new_turn(self) -> None:
+        """A turn starts: its steps count from 1 again."""
+        self._round, self._printed_lines = 0, 0
 
     def _console(self) -> Console:
         return Console(

@@ -27,6 +27,8 @@ SHOWN_LINES = 6
 LINE_CHARS = 160
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 _BREAKS = re.compile(r"(\r\n|\r|\n)")
+#: What is left of terminal control after the escapes: shown to no one (a console would obey it).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 class CellOutput:
@@ -44,7 +46,7 @@ class CellOutput:
         """Take one stream message (``name`` is ``stdout`` or ``stderr``); cheap, never blocks."""
         line = self._open.get(name, "")
         redraw = self._redraw.get(name, False)
-        for piece in _BREAKS.split(_ANSI.sub("", text)):
+        for piece in _BREAKS.split(_CONTROL.sub("", _ANSI.sub("", text))):
             if piece in ("\n", "\r\n"):
                 self._lines.append(line[:LINE_CHARS])
                 self.ended += 1
@@ -104,8 +106,11 @@ class LiveCell:
         if self._output is not None:
             self._output.record(name, text)
 
-    def ran(self) -> None:
-        """The cell ended: nothing more is shown for it."""
+    async def ran(self, *, show: bool = True) -> None:
+        """The cell ended: what it printed last is shown once more (a quick cell's only
+        showing; not with ``show`` false, when the run failed), then nothing more for it."""
+        if show and self._output is not None and self._output.latest()[0]:
+            await self._show()
         self._output = None
 
     async def close(self) -> None:

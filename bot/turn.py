@@ -161,8 +161,10 @@ class _RecordingRunner:
             live.begin()
             try:
                 result = await self.session.execute(code, timeout, on_output=live.record)
-            finally:
-                live.ran()
+            except BaseException:
+                await live.ran(show=False)
+                raise
+            await live.ran()
         if self.turn.stopped and result.outcome is not Outcome.INTERRUPTED:
             result.outcome = Outcome.INTERRUPTED
         return result

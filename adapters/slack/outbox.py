@@ -32,8 +32,8 @@ FEEDBACK_ACTION_ID = "threadbook_feedback"
 #: What the status line cycles through while a turn runs in an assistant thread.
 LOADING_MESSAGES = ["Reading the question…", "Writing Python…", "Running it in this thread's kernel…", "Checking the result…"]
 RECEIVED, DONE, FAILED = "eyes", "white_check_mark", "x"
-#: chat.update is rate-limited (~50/min per channel): at most one status edit per second.
-STATUS_INTERVAL_S = 1.0
+#: chat.update is rate-limited (~50/min): at most one status edit per 1.2 s, also while a long cell runs.
+STATUS_INTERVAL_S = 1.2
 #: Larger result files stay in the workspace (a chat thread is no place for them; uploads stream either way).
 MAX_UPLOAD_BYTES = 100 * 2**20
 _SECTION_LIMIT = 2900  # a section block's text may hold 3,000 characters

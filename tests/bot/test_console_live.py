@@ -36,6 +36,13 @@ async def test_the_code_and_its_output_show_while_it_runs_and_the_answer_is_rend
         shown_while_running = plain(term.transcript)
         await term.expect("ticks, saved in")
         await term.expect(PROMPT)
+        # The next turn's steps count from 1 again, and show their code and output too.
+        llm.script(tool_call("# Once more\nprint('again')"), answer("Done again."))
+        term.child.sendline("once more")
+        await term.expect("Running step 1: Once more")
+        await term.expect("│ again")
+        await term.expect("Done again.")
+        await term.expect(PROMPT)
         term.child.sendeof()
         await term.expect("Resume this thread with: python -m bot console --thread ticks")
         assert await term.exit_code() == 0

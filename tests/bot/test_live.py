@@ -70,11 +70,17 @@ async def test_the_running_cell_is_shown_at_once_then_each_tick_with_its_newest_
     for n in range(3):
         live.record("stdout", f"{n}\n")
         await asyncio.sleep(0.2)
-    live.ran()
+    await live.ran()
     await asyncio.sleep(0.5)
     await live.close()
     assert shown.cells[0].lines == () and shown.cells[0].label == "Count"
     assert any(cell.lines for cell in shown.cells)
     # Rendered no faster than the platform takes them (sequential ticks), and nothing after the cell ended.
     assert len(shown.cells) <= 6
-    assert shown.cells[-1].lines[-1:] in ((), ("0",), ("1",), ("2",))
+    assert shown.cells[-1].lines == ("0", "1", "2")  # its last state was shown when it ended, then nothing more
+
+
+def test_terminal_control_in_the_output_is_left_out() -> None:
+    output = CellOutput()
+    output.record("stdout", "\x1b]0;pwned\x07title \x1b[2Jcleared\x08\x9bX\n")
+    assert output.latest() == (("title clearedX",), 0)

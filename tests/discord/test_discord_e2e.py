@@ -7,6 +7,7 @@ thread (so its own kernel) with a fresh mention.
 from __future__ import annotations
 
 import io
+import re
 import time
 import zipfile
 from collections.abc import AsyncIterator
@@ -205,6 +206,22 @@ async def test_oversized_files_are_zipped_or_reported(world: World) -> None:
     note = await fake.wait_for_sent(thread_id, lambda s: "noise.bin" in s.content)
     assert "upload limit" in note.content and "workspace" in note.content
     assert all(f.name != "noise.bin" for s in fake.sent[thread_id] for f in s.files)
+
+
+async def test_a_running_cell_shows_its_time_and_latest_lines_in_the_status(world: World) -> None:
+    fake = world.discord
+    world.llm.script(
+        tool_call("# Count slowly\nimport time\nfor i in range(10):\n    print(f'line {i}', flush=True)\n    time.sleep(0.5)"),
+        answer("Counted."),
+    )
+    message, thread_id = await world.ask("count to ten slowly")
+    assert await world.turn_done(message) == "✅"
+    status = next(s for s in fake.sent[thread_id] if s.content.startswith("✅ Done.") and s.edits)
+    running = [e for e in status.edits if e.startswith("⏳ Running step 1 (")]
+    assert running and all("Count slowly" in e for e in running)  # the model's words label the step
+    seen = {int(n) for e in running for n in re.findall(r"line (\d)", e)}
+    assert len(seen) >= 2 and min(seen) < 9  # lines it printed showed up while it ran
+    assert len(status.edits) <= 2 + 5 / 1.5 + 2  # throttled: no edit per printed line, no backlog
 
 
 async def test_stop_button_interrupts_a_long_cell(world: World) -> None:
