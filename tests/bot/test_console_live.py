@@ -4,9 +4,14 @@ to resume printed on exit, and ``--quiet``. Driven through a pseudo-terminal."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from pathlib import Path
 
+import pexpect
+
+from tests.bot.test_console import REPO
 from tests.bot.test_console_terminal import PROMPT, console, last_user_text
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
 
@@ -100,3 +105,38 @@ async def test_quiet_shows_one_line_per_step_and_no_code(tmp_path: Path) -> None
     shown = plain(term.transcript)
     assert "range(6)" not in shown and "│ tick" not in shown
     assert shown.count("Running step 1") == 1  # not a line per second
+
+
+SCRIPT = """
+import asyncio, sys
+from adapters.console_terminal import Terminal
+
+async def main():
+    terminal = Terminal(sys.stdin, sys.stdout, history=None, show_code=True)
+    with terminal.attached():
+        async def scheduled():
+            await asyncio.sleep(1.5)  # while the person is typing
+            terminal.markdown("**Scheduled run:** revenue is up.")
+        task = asyncio.create_task(scheduled())
+        line = await terminal.read("you> ")
+        await task
+    print("READ:" + repr(line))
+
+asyncio.run(main())
+"""
+
+
+async def test_what_is_printed_while_someone_types_goes_above_the_prompt(tmp_path: Path) -> None:
+    """A scheduled run's answer arrives while a line is half typed: it is printed above the prompt,
+    and the line goes on where it was."""
+    child = pexpect.spawn(sys.executable, ["-c", SCRIPT], cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(REPO)},
+                          encoding="utf-8", dimensions=(50, 250))
+    try:
+        await child.expect_exact(PROMPT, timeout=10, async_=True)
+        child.send("half ")
+        await child.expect_exact("revenue is up.", timeout=10, async_=True)
+        await child.expect_exact("you> \x1b[0mhalf", timeout=10, async_=True)  # the prompt and what was typed, redrawn below it
+        child.send("typed\r")
+        await child.expect_exact("READ:'half typed'", timeout=10, async_=True)
+    finally:
+        child.close(force=True)
