@@ -200,7 +200,7 @@ def _detect_v2(own: str, mounts: list[_Mount]) -> tuple[CgroupSupport | None, st
             _write(parent / "cpu.weight", str(V2_KERNELS_CPU_WEIGHT))
     except OSError as exc:
         return None, f"cgroup v2: cannot set up {folder / PARENT}: {exc.strerror or exc}"
-    _remove_stale(parent)
+    _remove_stale((parent,))
     hierarchy = Hierarchy(controllers=controllers, parent=parent, own=own)
     return CgroupSupport(version=2, hierarchies=(hierarchy,), swap_accounted=(parent / "memory.swap.max").exists()), ""
 
@@ -254,31 +254,36 @@ def _detect_v1(own: dict[str, str], mounts: list[_Mount]) -> tuple[CgroupSupport
             continue
         if "memory" in controllers:
             swap = (parent / "memory.memsw.limit_in_bytes").exists()
-        _remove_stale(parent)
         hierarchies.append(Hierarchy(controllers=controllers, parent=parent, own=path))
     if not any(name in h.controllers for h in hierarchies for name in LIMIT_CONTROLLERS):
         return None, "cgroup v1: " + ("; ".join(problems) if problems else "no memory, pids or cpu hierarchy mounted")
     if problems:
         log.warning("cgroup v1: not every controller can be used: %s", "; ".join(problems))
+    _remove_stale(tuple(h.parent for h in hierarchies))
     order = {name: index for index, name in enumerate(CONTROLLERS)}
     hierarchies.sort(key=lambda h: order[h.controllers[0]])
     return CgroupSupport(version=1, hierarchies=tuple(hierarchies), swap_accounted=swap), ""
 
 
-def _remove_stale(parent: Path) -> None:
-    """Remove kernel cgroups left by a bot process that no longer runs (and their processes)."""
-    try:
-        entries = list(os.scandir(parent))
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.name.startswith(KERNEL_PREFIX) or not entry.is_dir(follow_symlinks=False):
+def _remove_stale(parents: tuple[Path, ...]) -> None:
+    """Remove kernel cgroups left by a bot process that no longer runs (and their processes).
+    A kernel's folders in every hierarchy go together: its processes may be frozen (the bot
+    died between turns), and only its freezer folder can thaw them so that they die."""
+    stale: dict[str, list[Path]] = {}
+    for parent in parents:
+        try:
+            entries = list(os.scandir(parent))
+        except OSError:
             continue
-        owner = entry.name[len(KERNEL_PREFIX) :].split("-", 1)[0]
-        if not owner.isdigit() or psutil.pid_exists(int(owner)):
-            continue
-        if KernelCgroup((Path(entry.path),)).remove():
-            log.info("removed the cgroup %s of a bot process that is gone", entry.path)
+        for entry in entries:
+            if not entry.name.startswith(KERNEL_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                continue
+            owner = entry.name[len(KERNEL_PREFIX) :].split("-", 1)[0]
+            if owner.isdigit() and not psutil.pid_exists(int(owner)):
+                stale.setdefault(entry.name, []).append(Path(entry.path))
+    for name, folders in stale.items():
+        if KernelCgroup(tuple(folders)).remove():
+            log.info("removed the cgroup %s of a bot process that is gone", name)
 
 
 class KernelCgroup:

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from kernels.cgroups import (
@@ -189,3 +190,35 @@ def test_cgroups_of_a_dead_bot_are_removed_at_detection() -> None:
         assert all(folder.exists() for folder in alive), "a live bot's cgroups are left alone"
     finally:
         KernelCgroup(tuple(alive)).remove()
+
+
+@needs_cgroups
+def test_a_dead_bots_frozen_kernel_is_killed_and_removed_at_detection() -> None:
+    """A bot killed between turns leaves its kernels frozen (a SIGKILL waits for the thaw):
+    the next bot's detection thaws them through their freezer folder, kills and removes them."""
+    assert SUPPORT is not None
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    name = f"{KERNEL_PREFIX}{gone.pid}-{uuid.uuid4().hex[:8]}"
+    folders = tuple(h.parent / name for h in SUPPORT.hierarchies)
+    for folder in folders:
+        folder.mkdir()
+    kernel = KernelCgroup(folders)
+    # An orphan, as a dead bot's kernel is (its parent, init, reaps it once it dies).
+    shell = subprocess.run(["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], preexec_fn=kernel.enter,
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    orphan = psutil.Process(int(shell.stdout))
+    try:
+        if not (kernel.can_freeze and kernel.freeze()):
+            pytest.skip("no freezer here")
+        orphan.kill()  # pending until thawed, like the pdeathsig of a dead bot's kernel
+        time.sleep(0.1)
+        assert orphan.is_running() and orphan.status() != psutil.STATUS_ZOMBIE
+        started = time.monotonic()
+        support, _ = detect()
+        assert isinstance(support, CgroupSupport)
+        assert not any(folder.exists() for folder in kernel.folders)
+        assert time.monotonic() - started < 5  # each folder alone would wait for its kill timeout
+        assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE
+    finally:
+        kernel.remove()
