@@ -218,14 +218,18 @@ class ConsoleAdapter:
         """``quiet``: on a terminal, one line per step instead of its code and output;
         ``thread_folders``: files go to a folder of the thread's own under ``out_dir``."""
         self._dispatcher = dispatcher
-        self.key = ThreadKey("console", "local", "console", thread or time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6])
+        self.key = ThreadKey(
+            "console", "local", "console", thread or time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        )
         self._out_dir = out_dir / _disk_name(self.key.thread) if thread_folders else out_dir
         self._stdin = stdin
         self._stdout = stdout
         self._stderr = stderr
         self._interactive = stdin.isatty()
         self._terminal = (
-            Terminal(stdin, stdout, history=self._out_dir / HISTORY_NAME, show_code=not quiet) if self._interactive else None
+            Terminal(stdin, stdout, history=self._out_dir / HISTORY_NAME, show_code=not quiet)
+            if self._interactive
+            else None
         )
         self._log_path = log_path
         self._quit = asyncio.Event()
@@ -354,7 +358,7 @@ class ConsoleAdapter:
         try:
             names = shlex.split(line)[1:]
         except ValueError as exc:  # unbalanced quotes
-            self._say(f"not attached: {exc} (quote names with spaces, e.g. /attach \"my file.csv\")")
+            self._say(f'not attached: {exc} (quote names with spaces, e.g. /attach "my file.csv")')
             return []
         found: list[Attachment] = []
         for raw in names:
@@ -363,7 +367,11 @@ class ConsoleAdapter:
                 self._say(f"not attached: {shown(raw)} is not a file")
                 continue
             mime, _ = mimetypes.guess_type(path.name)
-            found.append(Attachment(name=path.name, size=path.stat().st_size, mime=mime, fetch=functools.partial(_file_fetcher, path)))
+            found.append(
+                Attachment(
+                    name=path.name, size=path.stat().st_size, mime=mime, fetch=functools.partial(_file_fetcher, path)
+                )
+            )
             self._say(f"attached: {shown(path.name)} (goes with your next message)")
         return found
 

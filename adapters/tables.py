@@ -144,8 +144,10 @@ def render_table(table: Table) -> list[str]:
     aligns = table.aligns + ["left"] * (columns - len(table.aligns))
     grid = [_pad_row(table.header, columns), *(_pad_row(row, columns) for row in table.rows)]
     widths = [max(1, *(display_width(row[c]) for row in grid)) for c in range(columns)]
-    lines = [_SEPARATOR.join(_fit(cell, widths[c], aligns[c]) for c, cell in enumerate(_trimmed(row))).rstrip()
-             for row in grid]
+    lines = [
+        _SEPARATOR.join(_fit(cell, widths[c], aligns[c]) for c, cell in enumerate(_trimmed(row))).rstrip()
+        for row in grid
+    ]
     rule = "-+-".join("-" * width for width in widths)
     return [lines[0], rule, *lines[1:]]
 
@@ -169,8 +171,12 @@ def align_tables(markdown: str) -> str:
         line = lines[i]
         opening = _FENCE.match(line)
         if fence is not None:
-            if opening and opening.group(1)[0] == fence[0] and len(opening.group(1)) >= len(fence) \
-                    and not opening.group(2).strip():
+            if (
+                opening
+                and opening.group(1)[0] == fence[0]
+                and len(opening.group(1)) >= len(fence)
+                and not opening.group(2).strip()
+            ):
                 fence = None
             out.append(line)
             i += 1

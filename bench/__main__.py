@@ -47,8 +47,17 @@ class Sizes:
     idle_s: float = 2.0
 
 
-FULL = Sizes(first=10, burst=100, turns=30, concurrent=100, queued=24, restores=5, replica_threads=10, trace_burst=20,
-             idle_s=60.0)  # fmt: skip
+FULL = Sizes(
+    first=10,
+    burst=100,
+    turns=30,
+    concurrent=100,
+    queued=24,
+    restores=5,
+    replica_threads=10,
+    trace_burst=20,
+    idle_s=60.0,
+)
 QUICK = Sizes(first=2, burst=3, turns=5, concurrent=5, queued=4, restores=1, replica_threads=2)
 
 
@@ -73,15 +82,26 @@ TARGETS = (
     Target("concurrent", "pool", "errors", 0, "100 concurrent threads answered, no error (warm pool)"),
     Target("concurrent", "fork", "errors", 0, "100 concurrent threads answered, no error (fork server)"),
     Target("concurrent", "spawn", "errors", 0, "100 concurrent threads answered, no error (spawn)"),
-    Target("queued", "fork", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (fork server)"),
+    Target(
+        "queued", "fork", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (fork server)"
+    ),
     Target("queued", "pool", "errors", 0, "24 new threads against 12 kernels: all answered, none refused (warm pool)"),
     Target("restore", "fork", "p50_ms", 1000, "restore a thread's 1M-row DataFrame into its next kernel: p50 <= 1 s"),
     Target("freeze", "fork", "p50_ms", 2, "freeze + CPU reading + thaw of a thread's kernel: p50 <= 2 ms"),
-    Target("freeze", "fork", "idle_cpu_s", 0.05, "an idle thread's kernel, a spinning thread in it: no CPU (<= 0.05 s)"),
-    Target("sources", "spawn", "p50_ms", 1500, "100,000 rows x 5 columns from PostgreSQL into a DataFrame: p50 <= 1.5 s"),
+    Target(
+        "freeze", "fork", "idle_cpu_s", 0.05, "an idle thread's kernel, a spinning thread in it: no CPU (<= 0.05 s)"
+    ),
+    Target(
+        "sources", "spawn", "p50_ms", 1500, "100,000 rows x 5 columns from PostgreSQL into a DataFrame: p50 <= 1.5 s"
+    ),
     Target("sources", "spawn", "peak_mib", 100, "the bot's memory while fetching 1,000,000 rows: <= +100 MiB"),
-    Target("replicas", "2-replicas", "errors", 0,
-           "100 messages in 10 threads through 2 replicas on PostgreSQL: each answered once, in order"),
+    Target(
+        "replicas",
+        "2-replicas",
+        "errors",
+        0,
+        "100 messages in 10 threads through 2 replicas on PostgreSQL: each answered once, in order",
+    ),
 )
 
 
@@ -98,16 +118,22 @@ def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[st
         "freeze": lambda mode, root: freeze.freeze_cost(mode, root, sizes.turns, sizes.idle_s, sandbox=sandbox),
         "replicas": lambda mode, root: replicas.turns_per_second(mode, root, sizes.replica_threads),
         "sources": lambda mode, root: sources.load_rows(mode, root, sizes.first, sandbox=sandbox),
-        **({"warm_trace": lambda mode, root: warm_trace.replay(mode, root, sizes.trace_burst, sandbox=sandbox)}
-           if sizes.trace_burst else {}),
+        **(
+            {"warm_trace": lambda mode, root: warm_trace.replay(mode, root, sizes.trace_burst, sandbox=sandbox)}
+            if sizes.trace_burst
+            else {}
+        ),
     }
 
 
 #: Scenarios whose modes are not kernel sources.
 SCENARIO_MODES: dict[str, tuple[str, ...]] = {
-    "replicas": replicas.MODES, "warm_trace": warm_trace.MODES, "fork_path": ("fork",), "sources": sources.MODES,
+    "replicas": replicas.MODES,
+    "warm_trace": warm_trace.MODES,
+    "fork_path": ("fork",),
+    "sources": sources.MODES,
     "freeze": ("spawn", "fork"),
-}  # fmt: skip
+}
 
 
 async def run(sizes: Sizes, only: set[str] | None, sandbox: Sandbox = "none") -> dict[str, dict[str, dict[str, Any]]]:
@@ -149,10 +175,18 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 #: Scenario-specific numbers shown in the table's last column: key → label.
-_ALSO = {"save_ms": "save {:.0f} ms", "csv_ms": "CSV re-read {:.0f} ms", "snapshot_mib": "snapshot {:.1f} MiB",
-         "turns_per_s": "{:.1f} turns/s", "hit_rate": "hit rate {:.0%}", "peak_warm": "peak warm {}",
-         "floor_s": "floor {:.2f} s", "cpu_per_kernel_ms": "CPU {:.0f} ms/kernel",
-         "peak_mib": "bot peak +{:.1f} MiB (1M rows)", "load_1m_ms": "1M rows {:.0f} ms"}
+_ALSO = {
+    "save_ms": "save {:.0f} ms",
+    "csv_ms": "CSV re-read {:.0f} ms",
+    "snapshot_mib": "snapshot {:.1f} MiB",
+    "turns_per_s": "{:.1f} turns/s",
+    "hit_rate": "hit rate {:.0%}",
+    "peak_warm": "peak warm {}",
+    "floor_s": "floor {:.2f} s",
+    "cpu_per_kernel_ms": "CPU {:.0f} ms/kernel",
+    "peak_mib": "bot peak +{:.1f} MiB (1M rows)",
+    "load_1m_ms": "1M rows {:.0f} ms",
+}
 
 
 def _also(result: dict[str, Any]) -> str:
@@ -191,8 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small CI smoke run; targets do not fail it")
     parser.add_argument("--only", action="append", choices=list(scenarios(FULL)), help="run only these scenarios")
     parser.add_argument("--output", type=Path, default=RESULTS, help="where to write the JSON results")
-    parser.add_argument("--sandbox", choices=("none", "bwrap"), default="none",
-                        help="kernel sandbox of every mode (bwrap: spawned vs fork-server kernels in bubblewrap)")
+    parser.add_argument(
+        "--sandbox",
+        choices=("none", "bwrap"),
+        default="none",
+        help="kernel sandbox of every mode (bwrap: spawned vs fork-server kernels in bubblewrap)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     sizes = QUICK if args.quick else FULL

@@ -110,4 +110,3 @@ def breakdown_table(result: dict[str, Any]) -> str:
     rows += [f"| {step} | {ms:.1f} |" for step, ms in result["steps_ms"].items()]
     rows.append(f"| **request → first result (p50 of totals)** | **{result['p50_ms']:.1f}** |")
     return "\n".join(rows)
-

@@ -20,7 +20,9 @@ SPINNER = "import threading\nthreading.Thread(target=lambda: [None for _ in iter
 KEY = "bench:freeze"
 
 
-async def freeze_cost(mode: str, root: Path, samples: int, idle_s: float, *, sandbox: Sandbox = "none") -> dict[str, Any]:
+async def freeze_cost(
+    mode: str, root: Path, samples: int, idle_s: float, *, sandbox: Sandbox = "none"
+) -> dict[str, Any]:
     """Time ``samples`` freeze/thaw cycles and executions, then an idle kernel's CPU over ``idle_s``."""
     async with open_pool(mode, root, sandbox=sandbox) as pool:
         session = await pool.get_or_start(KEY)

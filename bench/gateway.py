@@ -43,7 +43,9 @@ class KernelGateway:
         spec = root / "share" / "jupyter" / "kernels" / KERNEL_NAME
         spec.mkdir(parents=True, exist_ok=True)
         argv = [str(KERNEL_PYTHON), "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-        (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Threadbook", "language": "python"}))
+        (spec / "kernel.json").write_text(
+            json.dumps({"argv": argv, "display_name": "Threadbook", "language": "python"})
+        )
 
     def start(self) -> None:
         """Start it and wait until it answers."""
@@ -56,11 +58,14 @@ class KernelGateway:
             "KG_AUTH_TOKEN": self.token,
         }
         args = [
-            str(GATEWAY), "--KernelGatewayApp.ip=127.0.0.1", f"--KernelGatewayApp.port={self.port}",
-            "--JupyterWebsocketPersonality.list_kernels=True", f"--KernelGatewayApp.default_kernel_name={KERNEL_NAME}",
+            str(GATEWAY),
+            "--KernelGatewayApp.ip=127.0.0.1",
+            f"--KernelGatewayApp.port={self.port}",
+            "--JupyterWebsocketPersonality.list_kernels=True",
+            f"--KernelGatewayApp.default_kernel_name={KERNEL_NAME}",
             "--KernelGatewayApp.env_process_whitelist=['HOME','JUPYTER_PATH','JUPYTER_RUNTIME_DIR']",
-        ]  # fmt: skip
-        log = open(self.root / "gateway.log", "ab")  # noqa: SIM115 - the process keeps it
+        ]
+        log = open(self.root / "gateway.log", "ab")
         self.process = subprocess.Popen(args, env=env, stdout=log, stderr=log, cwd=self.root, start_new_session=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -90,7 +95,6 @@ class KernelGateway:
         request = urllib.request.Request(f"{self.url}/api/kernels", headers={"Authorization": f"token {self.token}"})
         with urllib.request.urlopen(request, timeout=5) as response:
             return [k["id"] for k in json.loads(response.read())]
-
 
 
 _shared: KernelGateway | None = None

@@ -16,9 +16,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from kernels.settings import KernelSettings, PackageSettings
 from kernels import KernelPool, build_pool
 from kernels.forkserver import ForkingLauncher
+from kernels.settings import KernelSettings, PackageSettings
 
 MODES = ("spawn", "pool", "fork", "gateway", "gateway-pool")
 #: Kernels on a real Jupyter Kernel Gateway (:mod:`bench.gateway`): cold, and from a warm pool.
@@ -38,8 +38,11 @@ def mode_config(mode: str, warm: int) -> dict[str, Any]:
     if mode in GATEWAY_MODES:
         from bench.gateway import gateway_config, shared_gateway
 
-        return {"warm_pool": warm if mode == "gateway-pool" else 0, "fork_server": False,
-                "gateway": gateway_config(shared_gateway())}  # fmt: skip
+        return {
+            "warm_pool": warm if mode == "gateway-pool" else 0,
+            "fork_server": False,
+            "gateway": gateway_config(shared_gateway()),
+        }
     return {"warm_pool": warm if mode == "pool" else 0, "fork_server": mode in ("pool", "fork")}
 
 

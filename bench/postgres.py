@@ -72,10 +72,23 @@ class LocalPostgres:
         self._serve()
 
     def _serve(self) -> None:
-        options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.root}"
-                   " -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", options, "-w", "-t", "60",
-                  "start")
+        options = (
+            f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.root}"
+            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "server.log"),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
         self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
 
     def database(self) -> str:
@@ -112,7 +125,17 @@ class LocalPostgres:
 
     def _create_args(self, name: str) -> list[str]:
         if (self._bin / "psql").exists():
-            return ["-h", str(self.root), "-p", str(self.port), "-d", "postgres", "-q", "-c", f'CREATE DATABASE "{name}"']
+            return [
+                "-h",
+                str(self.root),
+                "-p",
+                str(self.port),
+                "-d",
+                "postgres",
+                "-q",
+                "-c",
+                f'CREATE DATABASE "{name}"',
+            ]
         return ["-h", str(self.root), "-p", str(self.port), name]
 
     def _run(self, tool: str, *args: str) -> None:
@@ -124,9 +147,14 @@ class LocalPostgres:
             program = Path(found)
         user = self._user
         result = subprocess.run(
-            [str(program), *args], capture_output=True, cwd=self.root, timeout=120,
-            user=user.pw_uid if user else None, group=user.pw_gid if user else None, extra_groups=[] if user else None,
+            [str(program), *args],
+            capture_output=True,
+            cwd=self.root,
+            timeout=120,
+            user=user.pw_uid if user else None,
+            group=user.pw_gid if user else None,
+            extra_groups=[] if user else None,
             env={"PATH": os.environ.get("PATH", ""), "LC_ALL": "C", "HOME": str(self.root)},
-        )  # fmt: skip
+        )
         if result.returncode != 0:
             raise RuntimeError(f"{tool} failed ({result.returncode}): {result.stderr.decode(errors='replace')[-2000:]}")

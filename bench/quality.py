@@ -77,15 +77,28 @@ class Outcome:
 
 def settings_for(endpoint: Endpoint, root: Path, sandbox: str) -> Settings:
     """Bot settings for a bench run: data under ``root``, one warm kernel, ``sandbox``."""
-    llm = {"base_url": endpoint.base_url, "api_key": endpoint.api_key, "model": endpoint.model,
-           "request_timeout_s": endpoint.request_timeout_s, "max_rounds": endpoint.max_rounds, **endpoint.extra}
+    llm = {
+        "base_url": endpoint.base_url,
+        "api_key": endpoint.api_key,
+        "model": endpoint.model,
+        "request_timeout_s": endpoint.request_timeout_s,
+        "max_rounds": endpoint.max_rounds,
+        **endpoint.extra,
+    }
     raw = {
         "llm": llm,
-        "kernels": {"workspace_root": str(root / "workspaces"), "sandbox": sandbox, "warm_pool": 1, "fork_server": True,
-                    "preload": ["pandas", "numpy", "matplotlib"], "exec_timeout_s": 120, "max_kernels": 4,
-                    "packages": {"dir": str(root / "packages")}},
+        "kernels": {
+            "workspace_root": str(root / "workspaces"),
+            "sandbox": sandbox,
+            "warm_pool": 1,
+            "fork_server": True,
+            "preload": ["pandas", "numpy", "matplotlib"],
+            "exec_timeout_s": 120,
+            "max_kernels": 4,
+            "packages": {"dir": str(root / "packages")},
+        },
         "storage": {"path": str(root / "threadbook.db")},
-    }  # fmt: skip
+    }
     return parse_settings(raw, env={})
 
 
@@ -130,8 +143,9 @@ async def ask(core: Core, question: Question, uploads: dict[str, tuple[Path, int
         verdict = question.check.grade(graded)
         if not reply.ok:  # still graded (a summary at the round limit may hold the answer), but said
             first = next((line for line in reply.text.splitlines() if line.strip()), "")[:120]
-            verdict = Verdict(verdict.passed, f"turn did not finish normally ({first}); {verdict.detail}",
-                              verdict.answer_line)  # fmt: skip
+            verdict = Verdict(
+                verdict.passed, f"turn did not finish normally ({first}); {verdict.detail}", verdict.answer_line
+            )
     prompt_tokens, completion_tokens = await core.store.usage(str(key))
     outcome = Outcome(
         id=question.id,
@@ -153,9 +167,7 @@ async def ask(core: Core, question: Question, uploads: dict[str, tuple[Path, int
     return outcome
 
 
-async def run(
-    endpoint: Endpoint, selected: Sequence[Question], root: Path, *, sandbox: str = "auto"
-) -> list[Outcome]:
+async def run(endpoint: Endpoint, selected: Sequence[Question], root: Path, *, sandbox: str = "auto") -> list[Outcome]:
     """Every question in ``selected``, one after the other, through one running core."""
     paths = await asyncio.to_thread(write_files, generate(), root / "files")
     uploads = {name: (path, (await asyncio.to_thread(path.stat)).st_size) for name, path in paths.items()}
@@ -166,12 +178,20 @@ async def run(
                 outcome = await ask(core, question, uploads)
             except Exception as exc:  # recorded as a failure; the run goes on
                 log.exception("question %s failed to run", question.id)
-                outcome = Outcome(question.id, False, f"error: {type(exc).__name__}: {exc}",
-                                  question.check.describe(), error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+                outcome = Outcome(
+                    question.id,
+                    False,
+                    f"error: {type(exc).__name__}: {exc}",
+                    question.check.describe(),
+                    error=f"{type(exc).__name__}: {exc}",
+                )
             outcomes.append(outcome)
             mark = "pass" if outcome.passed else "FAIL"
-            print(f"  [{index}/{len(selected)}] {question.id:<26} {mark}  {outcome.seconds:6.1f} s  {outcome.detail[:90]}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  [{index}/{len(selected)}] {question.id:<26} {mark}  {outcome.seconds:6.1f} s  {outcome.detail[:90]}",
+                file=sys.stderr,
+                flush=True,
+            )
     return outcomes
 
 
@@ -192,19 +212,25 @@ def totals(outcomes: Sequence[Outcome]) -> dict[str, Any]:
 
 def table(outcomes: Sequence[Outcome]) -> str:
     """The results as a Markdown table, then accuracy and totals."""
-    lines = ["| question | result | rounds | prompt tok | completion tok | s | expected | detail |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| question | result | rounds | prompt tok | completion tok | s | expected | detail |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for o in outcomes:
         result = "pass" if o.passed else "**FAIL**"
         detail = o.detail.replace("|", "\\|").replace("\n", " ")[:100]
-        lines.append(f"| {o.id} | {result} | {o.rounds} | {o.prompt_tokens} | {o.completion_tokens} | "
-                     f"{o.seconds:.1f} | {o.expected.replace('|', '/')} | {detail} |")  # fmt: skip
+        lines.append(
+            f"| {o.id} | {result} | {o.rounds} | {o.prompt_tokens} | {o.completion_tokens} | "
+            f"{o.seconds:.1f} | {o.expected.replace('|', '/')} | {detail} |"
+        )
     t = totals(outcomes)
     lines += [
         "",
         f"accuracy: {t['passed']}/{t['questions']} = {100 * t['accuracy']:.1f} %",
-        (f"totals: {t['rounds']} code runs, {t['prompt_tokens']} prompt + {t['completion_tokens']} completion "
-         f"tokens, {t['seconds']:.1f} s; {t['answer_line_missing']} replies without an ANSWER line"),
+        (
+            f"totals: {t['rounds']} code runs, {t['prompt_tokens']} prompt + {t['completion_tokens']} completion "
+            f"tokens, {t['seconds']:.1f} s; {t['answer_line_missing']} replies without an ANSWER line"
+        ),
     ]
     return "\n".join(lines)
 
@@ -234,22 +260,38 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.splitlines()[0])
     p.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", help="model name sent to the endpoint")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "none"),
-                   help="API key (default: $OPENAI_API_KEY, else 'none' for local servers)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY", "none"),
+        help="API key (default: $OPENAI_API_KEY, else 'none' for local servers)",
+    )
     p.add_argument("--output", type=Path, default=RESULTS, help="where to write the JSON results")
     p.add_argument("--only", nargs="+", action="extend", metavar="ID", help="run only these question ids")
     p.add_argument("--list", action="store_true", help="list the questions and their expected answers, then exit")
     p.add_argument("--sandbox", choices=("auto", "bwrap", "none"), default="auto", help="kernel sandbox")
     p.add_argument("--max-rounds", type=int, default=8, help="code runs allowed per question (llm.max_rounds)")
     p.add_argument("--request-timeout", type=float, default=300.0, help="seconds per model request")
-    p.add_argument("--llm", type=_llm_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="another llm.* setting, e.g. --llm temperature=0 (value parsed as JSON when it can be)")
+    p.add_argument(
+        "--llm",
+        type=_llm_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another llm.* setting, e.g. --llm temperature=0 (value parsed as JSON when it can be)",
+    )
     p.add_argument("--min-accuracy", type=float, default=0.0, help="exit 1 below this accuracy (0..1)")
-    p.add_argument("--scripted", action="store_true",
-                   help="self-test: the scripted oracle model instead of --base-url/--model")
-    p.add_argument("--wrong", nargs="+", action="extend", default=[], metavar="ID",
-                   help="with --scripted: the oracle answers these wrong (they must be reported as failing)")
-    return p  # fmt: skip
+    p.add_argument(
+        "--scripted", action="store_true", help="self-test: the scripted oracle model instead of --base-url/--model"
+    )
+    p.add_argument(
+        "--wrong",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="ID",
+        help="with --scripted: the oracle answers these wrong (they must be reported as failing)",
+    )
+    return p
 
 
 async def _main(args: argparse.Namespace, selected: list[Question]) -> list[Outcome]:
@@ -261,12 +303,22 @@ async def _main(args: argparse.Namespace, selected: list[Question]) -> list[Outc
             server = await stack.enter_async_context(ScriptedOpenAI())
             step = oracle(selected, wrong=set(args.wrong))
             server.script(*[step] * (4 * len(selected) + 10))
-            endpoint = Endpoint(base_url=server.base_url, model=server.model, api_key="k",
-                                request_timeout_s=60, max_rounds=args.max_rounds)  # fmt: skip
+            endpoint = Endpoint(
+                base_url=server.base_url,
+                model=server.model,
+                api_key="k",
+                request_timeout_s=60,
+                max_rounds=args.max_rounds,
+            )
         else:
-            endpoint = Endpoint(base_url=args.base_url, model=args.model, api_key=args.api_key,
-                                request_timeout_s=args.request_timeout, max_rounds=args.max_rounds,
-                                extra=dict(args.llm))  # fmt: skip
+            endpoint = Endpoint(
+                base_url=args.base_url,
+                model=args.model,
+                api_key=args.api_key,
+                request_timeout_s=args.request_timeout,
+                max_rounds=args.max_rounds,
+                extra=dict(args.llm),
+            )
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-quality-")))
         results = await run(endpoint, selected, root, sandbox=args.sandbox)
     return results

@@ -98,12 +98,68 @@ class Dataset:
     readings: tuple[Reading, ...]
 
 
-_FIRST = ("Ada", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Ines", "Jon", "Kai", "Lea", "Milo", "Nora",
-          "Omar", "Pia", "Quin", "Rosa", "Sam", "Tess", "Ugo", "Vera", "Wim", "Xena", "Yves", "Zoe")  # fmt: skip
-_LAST = ("Adler", "Berg", "Costa", "Dietz", "Evers", "Faro", "Gale", "Horn", "Ivers", "Jung", "Klein", "Lutz",
-         "Moreau", "Novak", "Ortiz", "Peres", "Roth", "Sousa", "Torres", "Vogel")  # fmt: skip
-_PRODUCT_NAMES = ("Laptop", "Monitor", "Keyboard", "Dock", "Office Suite", "Antivirus", "Design Tool",
-                  "Setup Service", "Training", "Support Plan")  # fmt: skip
+_FIRST = (
+    "Ada",
+    "Ben",
+    "Cleo",
+    "Dan",
+    "Eva",
+    "Finn",
+    "Gia",
+    "Hugo",
+    "Ines",
+    "Jon",
+    "Kai",
+    "Lea",
+    "Milo",
+    "Nora",
+    "Omar",
+    "Pia",
+    "Quin",
+    "Rosa",
+    "Sam",
+    "Tess",
+    "Ugo",
+    "Vera",
+    "Wim",
+    "Xena",
+    "Yves",
+    "Zoe",
+)
+_LAST = (
+    "Adler",
+    "Berg",
+    "Costa",
+    "Dietz",
+    "Evers",
+    "Faro",
+    "Gale",
+    "Horn",
+    "Ivers",
+    "Jung",
+    "Klein",
+    "Lutz",
+    "Moreau",
+    "Novak",
+    "Ortiz",
+    "Peres",
+    "Roth",
+    "Sousa",
+    "Torres",
+    "Vogel",
+)
+_PRODUCT_NAMES = (
+    "Laptop",
+    "Monitor",
+    "Keyboard",
+    "Dock",
+    "Office Suite",
+    "Antivirus",
+    "Design Tool",
+    "Setup Service",
+    "Training",
+    "Support Plan",
+)
 
 
 def generate(seed: int = SEED) -> Dataset:
@@ -229,19 +285,24 @@ def file_bytes(data: Dataset) -> dict[str, bytes]:
     """Every file of the bench: name → bytes."""
     Rows = list[list[object]]
     sales: Rows = [["order_id", "order_date", "customer_id", "region", "product_id", "quantity", "amount"]]
-    sales += [[o.order_id, o.day.isoformat(), o.customer_id, o.region, o.product_id, o.quantity, cents(o.amount_cents)]
-              for o in data.orders]  # fmt: skip
+    sales += [
+        [o.order_id, o.day.isoformat(), o.customer_id, o.region, o.product_id, o.quantity, cents(o.amount_cents)]
+        for o in data.orders
+    ]
     customers: Rows = [["customer_id", "customer_name", "country", "segment"]]
     customers += [[c.customer_id, c.name, c.country, c.segment] for c in data.customers]
     products: Rows = [["product_id", "product_name", "category", "unit_cost"]]
     products += [[p.product_id, p.name, p.category, p.cost_cents / 100] for p in data.products]
     staff: Rows = [["emp_id", "name", "department", "salary", "hire_date", "remote"]]
-    staff += [[e.emp_id, e.name, e.department, e.salary, dt.datetime.combine(e.hired, dt.time()),
-               "yes" if e.remote else "no"] for e in data.employees]  # fmt: skip
+    staff += [
+        [e.emp_id, e.name, e.department, e.salary, dt.datetime.combine(e.hired, dt.time()), "yes" if e.remote else "no"]
+        for e in data.employees
+    ]
     budgets: Rows = [["department", "salary_budget"], *([d, b] for d, b in data.budgets.items())]
     readings: Rows = [["station", "timestamp", "temperature_c"]]
-    readings += [[r.station, r.at.strftime("%Y-%m-%d %H:%M"), tenths_decimal_comma(r.celsius_tenths)]
-                 for r in data.readings]  # fmt: skip
+    readings += [
+        [r.station, r.at.strftime("%Y-%m-%d %H:%M"), tenths_decimal_comma(r.celsius_tenths)] for r in data.readings
+    ]
     return {
         "sales.csv": _csv(sales),
         "customers.csv": _csv(customers),

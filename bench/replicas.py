@@ -51,18 +51,35 @@ def _model(request: dict[str, Any]) -> Any:
     return answer(f"echo {found.group(1) if found else '?'}")
 
 
-def _config(folder: Path, shared: Path, *, slack: FakeSlack, llm: ScriptedOpenAI, store: dict[str, Any],
-            port: int) -> Path:
+def _config(
+    folder: Path, shared: Path, *, slack: FakeSlack, llm: ScriptedOpenAI, store: dict[str, Any], port: int
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "llm": {"base_url": llm.base_url, "api_key": "k", "model": "fake-model", "max_retries": 0},
-        "slack": {"bot_token": slack.bot_token, "signing_secret": slack.signing_secret, "api_url": slack.api_url,
-                  "http_host": "127.0.0.1", "http_port": port},
-        "kernels": {"workspace_root": str(shared / "workspaces"), "sandbox": "none", "warm_pool": 0, "preload": [],
-                    "fork_server": True, "python": str(KERNEL_PYTHON), "packages": {"dir": str(shared / "packages")}},
-        "storage": store,
-    }))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "llm": {"base_url": llm.base_url, "api_key": "k", "model": "fake-model", "max_retries": 0},
+                "slack": {
+                    "bot_token": slack.bot_token,
+                    "signing_secret": slack.signing_secret,
+                    "api_url": slack.api_url,
+                    "http_host": "127.0.0.1",
+                    "http_port": port,
+                },
+                "kernels": {
+                    "workspace_root": str(shared / "workspaces"),
+                    "sandbox": "none",
+                    "warm_pool": 0,
+                    "preload": [],
+                    "fork_server": True,
+                    "python": str(KERNEL_PYTHON),
+                    "packages": {"dir": str(shared / "packages")},
+                },
+                "storage": store,
+            }
+        )
+    )
     return config
 
 
@@ -74,12 +91,16 @@ async def turns_per_second(mode: str, root: Path, threads: int) -> dict[str, Any
     await asyncio.to_thread(postgres.start)
     try:
         url = await asyncio.to_thread(postgres.database)
-        return await _measure(root, 1 if mode == "1-replica" else 2, {"url": url}, threads, sticky=mode.endswith("sticky"))
+        return await _measure(
+            root, 1 if mode == "1-replica" else 2, {"url": url}, threads, sticky=mode.endswith("sticky")
+        )
     finally:
         await asyncio.to_thread(postgres.stop)
 
 
-async def _measure(root: Path, replicas: int, store: dict[str, Any], threads: int, *, sticky: bool = False) -> dict[str, Any]:
+async def _measure(
+    root: Path, replicas: int, store: dict[str, Any], threads: int, *, sticky: bool = False
+) -> dict[str, Any]:
     async with FakeSlack() as slack, ScriptedOpenAI() as llm:
         llm.script(*[_model] * (threads * MESSAGES + 10))
         bots, urls = [], []
@@ -119,8 +140,11 @@ async def _load(slack: FakeSlack, urls: list[str], threads: int, sticky: bool) -
             await asyncio.sleep(_GAP_S)
 
     def done_at() -> dict[str, float]:
-        return {str(c.args.get("timestamp")): c.at for c in slack.calls_to("reactions.add")
-                if c.args.get("name") == "white_check_mark"}  # fmt: skip
+        return {
+            str(c.args.get("timestamp")): c.at
+            for c in slack.calls_to("reactions.add")
+            if c.args.get("name") == "white_check_mark"
+        }
 
     await slack.wait_for(lambda: len(done_at()) >= sent or None, timeout=300)
     finished = done_at()

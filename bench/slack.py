@@ -40,12 +40,23 @@ async def running_bot(
         llm.script(*[_model] * 10_000)
         raw = {
             "llm": {"base_url": llm.base_url, "api_key": "k", "model": "fake-model", "request_timeout_s": 60},
-            "slack": {"bot_token": slack.bot_token, "signing_secret": slack.signing_secret,
-                      "api_url": slack.api_url, "http_host": "127.0.0.1", "http_port": 0},
-            "kernels": {"workspace_root": str(root / "workspaces"), "sandbox": sandbox, "max_kernels": max_kernels,
-                        "preload": ["pandas", "numpy", "matplotlib"], "exec_timeout_s": 120, **mode_config(mode, warm)},
+            "slack": {
+                "bot_token": slack.bot_token,
+                "signing_secret": slack.signing_secret,
+                "api_url": slack.api_url,
+                "http_host": "127.0.0.1",
+                "http_port": 0,
+            },
+            "kernels": {
+                "workspace_root": str(root / "workspaces"),
+                "sandbox": sandbox,
+                "max_kernels": max_kernels,
+                "preload": ["pandas", "numpy", "matplotlib"],
+                "exec_timeout_s": 120,
+                **mode_config(mode, warm),
+            },
             "storage": {"path": str(root / "threadbook.db")},
-        }  # fmt: skip
+        }
         settings = parse_settings(raw, env={})
         async with Core.open(settings) as core:
             if core.pool.warm is not None:
@@ -89,9 +100,7 @@ async def concurrent_threads(mode: str, root: Path, threads: int, *, sandbox: Sa
     async with running_bot(mode, root, warm=threads, sandbox=sandbox) as (slack, url, _):
         events = [slack.mention(f"C{i % 7}", f"go {i}") for i in range(threads)]
         started = time.perf_counter()
-        outcomes = await asyncio.gather(
-            *(_turn(slack, url, e, 600) for e in events), return_exceptions=True
-        )
+        outcomes = await asyncio.gather(*(_turn(slack, url, e, 600) for e in events), return_exceptions=True)
         wall = time.perf_counter() - started
     times = [o[0] for o in outcomes if isinstance(o, tuple)]
     errors = sum(1 for o in outcomes if not isinstance(o, tuple) or not o[1])

@@ -102,14 +102,23 @@ async def replay(mode: str, root: Path, burst: int, *, sandbox: Sandbox = "none"
             threads.append(asyncio.create_task(_new_thread(pool, f"bench:trace:{i}")))
         times = await asyncio.gather(*threads)
         in_burst = [[t for t, at in zip(times, schedule) if at == b] for b in bursts]
-        await asyncio.sleep(max(0.0, begin + (max(TRICKLE_MIN + BURSTS_MIN) + TAIL_MIN) * 60 / SCALE - time.monotonic()))
+        await asyncio.sleep(
+            max(0.0, begin + (max(TRICKLE_MIN + BURSTS_MIN) + TAIL_MIN) * 60 / SCALE - time.monotonic())
+        )
         result = summary(list(times))
         result.update(
-            hits=warm.hits, misses=warm.misses, hit_rate=warm.hits / max(1, warm.hits + warm.misses),
-            peak_warm=peak, warm_at_bursts=at_bursts, warm_at_end=warm.count,
-            burst_p50_ms=[summary(ts)["p50_ms"] for ts in in_burst], burst_max_ms=[max(ts) * 1000 for ts in in_burst],
-            wall_s=time.monotonic() - begin, forked=pool.launcher.forked, spawned=pool.launcher.spawned,
-        )  # fmt: skip
+            hits=warm.hits,
+            misses=warm.misses,
+            hit_rate=warm.hits / max(1, warm.hits + warm.misses),
+            peak_warm=peak,
+            warm_at_bursts=at_bursts,
+            warm_at_end=warm.count,
+            burst_p50_ms=[summary(ts)["p50_ms"] for ts in in_burst],
+            burst_max_ms=[max(ts) * 1000 for ts in in_burst],
+            wall_s=time.monotonic() - begin,
+            forked=pool.launcher.forked,
+            spawned=pool.launcher.spawned,
+        )
         return result
     finally:
         for task in watching:

@@ -21,7 +21,9 @@ CONSOLE_LOG_NAME = "threadbook-console.log"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bot", description="Threadbook: a code interpreter in chat threads.")
+    parser = argparse.ArgumentParser(
+        prog="python -m bot", description="Threadbook: a code interpreter in chat threads."
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run every chat platform whose token is set")
@@ -30,7 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     console.add_argument("--config", default="config.yaml", help="config file (default config.yaml)")
     console.add_argument("--out", default="out", type=Path, help="where images and files are saved (default ./out)")
     console.add_argument("--thread", default=None, help="resume the console thread with this name")
-    console.add_argument("--quiet", action="store_true", help="do not show the code that runs and its output (one line per step)")
+    console.add_argument(
+        "--quiet", action="store_true", help="do not show the code that runs and its output (one line per step)"
+    )
     return parser
 
 

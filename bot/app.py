@@ -64,7 +64,9 @@ class Core:
             watchdog = LoopWatchdog()
             watchdog.start()
             stack.callback(watchdog.stop)
-            store = await Store.open(settings.storage.resolved_url, replica_timeout_s=settings.storage.replica_timeout_s)
+            store = await Store.open(
+                settings.storage.resolved_url, replica_timeout_s=settings.storage.replica_timeout_s
+            )
             stack.push_async_callback(store.close)
             # Choosing the launcher probes bubblewrap (and slirp4netns) with real processes: off the loop.
             launcher = await asyncio.to_thread(build_launcher, settings.kernels)
@@ -84,13 +86,26 @@ class Core:
             # The bot's own work (upload previews, export html) runs in fresh sandboxed one-shots.
             oneshot = await asyncio.to_thread(oneshot_for, settings.kernels, launcher)
             turns = TurnRunner(
-                settings=settings, store=store, pool=pool, agent=agent, budgets=budgets, oneshot=oneshot,
-                packages=packages, sources=sources,
-            )  # fmt: skip
+                settings=settings,
+                store=store,
+                pool=pool,
+                agent=agent,
+                budgets=budgets,
+                oneshot=oneshot,
+                packages=packages,
+                sources=sources,
+            )
             commands = Commands(store=store, pool=pool, settings=settings, oneshot=oneshot, clock=clock)
             dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands, pool=pool)
-            yield cls(settings=settings, store=store, pool=pool, agent=agent, dispatcher=dispatcher, clock=clock,
-                      watchdog=watchdog)  # fmt: skip
+            yield cls(
+                settings=settings,
+                store=store,
+                pool=pool,
+                agent=agent,
+                dispatcher=dispatcher,
+                clock=clock,
+                watchdog=watchdog,
+            )
 
 
 @asynccontextmanager
@@ -189,7 +204,11 @@ async def tell_interrupted(store: Store, adapters: Sequence[ThreadReach]) -> int
             continue
         told += 1
     if turns or left:
-        log.info("interrupted turns: notified %d thread(s); %d kept for later (no adapter here reaches them)", told, len(left))
+        log.info(
+            "interrupted turns: notified %d thread(s); %d kept for later (no adapter here reaches them)",
+            told,
+            len(left),
+        )
     return told
 
 
@@ -203,13 +222,17 @@ async def tell_interrupted_while_running(store: Store, adapters: Sequence[Thread
         await asyncio.sleep(every_s)
 
 
-async def run_console(settings: Settings, out: Path, thread: str | None, log_path: Path | None, *, quiet: bool = False) -> int:
+async def run_console(
+    settings: Settings, out: Path, thread: str | None, log_path: Path | None, *, quiet: bool = False
+) -> int:
     """Chat with the bot in this terminal (or through a pipe) until the input ends; files go
     to the thread's own folder under ``out``. Returns the exit code."""
     from adapters.console import ConsoleAdapter
 
     async with Core.open(settings) as core:
-        console = ConsoleAdapter(core.dispatcher, out_dir=out, thread=thread, log_path=log_path, quiet=quiet, thread_folders=True)
+        console = ConsoleAdapter(
+            core.dispatcher, out_dir=out, thread=thread, log_path=log_path, quiet=quiet, thread_folders=True
+        )
         # A resumed --thread whose last turn was cut off by an unclean stop hears it first;
         # other threads' leftovers stay for their own resumption or platform.
         await tell_interrupted(core.store, [console])
@@ -249,7 +272,9 @@ async def run_bot(settings: Settings) -> int:
                 try:
                     ops = await ops_stack.enter_async_context(serve_ops(core))
                 except OSError as exc:
-                    log.error("ops.http_port: cannot listen on %s:%d: %s", settings.ops.http_host, settings.ops.http_port, exc)
+                    log.error(
+                        "ops.http_port: cannot listen on %s:%d: %s", settings.ops.http_host, settings.ops.http_port, exc
+                    )
                     return 2
             adapters = platform_adapters(settings, core.dispatcher)
             started: list[Adapter] = []

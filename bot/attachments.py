@@ -101,7 +101,7 @@ async def ingest(attachments: Sequence[Attachment], workspace: Workspace, *, max
         except FetchRefused as exc:
             outcome.refused.append((name, str(exc)))
             continue
-        except Exception:  # noqa: BLE001 - the adapter's fetch may fail in any client library's way
+        except Exception:
             log.warning("could not download upload %r", name, exc_info=True)
             outcome.refused.append((name, "it could not be downloaded from the chat platform; please try again."))
             continue

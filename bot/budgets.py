@@ -86,7 +86,9 @@ class Budgets:
         resets_at = today + DAY_S
         user, channel = message.user_id, message.key.channel_key
         mine = _total(await self._store.spent(since=today, user_id=user)) if _per_user(limits) else None
-        theirs = _total(await self._store.spent(since=today, channel_key=channel)) if limits.tokens_per_channel_day else None
+        theirs = (
+            _total(await self._store.spent(since=today, channel_key=channel)) if limits.tokens_per_channel_day else None
+        )
         allowance = TokenAllowance(limits, mine.tokens if mine else 0, theirs.tokens if theirs else 0, resets_at)
         if limits.turns_per_user_minute:
             recent = await self._store.turn_times(user_id=user, since=now - MINUTE_S)
@@ -98,13 +100,20 @@ class Budgets:
                     allowance,
                 )
         if mine is not None and limits.tokens_per_user_day and mine.tokens >= limits.tokens_per_user_day:
-            return f"🪫 You have used your {limits.tokens_per_user_day:,} tokens for today. {_resets(resets_at, now)}", allowance
+            return (
+                f"🪫 You have used your {limits.tokens_per_user_day:,} tokens for today. {_resets(resets_at, now)}",
+                allowance,
+            )
         if theirs is not None and limits.tokens_per_channel_day and theirs.tokens >= limits.tokens_per_channel_day:
             return (
                 f"🪫 This channel has used its {limits.tokens_per_channel_day:,} tokens for today. {_resets(resets_at, now)}",
                 allowance,
             )
-        if mine is not None and limits.kernel_seconds_per_user_day and mine.kernel_s >= limits.kernel_seconds_per_user_day:
+        if (
+            mine is not None
+            and limits.kernel_seconds_per_user_day
+            and mine.kernel_s >= limits.kernel_seconds_per_user_day
+        ):
             return (
                 f"🪫 You have used your {limits.kernel_seconds_per_user_day:g} s of Python time for today. "
                 f"{_resets(resets_at, now)}",

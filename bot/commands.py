@@ -17,15 +17,15 @@ from bot.config import Settings
 from bot.events import FileOut, InboundMessage, Outbox, Reply
 from bot.hostpaths import HostPaths
 from bot.notebook import export_notebook
-from bot.transcript import TimelineEntry
 from bot.readable import readable
 from bot.safetext import shown
 from bot.schedules.commands import ScheduleCommands, is_schedule_command
 from bot.store import Store
+from bot.transcript import TimelineEntry
 from bot.usage import UsageReport
 from kernels import KernelPool
-from kernels.oneshot import OneShot, OneShotUnavailableError
 from kernels.launchers import UNSANDBOXED, sandbox_in_force
+from kernels.oneshot import OneShot, OneShotUnavailableError
 from kernels.result import UnsafePathError
 from kernels.units import human_age
 
@@ -62,7 +62,9 @@ HTML_TOO_BIG_NOTICE = (
 )
 
 
-USAGE_ALL_REFUSED = "Only the bot's admins (`access.admins`) can see everyone's usage; `usage` shows this thread's and yours."
+USAGE_ALL_REFUSED = (
+    "Only the bot's admins (`access.admins`) can see everyone's usage; `usage` shows this thread's and yours."
+)
 
 
 class _RenderFailed(Exception):
@@ -204,9 +206,11 @@ class Commands:
             async with self._oneshot.job() as job:
                 await asyncio.to_thread(job.write, _NOTEBOOK, notebook)
                 result = await job.run(
-                    "export", [_NOTEBOOK, _PAGE, str(HTML_MAX_BYTES)],
-                    timeout=HTML_RENDER_TIMEOUT_S, max_output=_MAX_ANSWER_BYTES,
-                )  # fmt: skip
+                    "export",
+                    [_NOTEBOOK, _PAGE, str(HTML_MAX_BYTES)],
+                    timeout=HTML_RENDER_TIMEOUT_S,
+                    max_output=_MAX_ANSWER_BYTES,
+                )
                 if result.timed_out:
                     raise _RenderFailed(Reply(text=HTML_TIMEOUT_NOTICE, ok=False), "timed out")
                 status = _status_of(result.output)
@@ -244,7 +248,11 @@ class Commands:
         )
         kernels = f"{len(self._pool.sessions())} of {self._pool.settings.max_kernels} running, {queue.waiting} threads waiting"
         saved = await asyncio.to_thread(self._pool.workspaces.for_key(key).saved_state)
-        state = "none" if saved is None else f"{human_size(saved.bytes)}, saved {human_age(time.time() - saved.saved_at)} ago"
+        state = (
+            "none"
+            if saved is None
+            else f"{human_size(saved.bytes)}, saved {human_age(time.time() - saved.saved_at)} ago"
+        )
         # Both lines name no host path (no cgroup folder, workspace root or interpreter).
         sandbox = sandbox_in_force(self._pool.launcher) or f"⚠️ {UNSANDBOXED}"
         return Reply(
@@ -260,7 +268,6 @@ class Commands:
                 f"**Feedback on answers:** 👍 {feedback.good} · 👎 {feedback.bad}"
             )
         )
-
 
 
 def _status_of(output: bytes) -> dict[str, Any]:

@@ -65,8 +65,13 @@ class SuggestedPrompt(_Model):
 
 
 DEFAULT_PROMPTS = (
-    SuggestedPrompt(title="Summarise a CSV", message="Summarise the CSV I'm attaching: columns, types, missing values and anything odd."),
-    SuggestedPrompt(title="Chart a trend", message="Plot the monthly totals from the attached file and tell me what stands out."),
+    SuggestedPrompt(
+        title="Summarise a CSV",
+        message="Summarise the CSV I'm attaching: columns, types, missing values and anything odd.",
+    ),
+    SuggestedPrompt(
+        title="Chart a trend", message="Plot the monthly totals from the attached file and tell me what stands out."
+    ),
     SuggestedPrompt(title="What can you do?", message="help"),
 )
 
@@ -74,7 +79,9 @@ DEFAULT_PROMPTS = (
 class SlackAssistantSettings(_Model):
     """Slack's AI-app surface (assistant threads in the side panel)."""
 
-    greeting: str = "Hi! Attach a file (CSV, Excel, JSON…) and ask me about it: I run Python and answer here, with charts."
+    greeting: str = (
+        "Hi! Attach a file (CSV, Excel, JSON…) and ask me about it: I run Python and answer here, with charts."
+    )
     #: At most four (Slack's limit); a channel's ``suggested_prompts`` replace them while the
     #: user views that channel.
     prompts: tuple[SuggestedPrompt, ...] = Field(DEFAULT_PROMPTS, max_length=4)
@@ -362,7 +369,9 @@ def _check_combinations(settings: Settings) -> None:
         )
 
 
-def load_settings(path: str | Path, env: Mapping[str, str] | None = None, *, referenced: set[str] | None = None) -> Settings:
+def load_settings(
+    path: str | Path, env: Mapping[str, str] | None = None, *, referenced: set[str] | None = None
+) -> Settings:
     """Read, interpolate and validate a config file; ``referenced`` (if given) gets the names
     of the environment variables the file refers to."""
     path = Path(path)

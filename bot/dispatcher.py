@@ -137,7 +137,11 @@ class Dispatcher:
     def admits(self, *, platform: str, channel: str, user_id: str) -> bool:
         """The allow-list rule alone, for adapters that must decide before opening a thread."""
         access = self._settings.access
-        if access.allow_channels and f"{platform}:{channel}" not in access.allow_channels and channel not in access.allow_channels:
+        if (
+            access.allow_channels
+            and f"{platform}:{channel}" not in access.allow_channels
+            and channel not in access.allow_channels
+        ):
             log.info("ignored message in channel %s:%s: not in access.allow_channels", platform, channel)
             return False
         if access.allow_users and user_id not in access.allow_users:

@@ -26,13 +26,34 @@ log = logging.getLogger(__name__)
 PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3
 #: Kept even where the config interpolates them: the process needs them and they hold no secret.
 PROCESS_VARIABLES = frozenset(
-    {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "TMPDIR", "TERM", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ"}
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "PWD",
+        "TMPDIR",
+        "TERM",
+        "LANG",
+        "LANGUAGE",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TZ",
+    }
 )
 #: Secrets under the names the README documents, dropped even where this config does not use them.
 KNOWN_SECRETS = frozenset(
-    {"OPENAI_API_KEY", "SLACK_BOT_TOKEN", "SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET", "DISCORD_BOT_TOKEN",
-     "KG_AUTH_TOKEN", "THREADBOOK_STORAGE_URL"}
-)  # fmt: skip
+    {
+        "OPENAI_API_KEY",
+        "SLACK_BOT_TOKEN",
+        "SLACK_APP_TOKEN",
+        "SLACK_SIGNING_SECRET",
+        "DISCORD_BOT_TOKEN",
+        "KG_AUTH_TOKEN",
+        "THREADBOOK_STORAGE_URL",
+    }
+)
 
 
 def secret_values(settings: BaseModel) -> set[str]:
@@ -76,9 +97,10 @@ def drop_secrets(
     secrets = secret_values(settings)
     doomed = (set(referenced) | KNOWN_SECRETS) - PROCESS_VARIABLES
     names = sorted(
-        name for name, value in environ.items()
+        name
+        for name, value in environ.items()
         if name not in PROCESS_VARIABLES and (name in doomed or value in secrets)
-    )  # fmt: skip
+    )
     for name in names:
         del environ[name]
     return names
@@ -100,5 +122,6 @@ def harden(settings: Settings, referenced: Iterable[str]) -> None:
     undumpable = make_undumpable()
     log.info(
         "secrets out of the environment (%d variable(s) removed)%s",
-        len(dropped), "; process not dumpable" if undumpable else "",
-    )  # fmt: skip
+        len(dropped),
+        "; process not dumpable" if undumpable else "",
+    )

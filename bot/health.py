@@ -263,10 +263,15 @@ class OpsServer:
             checks = await self._on_bot_loop(self.readiness.checks())
         except TimeoutError:
             loop = Check(False, f"the bot's event loop did not answer within {LOOP_ANSWER_S:g} s")
-            return web.json_response({"ready": False, "failed": ["event_loop"], "checks": {"event_loop": asdict(loop)}},
-                                     status=503)  # fmt: skip
+            return web.json_response(
+                {"ready": False, "failed": ["event_loop"], "checks": {"event_loop": asdict(loop)}}, status=503
+            )
         failed = [name for name, check in checks.items() if not check.ok]
-        body = {"ready": not failed, "failed": failed, "checks": {name: asdict(check) for name, check in checks.items()}}
+        body = {
+            "ready": not failed,
+            "failed": failed,
+            "checks": {name: asdict(check) for name, check in checks.items()},
+        }
         return web.json_response(body, status=503 if failed else 200)
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -69,7 +69,9 @@ class CellOutput:
 class LiveCell:
     """Shows the turn's running cell on ``progress``: each step as it starts, then once a second."""
 
-    def __init__(self, progress: Progress, *, tick_s: float = TICK_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, progress: Progress, *, tick_s: float = TICK_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._progress = progress
         self._tick_s = tick_s
         self._clock = clock

@@ -58,7 +58,7 @@ class TextFormatter(logging.Formatter):
     def __init__(self, fmt: str = TEXT_FORMAT) -> None:
         super().__init__(fmt)
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+    def formatMessage(self, record: logging.LogRecord) -> str:
         line = super().formatMessage(record)
         thread, turn = _context()
         if thread is None and turn is None:

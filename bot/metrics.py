@@ -39,6 +39,7 @@ class TurnQueues(Protocol):
         """How many messages wait behind the running turn, for each thread with a line."""
         ...
 
+
 log = logging.getLogger(__name__)
 
 #: Every metric of the bot (served by ``/metrics``); never prometheus_client's global registry.
@@ -46,25 +47,46 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 
 #: How a turn ends: the agent loop's stop reasons, then what ends a turn before or around it.
 TURN_OUTCOMES = (
-    "answer", "max_rounds", "llm_error", "interrupted", "kernel_error", "budget",  # the agent loop
+    "answer",
+    "max_rounds",
+    "llm_error",
+    "interrupted",
+    "kernel_error",
+    "budget",  # the agent loop
     "command",  # an in-thread command (help, reset, status…) instead of a turn
     "refused",  # a spent budget (limits)
     "empty",  # nothing to do (no text, no upload saved)
-    "queue_full", "queue_timeout", "queue_left",  # no kernel came free (the kernel queue)
-    "kernel_unavailable", "kernel_start_failed",  # the kernel could not be had
-    "failed", "cancelled",  # an unexpected exception; cut off by shutdown
-)  # fmt: skip
+    "queue_full",
+    "queue_timeout",
+    "queue_left",  # no kernel came free (the kernel queue)
+    "kernel_unavailable",
+    "kernel_start_failed",  # the kernel could not be had
+    "failed",
+    "cancelled",  # an unexpected exception; cut off by shutdown
+)
 #: Outcomes that are also counted as errors, and the kind they count as.
-_OUTCOME_ERRORS = {"kernel_unavailable": "kernel_unavailable", "kernel_start_failed": "kernel_start", "failed": "turn_exception"}
+_OUTCOME_ERRORS = {
+    "kernel_unavailable": "kernel_unavailable",
+    "kernel_start_failed": "kernel_start",
+    "failed": "turn_exception",
+}
 #: How executions end: kernels.result.Outcome's values.
 EXECUTION_OUTCOMES = ("ok", "error", "timeout_interrupted", "timeout_restarted", "interrupted", "died")
 #: What became of a missing module: kernels.packages.Verdict's values.
 INSTALL_OUTCOMES = ("installed", "available", "in_environment", "not_allowed", "failed")
 #: Why an LLM request failed (after the client's retries).
 LLM_ERROR_KINDS = (
-    "timeout", "connection", "auth", "not_found", "rate_limited", "server_error", "context_length", "refused",
-    "unreadable", "other",
-)  # fmt: skip
+    "timeout",
+    "connection",
+    "auth",
+    "not_found",
+    "rate_limited",
+    "server_error",
+    "context_length",
+    "refused",
+    "unreadable",
+    "other",
+)
 ERROR_KINDS = (*(f"llm_{kind}" for kind in LLM_ERROR_KINDS), *_OUTCOME_ERRORS.values())
 
 TURNS = Counter("threadbook_turns", "Messages handled, by how their turn ended.", ["outcome"], registry=REGISTRY)
@@ -81,7 +103,12 @@ LLM_SECONDS = Histogram(
     buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
     registry=REGISTRY,
 )
-LLM_TOKENS = Counter("threadbook_llm_tokens", "Tokens spent, by model and kind (prompt, completion).", ["model", "kind"], registry=REGISTRY)
+LLM_TOKENS = Counter(
+    "threadbook_llm_tokens",
+    "Tokens spent, by model and kind (prompt, completion).",
+    ["model", "kind"],
+    registry=REGISTRY,
+)
 EXECUTIONS = Counter("threadbook_executions", "Code executions in kernels, by outcome.", ["outcome"], registry=REGISTRY)
 EXECUTION_SECONDS = Histogram(
     "threadbook_execution_duration_seconds",
@@ -90,15 +117,20 @@ EXECUTION_SECONDS = Histogram(
     registry=REGISTRY,
 )
 PACKAGE_INSTALLS = Counter(
-    "threadbook_package_installs", "Missing modules met by code, by what became of them.", ["outcome"], registry=REGISTRY
+    "threadbook_package_installs",
+    "Missing modules met by code, by what became of them.",
+    ["outcome"],
+    registry=REGISTRY,
 )
 ERRORS = Counter("threadbook_errors", "Failures, by kind.", ["kind"], registry=REGISTRY)
 #: What became of a due scheduled run this process claimed.
 SCHEDULED_OUTCOMES = ("started", "thread_gone", "failed")
 SCHEDULED_RUNS = Counter(
-    "threadbook_scheduled_runs", "Scheduled runs claimed by this process, by what became of them.", ["outcome"],
+    "threadbook_scheduled_runs",
+    "Scheduled runs claimed by this process, by what became of them.",
+    ["outcome"],
     registry=REGISTRY,
-)  # fmt: skip
+)
 EVENT_LOOP_STALLS = Counter(
     "threadbook_event_loop_stalls",
     "Times the event loop did not turn for over a second (bot/loopwatch.py; each is logged with its stack).",
@@ -234,22 +266,33 @@ class _LiveCollector(Collector):
     @staticmethod
     def _families(watched: Iterable[tuple[KernelPool, TurnQueues | None]] = ()) -> Iterator[Metric]:
         kernels = GaugeMetricFamily(
-            "threadbook_kernels", "Kernel sessions of this process by state (starting, idle, busy, dead).", labels=["state"]
+            "threadbook_kernels",
+            "Kernel sessions of this process by state (starting, idle, busy, dead).",
+            labels=["state"],
         )
-        warm = GaugeMetricFamily("threadbook_kernels_warm", "Warm kernels (ready or starting) waiting for a new thread.")
+        warm = GaugeMetricFamily(
+            "threadbook_kernels_warm", "Warm kernels (ready or starting) waiting for a new thread."
+        )
         warm_target = GaugeMetricFamily(
             "threadbook_kernels_warm_target", "Warm kernels the pool keeps now (kernels.warm_pool, or its auto target)."
         )
         new_threads = CounterMetricFamily(
-            "threadbook_new_thread_kernels", "New threads' kernels by whether a warm kernel was ready (hit) or not (miss).",
+            "threadbook_new_thread_kernels",
+            "New threads' kernels by whether a warm kernel was ready (hit) or not (miss).",
             labels=["warm"],
-        )  # fmt: skip
-        limit = GaugeMetricFamily("threadbook_kernels_max", "kernels.max_kernels: kernels at most (warm ones included).")
-        kernel_queue = GaugeMetricFamily("threadbook_kernel_queue_waiting", "New threads waiting for a kernel to come free.")
+        )
+        limit = GaugeMetricFamily(
+            "threadbook_kernels_max", "kernels.max_kernels: kernels at most (warm ones included)."
+        )
+        kernel_queue = GaugeMetricFamily(
+            "threadbook_kernel_queue_waiting", "New threads waiting for a kernel to come free."
+        )
         threads = GaugeMetricFamily(
             "threadbook_threads_queued", "Threads with messages waiting behind a running turn of the same thread."
         )
-        longest = GaugeMetricFamily("threadbook_thread_queue_longest", "Messages waiting behind the running turn, in the longest line.")
+        longest = GaugeMetricFamily(
+            "threadbook_thread_queue_longest", "Messages waiting behind the running turn, in the longest line."
+        )
         states = dict.fromkeys(("starting", "idle", "busy", "dead"), 0)
         warm_count = warm_size = max_kernels = waiting = queued = line = hits = misses = 0
         for pool, dispatcher in watched:
@@ -272,7 +315,14 @@ class _LiveCollector(Collector):
         new_threads.add_metric(["hit"], hits)
         new_threads.add_metric(["miss"], misses)
         yield new_threads
-        for family, value in ((warm, warm_count), (warm_target, warm_size), (limit, max_kernels), (kernel_queue, waiting), (threads, queued), (longest, line)):
+        for family, value in (
+            (warm, warm_count),
+            (warm_target, warm_size),
+            (limit, max_kernels),
+            (kernel_queue, waiting),
+            (threads, queued),
+            (longest, line),
+        ):
             family.add_metric([], value)
             yield family
         yield kernels

@@ -54,7 +54,9 @@ class _HidingProgress:
     async def cell(self, cell: CellProgress) -> None:
         hide = self._hide
         await self._progress.cell(
-            dataclasses.replace(cell, label=hide(cell.label), code=hide(cell.code), lines=tuple(hide(line) for line in cell.lines))
+            dataclasses.replace(
+                cell, label=hide(cell.label), code=hide(cell.code), lines=tuple(hide(line) for line in cell.lines)
+            )
         )
 
     async def finish(self, ok: bool) -> None:

@@ -39,7 +39,10 @@ def _output(output: dict[str, Any], hide: Hide) -> dict[str, Any]:
         return {**output, "text": _hidden(output.get("text", ""), hide)}
     if kind in ("display_data", "execute_result"):
         data = output.get("data") or {}
-        return {**output, "data": {mime: _hidden(value, hide) if _textual(mime) else value for mime, value in data.items()}}
+        return {
+            **output,
+            "data": {mime: _hidden(value, hide) if _textual(mime) else value for mime, value in data.items()},
+        }
     return output
 
 

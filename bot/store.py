@@ -46,15 +46,23 @@ from sqlalchemy.exc import SQLAlchemyError
 from bot.database import Database, database_url, open_database
 from bot.events import ThreadKey
 from bot.migrations import legacy
-from bot.transcript import CellEntry, MessageEntry, TimelineEntry, result_to_outputs
 from bot.schedules.book import ScheduleBook
 from bot.schema import cells, feedback, messages, processed, replicas, threads, turns_in_flight, usage
+from bot.transcript import CellEntry, MessageEntry, TimelineEntry, result_to_outputs
 from kernels.result import ExecutionResult
 
 __all__ = [
-    "SCHEMA_VERSION", "CellEntry", "InterruptedTurn", "KernelOwner", "MessageEntry", "QueuedTurn", "Store", "StoreError",
-    "TimelineEntry", "TurnCheck",
-]  # fmt: skip
+    "SCHEMA_VERSION",
+    "CellEntry",
+    "InterruptedTurn",
+    "KernelOwner",
+    "MessageEntry",
+    "QueuedTurn",
+    "Store",
+    "StoreError",
+    "TimelineEntry",
+    "TurnCheck",
+]
 
 log = logging.getLogger(__name__)
 
@@ -220,8 +228,12 @@ class Store:
 
     async def claim_message(self, message_id: str) -> bool:
         """Record a platform message id; True the first time, False for a duplicate (on any replica)."""
-        statement = (self._insert(processed).values(message_id=message_id, at=time.time())
-                     .on_conflict_do_nothing(index_elements=[processed.c.message_id]).returning(processed.c.message_id))
+        statement = (
+            self._insert(processed)
+            .values(message_id=message_id, at=time.time())
+            .on_conflict_do_nothing(index_elements=[processed.c.message_id])
+            .returning(processed.c.message_id)
+        )
         first = await self._db.write(lambda conn: conn.execute(statement).first() is not None)
         self._claims += 1
         if self._claims % _PRUNE_EVERY == 0:
@@ -248,8 +260,16 @@ class Store:
         if not messages_:
             return
         now = time.time()
-        rows = [{"role": str(m.get("role", "")), "content": json.dumps(m), "user_id": user_id, "created_at": now,
-                 "thread": key} for m in messages_]  # fmt: skip
+        rows = [
+            {
+                "role": str(m.get("role", "")),
+                "content": json.dumps(m),
+                "user_id": user_id,
+                "created_at": now,
+                "thread": key,
+            }
+            for m in messages_
+        ]
 
         def write(conn: Connection) -> None:
             first = self._reserve_seq(conn, key, len(rows), now)
@@ -259,17 +279,26 @@ class Store:
 
     async def history(self, key: str) -> list[dict[str, Any]]:
         """The thread's OpenAI-format messages, oldest first (notices left out)."""
-        statement = (sa.select(messages.c.content)
-                     .where(messages.c.thread == key, messages.c.role != NOTICE_ROLE).order_by(messages.c.seq))
+        statement = (
+            sa.select(messages.c.content)
+            .where(messages.c.thread == key, messages.c.role != NOTICE_ROLE)
+            .order_by(messages.c.seq)
+        )
         rows = await self._db.read(lambda conn: conn.execute(statement).scalars().all())
         return [json.loads(content) for content in rows]
 
     async def add_cell(self, key: str, code: str, result: ExecutionResult) -> None:
         """Record an executed cell with its outputs converted to nbformat v4."""
         now = time.time()
-        row = {"thread": key, "code": code, "outputs": json.dumps(result_to_outputs(result)),
-               "execution_count": result.execution_count, "outcome": result.outcome.value,
-               "duration_s": result.duration_s, "created_at": now}  # fmt: skip
+        row = {
+            "thread": key,
+            "code": code,
+            "outputs": json.dumps(result_to_outputs(result)),
+            "execution_count": result.execution_count,
+            "outcome": result.outcome.value,
+            "duration_s": result.duration_s,
+            "created_at": now,
+        }
 
         def write(conn: Connection) -> None:
             conn.execute(sa.insert(cells).values(**row, seq=self._reserve_seq(conn, key, 1, now)))
@@ -285,18 +314,32 @@ class Store:
     async def begin_usage(self, key: str, *, model: str, user_id: str | None, at: float | None = None) -> int:
         """Start counting a turn of ``user_id`` in thread ``key`` (it counts for the per-minute
         budget from now); returns its row for :meth:`add_usage`."""
-        statement = sa.insert(usage).values(
-            thread=key, channel_key=_channel_key_of(key), user_id=user_id, model=model, prompt_tokens=0,
-            completion_tokens=0, kernel_s=0.0, at=time.time() if at is None else at,
-        ).returning(usage.c.id)
+        statement = (
+            sa.insert(usage)
+            .values(
+                thread=key,
+                channel_key=_channel_key_of(key),
+                user_id=user_id,
+                model=model,
+                prompt_tokens=0,
+                completion_tokens=0,
+                kernel_s=0.0,
+                at=time.time() if at is None else at,
+            )
+            .returning(usage.c.id)
+        )
         return int(await self._db.write(lambda conn: conn.execute(statement).scalar_one()))
 
     async def add_usage(self, row: int, *, prompt_tokens: int, completion_tokens: int, kernel_s: float = 0.0) -> None:
         """Add tokens and kernel seconds to the turn counted by ``row``."""
-        statement = sa.update(usage).where(usage.c.id == row).values(
-            prompt_tokens=usage.c.prompt_tokens + prompt_tokens,
-            completion_tokens=usage.c.completion_tokens + completion_tokens,
-            kernel_s=usage.c.kernel_s + kernel_s,
+        statement = (
+            sa.update(usage)
+            .where(usage.c.id == row)
+            .values(
+                prompt_tokens=usage.c.prompt_tokens + prompt_tokens,
+                completion_tokens=usage.c.completion_tokens + completion_tokens,
+                kernel_s=usage.c.kernel_s + kernel_s,
+            )
         )
         await self._db.write(lambda conn: conn.execute(statement))
 
@@ -325,8 +368,10 @@ class Store:
 
     async def usage(self, key: str) -> tuple[int, int]:
         """Total (prompt, completion) tokens used by the thread."""
-        statement = sa.select(sa.func.coalesce(sa.func.sum(usage.c.prompt_tokens), 0),
-                              sa.func.coalesce(sa.func.sum(usage.c.completion_tokens), 0)).where(usage.c.thread == key)
+        statement = sa.select(
+            sa.func.coalesce(sa.func.sum(usage.c.prompt_tokens), 0),
+            sa.func.coalesce(sa.func.sum(usage.c.completion_tokens), 0),
+        ).where(usage.c.thread == key)
         row = await self._db.read(lambda conn: conn.execute(statement).first())
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
@@ -359,17 +404,25 @@ class Store:
             entries: list[TimelineEntry] = [
                 MessageEntry(seq, json.loads(content), user_id, created)
                 for seq, content, user_id, created in conn.execute(
-                    sa.select(messages.c.seq, messages.c.content, messages.c.user_id, messages.c.created_at)
-                    .where(messages.c.thread == key)
+                    sa.select(messages.c.seq, messages.c.content, messages.c.user_id, messages.c.created_at).where(
+                        messages.c.thread == key
+                    )
                 )
-            ]  # fmt: skip
+            ]
             entries += [
                 CellEntry(seq, code, json.loads(outputs), count, outcome, duration, created)
                 for seq, code, outputs, count, outcome, duration, created in conn.execute(
-                    sa.select(cells.c.seq, cells.c.code, cells.c.outputs, cells.c.execution_count, cells.c.outcome,
-                              cells.c.duration_s, cells.c.created_at).where(cells.c.thread == key)
+                    sa.select(
+                        cells.c.seq,
+                        cells.c.code,
+                        cells.c.outputs,
+                        cells.c.execution_count,
+                        cells.c.outcome,
+                        cells.c.duration_s,
+                        cells.c.created_at,
+                    ).where(cells.c.thread == key)
                 )
-            ]  # fmt: skip
+            ]
             return entries
 
         return sorted(await self._db.read(read), key=lambda entry: entry.seq)
@@ -379,8 +432,12 @@ class Store:
         the thread's next ticket. The thread's row is locked while the ticket is taken, so tickets
         are handed out in the order the transactions commit, on every replica."""
         now = time.time()
-        take = (sa.update(threads).where(threads.c.key == key)
-                .values(last_ticket=threads.c.last_ticket + 1, last_active_at=now).returning(threads.c.last_ticket))  # fmt: skip
+        take = (
+            sa.update(threads)
+            .where(threads.c.key == key)
+            .values(last_ticket=threads.c.last_ticket + 1, last_active_at=now)
+            .returning(threads.c.last_ticket)
+        )
 
         def write(conn: Connection) -> QueuedTurn:
             ticket = conn.execute(take).scalar()
@@ -388,13 +445,18 @@ class Store:
                 self._ensure_thread(conn, key, now)
                 ticket = conn.execute(take).scalar_one()
             row = {"run": self._run, "started_at": now, "ticket": int(ticket)}
-            conn.execute(self._insert(turns_in_flight).values(thread=key, message_id=message_id, **row)
-                         .on_conflict_do_update(index_elements=[turns_in_flight.c.thread, turns_in_flight.c.message_id],
-                                                set_=row))  # fmt: skip
+            conn.execute(
+                self._insert(turns_in_flight)
+                .values(thread=key, message_id=message_id, **row)
+                .on_conflict_do_update(
+                    index_elements=[turns_in_flight.c.thread, turns_in_flight.c.message_id], set_=row
+                )
+            )
             ahead = conn.scalar(
-                sa.select(sa.func.count()).select_from(turns_in_flight)
+                sa.select(sa.func.count())
+                .select_from(turns_in_flight)
                 .where(turns_in_flight.c.thread == key, turns_in_flight.c.ticket < ticket)
-            )  # fmt: skip
+            )
             return QueuedTurn(int(ticket), int(ahead or 0))
 
         return await self._db.write(write)
@@ -421,8 +483,12 @@ class Store:
     async def request_stop(self, key: str) -> bool:
         """Ask the replica running thread ``key``'s turn to stop it; False when none runs."""
         head = sa.select(sa.func.min(turns_in_flight.c.ticket)).where(turns_in_flight.c.thread == key).scalar_subquery()
-        statement = (sa.update(turns_in_flight).where(turns_in_flight.c.thread == key, turns_in_flight.c.ticket == head)
-                     .values(stop_requested=True).returning(turns_in_flight.c.message_id))  # fmt: skip
+        statement = (
+            sa.update(turns_in_flight)
+            .where(turns_in_flight.c.thread == key, turns_in_flight.c.ticket == head)
+            .values(stop_requested=True)
+            .returning(turns_in_flight.c.message_id)
+        )
         return await self._db.write(lambda conn: conn.execute(statement).first() is not None)
 
     async def stop_requested(self, key: str, message_id: str) -> bool:
@@ -447,8 +513,10 @@ class Store:
             conn.execute(sa.delete(turns_in_flight).where(self._gone(), turns_in_flight.c.started_at < stale))
             rows = conn.execute(
                 sa.select(turns_in_flight.c.thread, turns_in_flight.c.message_id)
-                .where(self._gone()).order_by(turns_in_flight.c.started_at).with_for_update(skip_locked=True)
-            ).all()  # fmt: skip
+                .where(self._gone())
+                .order_by(turns_in_flight.c.started_at)
+                .with_for_update(skip_locked=True)
+            ).all()
             taken: list[InterruptedTurn] = []
             for thread, message_id in rows:
                 if reachable is not None and not reachable(str(thread)):
@@ -457,7 +525,7 @@ class Store:
                     sa.delete(turns_in_flight)
                     .where(turns_in_flight.c.thread == thread, turns_in_flight.c.message_id == message_id)
                     .returning(turns_in_flight.c.started_at)
-                ).scalar()  # fmt: skip
+                ).scalar()
                 if started is not None:
                     taken.append(InterruptedTurn(str(thread), str(message_id), float(started)))
             return taken
@@ -471,33 +539,43 @@ class Store:
         def write(conn: Connection) -> KernelOwner | None:
             row = conn.execute(
                 sa.select(threads.c.kernel_run, threads.c.kernel_id).where(threads.c.key == key).with_for_update()
-            ).first()  # fmt: skip
+            ).first()
             before = None
             if row is not None and row.kernel_run is not None:
                 if self.shared:
-                    alive = conn.scalar(sa.select(sa.func.count()).select_from(replicas).where(
-                        replicas.c.run == row.kernel_run, replicas.c.seen_at >= time.time() - self._timeout_s
-                    ))  # fmt: skip
+                    alive = conn.scalar(
+                        sa.select(sa.func.count())
+                        .select_from(replicas)
+                        .where(replicas.c.run == row.kernel_run, replicas.c.seen_at >= time.time() - self._timeout_s)
+                    )
                     gone = not alive
                 else:
                     gone = row.kernel_run != self._run  # SQLite: one bot process at a time
                 before = KernelOwner(str(row.kernel_run), row.kernel_id, gone)
             if before is None or before.run != self._run:
-                conn.execute(sa.update(threads).where(threads.c.key == key).values(kernel_run=self._run, kernel_id=None))
+                conn.execute(
+                    sa.update(threads).where(threads.c.key == key).values(kernel_run=self._run, kernel_id=None)
+                )
             return before
 
         return await self._db.write(write)
 
     async def record_kernel(self, key: str, remote_id: str | None) -> None:
         """Record the gateway id of the kernel this replica holds thread ``key``'s variables in."""
-        statement = (sa.update(threads).where(threads.c.key == key, threads.c.kernel_run == self._run)
-                     .values(kernel_id=remote_id))  # fmt: skip
+        statement = (
+            sa.update(threads)
+            .where(threads.c.key == key, threads.c.kernel_run == self._run)
+            .values(kernel_id=remote_id)
+        )
         await self._db.write(lambda conn: conn.execute(statement))
 
     async def live_replicas(self) -> list[str]:
         """The runs of the replicas that showed signs of life within the timeout, this one included."""
-        statement = (sa.select(replicas.c.run).where(replicas.c.seen_at >= time.time() - self._timeout_s)
-                     .order_by(replicas.c.run))  # fmt: skip
+        statement = (
+            sa.select(replicas.c.run)
+            .where(replicas.c.seen_at >= time.time() - self._timeout_s)
+            .order_by(replicas.c.run)
+        )
         return [str(run) for run in await self._db.read(lambda conn: conn.execute(statement).scalars().all())]
 
     def _gone(self) -> sa.ColumnElement[bool]:
@@ -509,21 +587,27 @@ class Store:
 
     def _take(self, conn: Connection, where: sa.ColumnElement[bool]) -> list[InterruptedTurn]:
         gone = conn.execute(
-            sa.delete(turns_in_flight).where(where, self._gone())
+            sa.delete(turns_in_flight)
+            .where(where, self._gone())
             .returning(turns_in_flight.c.thread, turns_in_flight.c.message_id, turns_in_flight.c.started_at)
-        )  # fmt: skip
+        )
         return sorted((InterruptedTurn(str(t), str(m), float(s)) for t, m, s in gone), key=lambda turn: turn.started_at)
 
     def _ensure_thread(self, conn: Connection, key: str, now: float) -> None:
         conn.execute(
-            self._insert(threads).values(key=key, channel_key=_channel_key_of(key), created_at=now, last_active_at=now)
+            self._insert(threads)
+            .values(key=key, channel_key=_channel_key_of(key), created_at=now, last_active_at=now)
             .on_conflict_do_nothing(index_elements=[threads.c.key])
-        )  # fmt: skip
+        )
 
     def _reserve_seq(self, conn: Connection, key: str, count: int, now: float) -> int:
         """Take ``count`` consecutive seq numbers of the thread (creating it); returns the first."""
-        take = (sa.update(threads).where(threads.c.key == key)
-                .values(last_seq=threads.c.last_seq + count, last_active_at=now).returning(threads.c.last_seq))  # fmt: skip
+        take = (
+            sa.update(threads)
+            .where(threads.c.key == key)
+            .values(last_seq=threads.c.last_seq + count, last_active_at=now)
+            .returning(threads.c.last_seq)
+        )
         last = conn.execute(take).scalar()
         if last is None:  # a new thread
             self._ensure_thread(conn, key, now)
@@ -535,7 +619,9 @@ class Store:
 
         def write(conn: Connection) -> None:
             conn.execute(sa.delete(replicas).where(replicas.c.seen_at < now - _FORGET_REPLICA_S))
-            conn.execute(sa.insert(replicas).values(run=self._run, host=socket.gethostname(), started_at=now, seen_at=now))
+            conn.execute(
+                sa.insert(replicas).values(run=self._run, host=socket.gethostname(), started_at=now, seen_at=now)
+            )
 
         await self._db.write(write)
 
@@ -546,8 +632,9 @@ class Store:
             now = time.time()
             seen = conn.execute(sa.update(replicas).where(replicas.c.run == self._run).values(seen_at=now))
             if seen.rowcount == 0:  # deleted as long gone (the database was out of reach for a day)
-                conn.execute(sa.insert(replicas).values(run=self._run, host=socket.gethostname(), started_at=now,
-                                                        seen_at=now))  # fmt: skip
+                conn.execute(
+                    sa.insert(replicas).values(run=self._run, host=socket.gethostname(), started_at=now, seen_at=now)
+                )
 
         while True:
             await asyncio.sleep(self._timeout_s / 3)

@@ -25,11 +25,10 @@ from bot.safetext import shown
 from bot.sources.registry import Sources
 from bot.sources.tool import SqlTool
 from bot.store import NOTICE_ROLE, Store
-from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace
+from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace, safefs
 from kernels.oneshot import OneShot
 from kernels.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
 from kernels.result import KernelUnavailableError, QueueFullError, QueueLeftError, QueueTimeoutError, UnsafePathError
-from kernels import safefs
 from kernels.safefs import PinnedFile
 
 log = logging.getLogger(__name__)
@@ -52,10 +51,14 @@ QUEUE_FULL_NOTICE = (
     "🚦 All {kernels} Python kernels are in use and {waiting} threads are already waiting for one; "
     "please ask again in a few minutes."
 )
-QUEUE_TIMEOUT_NOTICE = "⌛ No Python kernel came free within {timeout:g} s (all {kernels} are in use); please ask again."
+QUEUE_TIMEOUT_NOTICE = (
+    "⌛ No Python kernel came free within {timeout:g} s (all {kernels} are in use); please ask again."
+)
 QUEUE_LEFT_NOTICE = "⏹️ Stopped while waiting for a kernel; nothing ran."
 KERNEL_START_NOTICE = "⚠️ I could not start a Python kernel for this thread. Please try again."
-KERNEL_SERVICE_NOTICE = "⚠️ The service that runs Python kernels is not reachable right now; please ask again in a minute."
+KERNEL_SERVICE_NOTICE = (
+    "⚠️ The service that runs Python kernels is not reachable right now; please ask again in a minute."
+)
 
 
 def kernel_options(settings: Settings, key: ThreadKey) -> KernelOptions:
@@ -228,7 +231,9 @@ class TurnRunner:
             await outbox.post(Reply(text=refusal, ok=False))
             return
         workspace = self._pool.workspaces.for_key(str(key))
-        intake = await ingest(message.attachments, workspace, max_bytes=int(self._settings.kernels.max_upload_mb * 2**20))
+        intake = await ingest(
+            message.attachments, workspace, max_bytes=int(self._settings.kernels.max_upload_mb * 2**20)
+        )
         for name, reason in intake.refused:
             await outbox.notify(f"📎 `{shown(name)}` was not added: {reason}")
         user_content = message.text.strip()
@@ -248,7 +253,18 @@ class TurnRunner:
         outputs = Outputs()
         try:
             reply = await self._turn(
-                _Turn(message, user_content, workspace, turn, progress, outputs, bool(intake.saved), row, allowance, intake)
+                _Turn(
+                    message,
+                    user_content,
+                    workspace,
+                    turn,
+                    progress,
+                    outputs,
+                    bool(intake.saved),
+                    row,
+                    allowance,
+                    intake,
+                )
             )
             ok = reply.ok
             await outbox.post(reply)
@@ -377,7 +393,9 @@ class TurnRunner:
             + sum(tool.seconds for tool in tools),
         )
         await collect_outputs(runner.results, t.workspace, t.outputs)
-        log.info("turn in %s: %s after %d cells, %.1fs", key, result.stop_reason, len(runner.results), time.time() - started)
+        log.info(
+            "turn in %s: %s after %d cells, %.1fs", key, result.stop_reason, len(runner.results), time.time() - started
+        )
         # A kernel that stopped unasked or variables that could not be saved: told once, here.
         return _reply(result, t.outputs.images, t.outputs.files, [*runner.notes, *session.take_thread_notices()])
 

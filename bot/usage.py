@@ -92,8 +92,10 @@ class UsageReport:
             groups: dict[str, list[UsageRow]] = {}
             for row in await self._store.usage_report(since=since, by=by):
                 groups.setdefault(row.group, []).append(row)
-            totals = sorted(((add_up(rows, self._prices), group) for group, rows in groups.items()),
-                            key=lambda item: (-item[0].tokens, item[1]))  # fmt: skip
+            totals = sorted(
+                ((add_up(rows, self._prices), group) for group, rows in groups.items()),
+                key=lambda item: (-item[0].tokens, item[1]),
+            )
             lines.append(f"**{title}** ({len(totals)})")
             lines += [f"{i}. `{group}` — {total.line()}" for i, (total, group) in enumerate(totals[:TOP], start=1)]
             if len(totals) > TOP:
@@ -102,5 +104,8 @@ class UsageReport:
                 lines.append("• none yet")
         everything = add_up(await self._store.spent(since=since), self._prices)
         feedback = await self._store.feedback_counts(since=since)
-        lines += [f"**All together:** {everything.line()}", f"**Feedback on answers:** 👍 {feedback.good} · 👎 {feedback.bad}"]
+        lines += [
+            f"**All together:** {everything.line()}",
+            f"**Feedback on answers:** 👍 {feedback.good} · 👎 {feedback.bad}",
+        ]
         return "\n".join(lines)

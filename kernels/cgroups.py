@@ -145,9 +145,7 @@ def _read_pids(path: Path) -> set[int]:
         return {int(line) for line in handle.read().split()}
 
 
-def detect(
-    proc_cgroup: str | None = None, mountinfo: str | None = None
-) -> tuple[CgroupSupport | None, str]:
+def detect(proc_cgroup: str | None = None, mountinfo: str | None = None) -> tuple[CgroupSupport | None, str]:
     """(Blocking) what per-kernel cgroups this host allows, set up for use: the support (or
     None) and, when there is none, why. The arguments default to ``/proc/self``'s files."""
     if proc_cgroup is None:

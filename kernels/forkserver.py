@@ -36,7 +36,6 @@ import os
 import select
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -183,11 +182,23 @@ class ForkServer:
         self._ready = loop.create_future()
         with open(run_dir / "zygote.log", "ab") as log_file:
             self._proc = await asyncio.create_subprocess_exec(
-                *prefix, str(self.launcher.python.executable), "-P", str(ZYGOTE), json.dumps(self.preload), str(self._lifeline_r), *mode,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log_file,
-                env=env, cwd=run_dir, pass_fds=(self._lifeline_r,), start_new_session=True,
-                limit=1 << 20, preexec_fn=child_setup(None),  # its own session keyring, a high OOM score
-            )  # fmt: skip
+                *prefix,
+                str(self.launcher.python.executable),
+                "-P",
+                str(ZYGOTE),
+                json.dumps(self.preload),
+                str(self._lifeline_r),
+                *mode,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log_file,
+                env=env,
+                cwd=run_dir,
+                pass_fds=(self._lifeline_r,),
+                start_new_session=True,
+                limit=1 << 20,
+                preexec_fn=child_setup(None),  # its own session keyring, a high OOM score
+            )
         self.starts += 1
         self.running = True
         self._reader = asyncio.create_task(self._read(self._proc), name="fork-server-reader")
@@ -223,7 +234,7 @@ class ForkServer:
             proc.stdin.write((json.dumps(request) + "\n").encode())
             await proc.stdin.drain()
             pid = await asyncio.wait_for(future, FORK_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise KernelStartError(f"the fork server did not fork: {exc!r}") from exc
         finally:
             self._pending.pop(request_id, None)
@@ -283,7 +294,7 @@ class ForkServer:
             proc.stdin.close()
             try:
                 await asyncio.wait_for(proc.wait(), 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 await self._kill()
         await self._kill()
         for run_dir in self._run_dirs:
@@ -386,9 +397,12 @@ class ForkingLauncher(KernelLauncher):
 
     def __init__(self, spawn: KernelLauncher) -> None:
         super().__init__(
-            spawn.settings, run_root=spawn.run_root.parent, cgroups=spawn.cgroups, python=spawn.python,
+            spawn.settings,
+            run_root=spawn.run_root.parent,
+            cgroups=spawn.cgroups,
+            python=spawn.python,
             start_slots=FORK_START_SLOTS,
-        )  # fmt: skip
+        )
         if not self.supports(spawn):
             raise ValueError(f"no fork-server profile for {type(spawn).__name__}")
         self.spawn = spawn

@@ -79,7 +79,9 @@ def _members(cgroup: KernelCgroup | None, pid: int | None) -> list[psutil.Proces
         return []
 
 
-def _signal_members(cgroup: KernelCgroup | None, pid: int | None, signum: signal.Signals, *, until_stopped: bool) -> bool:
+def _signal_members(
+    cgroup: KernelCgroup | None, pid: int | None, signum: signal.Signals, *, until_stopped: bool
+) -> bool:
     """Send ``signum`` to every member; with ``until_stopped``, again to members that are not
     stopped yet (one forked meanwhile), for at most :data:`FREEZE_TIMEOUT_S`."""
     deadline = time.monotonic() + FREEZE_TIMEOUT_S

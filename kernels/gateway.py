@@ -120,7 +120,9 @@ class GatewayApi:
         """A websocket on the kernel's channels (messages over the cap are refused)."""
         scheme, netloc, path, _, _ = urlsplit(self.base)
         ws_scheme = "wss" if scheme == "https" else "ws"
-        url = urlunsplit((ws_scheme, netloc, f"{path}/api/kernels/{quote(kernel_id)}/channels", f"session_id={session_id}", ""))
+        url = urlunsplit(
+            (ws_scheme, netloc, f"{path}/api/kernels/{quote(kernel_id)}/channels", f"session_id={session_id}", "")
+        )
         try:
             return await self.session.ws_connect(url, max_msg_size=MAX_MESSAGE_BYTES, heartbeat=30.0)
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -182,9 +184,13 @@ class GatewayChannels:
     ) -> str:
         """Send an ``execute_request``; its msg_id."""
         content = {
-            "code": code, "silent": silent, "store_history": store_history,
-            "user_expressions": user_expressions or {}, "allow_stdin": bool(allow_stdin), "stop_on_error": stop_on_error,
-        }  # fmt: skip
+            "code": code,
+            "silent": silent,
+            "store_history": store_history,
+            "user_expressions": user_expressions or {},
+            "allow_stdin": bool(allow_stdin),
+            "stop_on_error": stop_on_error,
+        }
         return self._send("shell", "execute_request", content)
 
     def kernel_info(self) -> str:
@@ -396,10 +402,16 @@ class GatewayLauncher:
         if options.data_dir is not None:
             environment["KERNEL_THREADBOOK_DATA_DIR"] = str(options.data_dir)
         return LaunchPlan(
-            kernel_id=uuid.uuid4().hex, workspace=workspace, run_dir=workspace, environment=environment,
-            limits=ResourceLimits.from_settings(self.settings), data_dir=options.data_dir, network=options.network,
-            packages_dir=None, identity=None,
-        )  # fmt: skip
+            kernel_id=uuid.uuid4().hex,
+            workspace=workspace,
+            run_dir=workspace,
+            environment=environment,
+            limits=ResourceLimits.from_settings(self.settings),
+            data_dir=options.data_dir,
+            network=options.network,
+            packages_dir=None,
+            identity=None,
+        )
 
     async def start(self, plan: LaunchPlan) -> KernelHandle:
         """Start a kernel on the gateway, connect its channels, wait until it answers and

@@ -31,7 +31,6 @@ import asyncio
 import os
 import resource
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -82,7 +81,12 @@ KERNEL_SETUP = "__import__('threadbook_kernel').setup()"
 
 
 def kernel_environment(
-    *, python: KernelPython, workspace: Path, run_dir: Path, cache_dir: Path, data_dir: Path | None,
+    *,
+    python: KernelPython,
+    workspace: Path,
+    run_dir: Path,
+    cache_dir: Path,
+    data_dir: Path | None,
     packages_dir: Path | None,
 ) -> dict[str, str]:
     """The kernel's complete environment (paths as the kernel sees them): the bot's own
@@ -446,9 +450,13 @@ class KernelLauncher:
         """The ipykernel command line of the kernel interpreter (history in memory only, the
         kernel-side set-up run, modules from ``preload`` imported)."""
         argv = [
-            str(self.python.executable), "-m", "ipykernel_launcher", "-f", "{connection_file}",
+            str(self.python.executable),
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            "{connection_file}",
             "--HistoryManager.hist_file=:memory:",
-        ]  # fmt: skip
+        ]
         lines = [KERNEL_SETUP, *(f"__import__({module!r})" for module in self.settings.preload)]
         argv.append(f"--IPKernelApp.exec_lines={lines!r}")
         return KernelSpec(
@@ -479,9 +487,13 @@ class KernelLauncher:
     def environment(self, workspace: Path, run_dir: Path, options: KernelOptions) -> dict[str, str]:
         """The kernel's environment (unsandboxed: host paths)."""
         return kernel_environment(
-            python=self.python, workspace=workspace, run_dir=run_dir, cache_dir=self.cache_dir,
-            data_dir=options.data_dir, packages_dir=self.packages_dir,
-        )  # fmt: skip
+            python=self.python,
+            workspace=workspace,
+            run_dir=run_dir,
+            cache_dir=self.cache_dir,
+            data_dir=options.data_dir,
+            packages_dir=self.packages_dir,
+        )
 
     def identity(self, workspace: Path) -> Identity | None:
         """Who the kernel runs as (unsandboxed: the bot's own uid, None)."""
@@ -490,7 +502,11 @@ class KernelLauncher:
     def provisioner(self, plan: LaunchPlan, manager: AsyncKernelManager) -> ThreadbookProvisioner:
         """The provisioner that carries out ``plan`` for ``manager``."""
         return ThreadbookProvisioner(
-            plan=plan, cgroups=self.cgroups, kernel_id=manager.kernel_id, kernel_spec=manager.kernel_spec, parent=manager
+            plan=plan,
+            cgroups=self.cgroups,
+            kernel_id=manager.kernel_id,
+            kernel_spec=manager.kernel_spec,
+            parent=manager,
         )
 
     async def attach(self, remote_id: str) -> KernelHandle | None:

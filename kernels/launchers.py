@@ -76,7 +76,9 @@ def spawn_launcher(
         probe(support, python, limits)
     except KernelStartError as exc:
         raise SandboxUnavailableError(refusal(settings.sandbox, str(exc), container=in_container())) from exc
-    log.info("kernel sandbox: bubblewrap (%s, %s)", support.bwrap, "root + setpriv" if support.as_root else "user namespace")
+    log.info(
+        "kernel sandbox: bubblewrap (%s, %s)", support.bwrap, "root + setpriv" if support.as_root else "user namespace"
+    )
     network, missing = _network_support(support, limits, slirp4netns)
     if network is not None:
         log.info("network: true kernels: slirp4netns (%s)", network.slirp4netns)

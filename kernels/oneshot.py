@@ -184,8 +184,9 @@ class Job:
         bytes; never raises for what the child did."""
         if module not in MODULES:
             raise ValueError(f"not a one-shot module: {module!r}")
-        return await self.run_python(["-m", f"threadbook_kernel.{module}", *args], timeout=timeout,
-                                     max_output=max_output, fd=fd)  # fmt: skip
+        return await self.run_python(
+            ["-m", f"threadbook_kernel.{module}", *args], timeout=timeout, max_output=max_output, fd=fd
+        )
 
     async def run_python(
         self, python_args: Sequence[str], *, timeout: float, max_output: int, fd: int | None = None
@@ -302,7 +303,11 @@ async def _run(
         except TimeoutError:
             error_text = ""
     if timed_out or cut:
-        log.warning("one-shot %s: %s", " ".join(argv[2:4])[:80], "killed at its deadline" if timed_out else "output over its cap")
+        log.warning(
+            "one-shot %s: %s",
+            " ".join(argv[2:4])[:80],
+            "killed at its deadline" if timed_out else "output over its cap",
+        )
     return OneShotResult(exit_code=exit_code, output=b"".join(chunks), cut=cut, timed_out=timed_out, errors=error_text)
 
 

@@ -78,10 +78,26 @@ IMPORT_TO_DISTRIBUTION: dict[str, str] = {
 }
 #: The installer's environment: what it needs to reach an index (proxies, certificates, uv's
 #: own settings), never the rest of the bot's (its tokens).
-_INSTALLER_ENV = frozenset({
-    "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_CACHE_HOME", "SSL_CERT_FILE", "SSL_CERT_DIR",
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
-})  # fmt: skip
+_INSTALLER_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "TMPDIR",
+        "XDG_CACHE_HOME",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+    }
+)
+
+
 def installer_environment(bot_environment: Mapping[str, str]) -> dict[str, str]:
     """The installer's environment: only what it needs from the bot's."""
     env = {name: value for name, value in bot_environment.items() if name in _INSTALLER_ENV or name.startswith("UV_")}
@@ -258,13 +274,26 @@ class PackageInstaller:
         # Distributions the kernels have already (``excludes``) stay out of the resolution:
         # kernels import them from where they are (their versions are checked afterwards).
         command = [
-            str(self.bot_python), "-m", "uv", "pip", "install", "--no-config", "--quiet",
-            "--python", str(self.python.executable), "--target", str(site),
-            "--excludes", str(excludes), "--link-mode", "copy", "--compile-bytecode",
+            str(self.bot_python),
+            "-m",
+            "uv",
+            "pip",
+            "install",
+            "--no-config",
+            "--quiet",
+            "--python",
+            str(self.python.executable),
+            "--target",
+            str(site),
+            "--excludes",
+            str(excludes),
+            "--link-mode",
+            "copy",
+            "--compile-bytecode",
             # Wheels only: building a source distribution would run the package's own code here,
             # in the bot's process tree, next to its secrets.
             "--no-build",
-        ]  # fmt: skip
+        ]
         if settings.index_url:
             command += ["--index-url", settings.index_url]
         for link in settings.find_links:
@@ -281,9 +310,12 @@ class PackageInstaller:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self._command(distribution, site, excludes),
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                env=env, start_new_session=True,
-            )  # fmt: skip
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         except OSError as exc:
             return f"the installer did not start: {exc}"
         try:
@@ -312,14 +344,24 @@ class PackageInstaller:
     async def _list_environment(self) -> list[dict[str, str]]:
         """``uv pip list`` of the kernel interpreter, or [] when it cannot be had."""
         command = [
-            str(self.bot_python), "-m", "uv", "pip", "list", "--no-config", "--format", "json",
-            "--python", str(self.python.executable),
-        ]  # fmt: skip
+            str(self.bot_python),
+            "-m",
+            "uv",
+            "pip",
+            "list",
+            "--no-config",
+            "--format",
+            "json",
+            "--python",
+            str(self.python.executable),
+        ]
         try:
             proc = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                *command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.DEVNULL,
-            )  # fmt: skip
+            )
         except OSError:
             return []
         try:
@@ -409,7 +451,8 @@ def unmet_requirement(site: Path, present: dict[str, str], python_version: tuple
     """(Blocking) one line naming a requirement of what was installed into ``site`` that the
     version the kernels already have (``present``, left out of the install) does not meet,
     or None."""
-    environment = {"python_version": "%d.%d" % python_version, "python_full_version": "%d.%d.0" % python_version}
+    major, minor = python_version
+    environment = {"python_version": f"{major}.{minor}", "python_full_version": f"{major}.{minor}.0"}
     for dist_info in site.glob("*.dist-info"):
         try:
             text = (dist_info / "METADATA").read_text(errors="replace")

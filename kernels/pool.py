@@ -235,6 +235,7 @@ class KernelPool:
             self._lost.add(session.key)
         if (why := session.untold_death) is not None:
             self._died[session.key] = why
+
     def _saved(self, key: str, task: asyncio.Task[None]) -> None:
         if self._saves.get(key) is task:
             del self._saves[key]
@@ -400,8 +401,14 @@ class KernelPool:
             if not room:
                 await handle.shutdown()
                 return False
-            session = KernelSession(key, self.workspaces.for_key(key), self.settings, launcher=self.launcher,
-                                    options=options, taken_over=handle)  # fmt: skip
+            session = KernelSession(
+                key,
+                self.workspaces.for_key(key),
+                self.settings,
+                launcher=self.launcher,
+                options=options,
+                taken_over=handle,
+            )
             self._lost.discard(key)
             self._sessions[key] = session
         await session.start()
@@ -449,6 +456,7 @@ class KernelPool:
         culled: list[str] = []
         if self.warm is not None:  # warm kernels are never culled; retention must spare their folders
             await asyncio.to_thread(self.warm.touch)
+
         def still_idle(session: KernelSession) -> bool:
             return not session.busy and session.key not in self._leases and session.idle_seconds() > idle_timeout_s
 

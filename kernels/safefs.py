@@ -292,7 +292,7 @@ def walk(root: Path | str, *, limit: int = MAX_WALK_ENTRIES) -> Iterator[tuple[s
         top = open_dir(root)
     except (OSError, UnsafePathError):
         return
-    for rel, dir_fd, name, st in _entries(top, limit):
+    for rel, _dir_fd, _name, st in _entries(top, limit):
         if stat.S_ISREG(st.st_mode):
             yield rel, st
 

@@ -294,8 +294,11 @@ class KernelSession:
         else:
             log.info(
                 "restored %d variable(s) of %s in %.2f s (%d not restored)",
-                len(report.restored), self.key, report.seconds, len(report.lost),
-            )  # fmt: skip
+                len(report.restored),
+                self.key,
+                report.seconds,
+                len(report.lost),
+            )
         return report
 
     async def save_state(self, *, only_if_quick: bool = False) -> SaveReport | None:
@@ -337,8 +340,12 @@ class KernelSession:
             self.last_save = report
             log.info(
                 "saved %d variable(s) of %s (%s) in %.2f s; %d left out",
-                report.saved, self.key, human_size(report.bytes), report.seconds, len(report.lost),
-            )  # fmt: skip
+                report.saved,
+                self.key,
+                human_size(report.bytes),
+                report.seconds,
+                len(report.lost),
+            )
             return report
 
     def _snapshot_budget(self) -> int:
@@ -449,7 +456,9 @@ class KernelSession:
         content = reply["content"]
         value = (content.get("user_expressions") or {}).get("value") or {}
         if content.get("status") != "ok" or value.get("status") != "ok":
-            log.info("evaluation in the kernel of %s failed: %s", self.key, value.get("evalue") or content.get("evalue"))
+            log.info(
+                "evaluation in the kernel of %s failed: %s", self.key, value.get("evalue") or content.get("evalue")
+            )
             return None
         text = (value.get("data") or {}).get("text/plain")
         return text if isinstance(text, str) else None
@@ -478,7 +487,9 @@ class KernelSession:
         await self._discard_handle()
         self.state = "dead"
 
-    async def _run(self, code: str, timeout: float, on_output: Callable[[str, str], None] | None = None) -> ExecutionResult:
+    async def _run(
+        self, code: str, timeout: float, on_output: Callable[[str, str], None] | None = None
+    ) -> ExecutionResult:
         handle = self._handle
         assert handle is not None
         client = handle.client
@@ -530,7 +541,11 @@ class KernelSession:
                     outcome, quota_notice = Outcome.DIED, over
                     break
                 # Looks at least every TRIP_LOOK_S: a kernel the quota probe froze is walked soon.
-                limit = min(next_check, now + TRIP_LOOK_S) if interrupted_at is None else interrupted_at + self.settings.interrupt_grace_s
+                limit = (
+                    min(next_check, now + TRIP_LOOK_S)
+                    if interrupted_at is None
+                    else interrupted_at + self.settings.interrupt_grace_s
+                )
                 if interrupted_at is None:
                     limit = min(limit, deadline)
                 if replied_at is not None:
@@ -586,7 +601,9 @@ class KernelSession:
         )
         if outcome is Outcome.DIED:
             result.notice = quota_notice or await self._death_notice(handle)
-            self._note_death("it wrote past the workspace quota" if quota_notice else _exit_text(await handle.exit_code()))
+            self._note_death(
+                "it wrote past the workspace quota" if quota_notice else _exit_text(await handle.exit_code())
+            )
             await self._discard_handle()
             self.state = "dead"
             self._lost_state = True  # the next result (in a fresh kernel) says so too
@@ -638,7 +655,9 @@ class KernelSession:
     def _quota_notice(self, before: safefs.Scan, now: safefs.Scan) -> str | None:
         quota = self.workspace.quota_bytes
         if now.entries > MAX_WALK_ENTRIES >= before.entries:
-            return QUOTA_NOTICE.format(used=f"more than {MAX_WALK_ENTRIES:,} files", quota=f"{MAX_WALK_ENTRIES:,} files")
+            return QUOTA_NOTICE.format(
+                used=f"more than {MAX_WALK_ENTRIES:,} files", quota=f"{MAX_WALK_ENTRIES:,} files"
+            )
         if now.bytes > quota and now.bytes > before.bytes:
             return QUOTA_NOTICE.format(used=human_size(now.bytes), quota=human_size(quota))
         return None
@@ -649,8 +668,11 @@ class KernelSession:
         handle = self._handle
         if handle is not None and not self.options.background_processes:
             if (stopped := await self._stop_leftovers(handle)) is not None:
-                log.warning("the kernel of %s left processes running while its variables were saved or restored: %s",
-                            self.key, stopped)  # fmt: skip
+                log.warning(
+                    "the kernel of %s left processes running while its variables were saved or restored: %s",
+                    self.key,
+                    stopped,
+                )
 
     async def _stop_leftovers(self, handle: KernelHandle) -> str | None:
         """Kill the processes this execution left running (nothing runs between turns); the

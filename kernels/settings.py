@@ -108,4 +108,6 @@ class KernelSettings(BaseModel):
         try:
             return handler(value)
         except ValidationError:
-            raise ValueError(f"expected a whole number of kernels, 0 or more (0: no warm pool), or 'auto', got {value!r}") from None
+            raise ValueError(
+                f"expected a whole number of kernels, 0 or more (0: no warm pool), or 'auto', got {value!r}"
+            ) from None

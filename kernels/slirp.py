@@ -133,8 +133,16 @@ def _start(support: SlirpSupport, pid: int, owner: int | None, log: IO[bytes] | 
     exit_r, exit_w = os.pipe()
     userns = [] if owner is None else [f"--userns-path=/proc/self/fd/{owner}"]
     argv = [
-        support.slirp4netns, "--configure", f"--mtu={MTU}", "--disable-host-loopback", *userns,
-        f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", *support.hardening, str(pid), TAP,
+        support.slirp4netns,
+        "--configure",
+        f"--mtu={MTU}",
+        "--disable-host-loopback",
+        *userns,
+        f"--ready-fd={ready_w}",
+        f"--exit-fd={exit_r}",
+        *support.hardening,
+        str(pid),
+        TAP,
     ]
     inherited = (ready_w, exit_r) if owner is None else (ready_w, exit_r, owner)
     try:
@@ -215,8 +223,12 @@ def block_host(support: SlirpSupport, pid: int, owner: int | None = None) -> Non
     routes = "".join(f"route add prohibit {net}\n" for net in host_networks())
     try:
         done = subprocess.run(
-            [*enter, support.ip, "-batch", "-"], input=routes, capture_output=True, text=True,
-            timeout=SETUP_TIMEOUT_S, pass_fds=() if owner is None else (owner,),
+            [*enter, support.ip, "-batch", "-"],
+            input=routes,
+            capture_output=True,
+            text=True,
+            timeout=SETUP_TIMEOUT_S,
+            pass_fds=() if owner is None else (owner,),
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise KernelStartError(f"could not add the kernel's blocking routes: {exc}") from exc

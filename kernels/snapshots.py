@@ -87,9 +87,11 @@ def parse_save(answer: str | None) -> SaveReport | None:
         return None
     try:
         return SaveReport(
-            saved=int(value["saved"]), bytes=int(value["bytes"]), lost=_pairs(value.get("lost")),
+            saved=int(value["saved"]),
+            bytes=int(value["bytes"]),
+            lost=_pairs(value.get("lost")),
             seconds=float(value["seconds"]),
-        )  # fmt: skip
+        )
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -106,9 +108,11 @@ def parse_restore(answer: str | None) -> RestoreReport | None:
         return RestoreReport(failure=f"it is damaged: {_printable(error, _MAX_TEXT_CHARS)}")
     try:
         return RestoreReport(
-            restored=_pairs(value.get("restored")), lost=_pairs(value.get("lost")),
-            saved_at=float(value["saved_at"]), seconds=float(value["seconds"]),
-        )  # fmt: skip
+            restored=_pairs(value.get("restored")),
+            lost=_pairs(value.get("lost")),
+            saved_at=float(value["saved_at"]),
+            seconds=float(value["seconds"]),
+        )
     except (KeyError, TypeError, ValueError):
         return RestoreReport(failure="the kernel's answer about it was malformed")
 
@@ -143,4 +147,3 @@ def _listed(pairs: Pairs, detail: str) -> str:
     if len(pairs) > _LISTED:
         shown.append(f"and {len(pairs) - _LISTED} more")
     return ", ".join(shown)
-

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernels import safefs
-from kernels.launch import KernelHandle, LaunchPlan, Launcher
+from kernels.launch import KernelHandle, Launcher, LaunchPlan
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
 from kernels.warm_target import WarmTarget
@@ -350,7 +350,9 @@ class WarmPool:
                         if failures < MAX_FAILED_STARTS:
                             await asyncio.sleep(RETRY_DELAY_S)
                             continue
-                        log.error("%d warm kernels failed to start in a row: refilling waits for the next thread", failures)
+                        log.error(
+                            "%d warm kernels failed to start in a row: refilling waits for the next thread", failures
+                        )
                         failures = 0
                         await self._wake.wait()
                 continue

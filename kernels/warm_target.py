@@ -154,7 +154,8 @@ class WarmTarget:
 
 
 def available_memory(
-    meminfo: Path = Path("/proc/meminfo"), proc_cgroup: Path = Path("/proc/self/cgroup"),
+    meminfo: Path = Path("/proc/meminfo"),
+    proc_cgroup: Path = Path("/proc/self/cgroup"),
     cgroup_root: Path = Path("/sys/fs/cgroup"),
 ) -> int | None:
     """(Blocking) the bytes new kernels may use: ``MemAvailable`` of ``/proc/meminfo``, or less

@@ -76,13 +76,30 @@ def _thread_count() -> int:
 #: ``fork_path``): a child's ``initialize`` went from ~107 to ~49 ms. None of them starts a
 #: thread (checked before every fork).
 KERNEL_IMPORTS = (
-    "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.debugger", "IPython", "pdb", "sqlite3", "psutil",
-    "faulthandler", "tornado.platform.asyncio", "IPython.core.completerlib", "IPython.core.debugger",
-    "IPython.core.logger", "IPython.core.magic_arguments", "IPython.core.magics.ast_mod",
-    "IPython.core.magics.execution", "IPython.core.magics.pylab", "IPython.core.oinspect",
-    "IPython.extensions.storemagic", "IPython.utils.module_paths", "IPython.utils.wildcard",
-    "threadbook_kernel", "threadbook_kernel.display", "threadbook_kernel.snapshot",
-)  # fmt: skip
+    "ipykernel.kernelapp",
+    "ipykernel.ipkernel",
+    "ipykernel.debugger",
+    "IPython",
+    "pdb",
+    "sqlite3",
+    "psutil",
+    "faulthandler",
+    "tornado.platform.asyncio",
+    "IPython.core.completerlib",
+    "IPython.core.debugger",
+    "IPython.core.logger",
+    "IPython.core.magic_arguments",
+    "IPython.core.magics.ast_mod",
+    "IPython.core.magics.execution",
+    "IPython.core.magics.pylab",
+    "IPython.core.oinspect",
+    "IPython.extensions.storemagic",
+    "IPython.utils.module_paths",
+    "IPython.utils.wildcard",
+    "threadbook_kernel",
+    "threadbook_kernel.display",
+    "threadbook_kernel.snapshot",
+)
 #: When the last fork began (this process's clock), kept by the child in its trace.
 _forking_at = 0.0
 

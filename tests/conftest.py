@@ -13,7 +13,6 @@ from bench.postgres import LocalPostgres, find_postgres
 from bot.config import Settings, parse_settings
 from tests.fakes.openai_server import scripted_openai  # noqa: F401  (fixture)
 
-
 REPO = Path(__file__).resolve().parents[1]
 #: The kernel interpreter of every test: the repo's kernel environment (``make kernel-env``),
 #: or the interpreter ``test_nonroot.py``'s unprivileged child names (it cannot reach that one).
@@ -24,8 +23,12 @@ def kernel_config(tmp_path: Path) -> dict[str, Any]:
     """The ``kernels:`` section of a test's config file: data under ``tmp_path``, no sandbox,
     no warm pool, no preload, the kernel environment."""
     return {
-        "workspace_root": str(tmp_path / "ws"), "sandbox": "none", "warm_pool": 0, "preload": [],
-        "python": str(KERNEL_PYTHON), "packages": {"dir": str(tmp_path / "packages")},
+        "workspace_root": str(tmp_path / "ws"),
+        "sandbox": "none",
+        "warm_pool": 0,
+        "preload": [],
+        "python": str(KERNEL_PYTHON),
+        "packages": {"dir": str(tmp_path / "packages")},
     }
 
 
@@ -35,11 +38,25 @@ def make_settings(tmp_path: Path, *, llm_url: str = "http://127.0.0.1:9/v1", **s
     ``sections`` are merged over the defaults section by section (``kernels={"exec_timeout_s": 5}``).
     """
     raw: dict[str, Any] = {
-        "llm": {"base_url": llm_url, "api_key": "test-key", "model": "fake-model", "max_rounds": 6,
-                "request_timeout_s": 10, "max_retries": 2},
-        "kernels": {"workspace_root": str(tmp_path / "workspaces"), "exec_timeout_s": 20, "interrupt_grace_s": 2,
-                    "warm_pool": 0, "sandbox": "none", "max_kernels": 6, "preload": [],
-                    "python": str(KERNEL_PYTHON), "packages": {"dir": str(tmp_path / "packages")}},
+        "llm": {
+            "base_url": llm_url,
+            "api_key": "test-key",
+            "model": "fake-model",
+            "max_rounds": 6,
+            "request_timeout_s": 10,
+            "max_retries": 2,
+        },
+        "kernels": {
+            "workspace_root": str(tmp_path / "workspaces"),
+            "exec_timeout_s": 20,
+            "interrupt_grace_s": 2,
+            "warm_pool": 0,
+            "sandbox": "none",
+            "max_kernels": 6,
+            "preload": [],
+            "python": str(KERNEL_PYTHON),
+            "packages": {"dir": str(tmp_path / "packages")},
+        },
         "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
     }
     for name, values in sections.items():

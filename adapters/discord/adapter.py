@@ -117,8 +117,14 @@ class _ShardedClient(discord.AutoShardedClient, _Client):
 class DiscordAdapter:
     """Connects to Discord's gateway and serves one session per thread (or DM)."""
 
-    def __init__(self, settings: DiscordSettings, dispatcher: Dispatcher, *,
-                 guild_ready_timeout_s: float = 2.0, status_interval_s: float = 1.5) -> None:
+    def __init__(
+        self,
+        settings: DiscordSettings,
+        dispatcher: Dispatcher,
+        *,
+        guild_ready_timeout_s: float = 2.0,
+        status_interval_s: float = 1.5,
+    ) -> None:
         self._settings = settings
         self._dispatcher = dispatcher
         self._guild_ready_timeout_s = guild_ready_timeout_s
@@ -147,15 +153,24 @@ class DiscordAdapter:
             raise
         me = self.client.user
         shards = self._settings.shard_ids or range(self._settings.shard_count or 1)
-        log.info("Discord: connected as %s (%s), shard(s) %s of %d", me, me and me.id, ", ".join(map(str, shards)),
-                 self._settings.shard_count or 1)
+        log.info(
+            "Discord: connected as %s (%s), shard(s) %s of %d",
+            me,
+            me and me.id,
+            ", ".join(map(str, shards)),
+            self._settings.shard_count or 1,
+        )
 
     async def _start(self) -> None:
         self._undo_endpoints = endpoints.install(self._settings.api_url, self._settings.gateway_url)
         intents = discord.Intents.none()
         intents.guilds = intents.guild_messages = intents.dm_messages = intents.message_content = True
-        options: dict[str, Any] = dict(intents=intents, guild_ready_timeout=self._guild_ready_timeout_s,
-                                       allowed_mentions=discord.AllowedMentions.none(), chunk_guilds_at_startup=False)
+        options: dict[str, Any] = dict(
+            intents=intents,
+            guild_ready_timeout=self._guild_ready_timeout_s,
+            allowed_mentions=discord.AllowedMentions.none(),
+            chunk_guilds_at_startup=False,
+        )
         if self._settings.shard_count is None:
             self._client = _Client(self, **options)
         else:
@@ -169,11 +184,14 @@ class DiscordAdapter:
         try:
             await self._client.login(self._settings.token.get_secret_value())
         except discord.LoginFailure:
-            raise DiscordStartError("discord.token was refused: copy the bot token again from the Developer Portal "
-                                    "(Bot → Reset Token) into DISCORD_BOT_TOKEN") from None
+            raise DiscordStartError(
+                "discord.token was refused: copy the bot token again from the Developer Portal "
+                "(Bot → Reset Token) into DISCORD_BOT_TOKEN"
+            ) from None
         except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
-            raise DiscordStartError(f"could not reach the Discord API at {self._settings.api_url or 'discord.com'}: "
-                                    f"{exc}") from None
+            raise DiscordStartError(
+                f"could not reach the Discord API at {self._settings.api_url or 'discord.com'}: {exc}"
+            ) from None
         self._connection = asyncio.create_task(self._client.connect(reconnect=True), name="discord-gateway")
         ready = asyncio.create_task(self._client.wait_until_ready())
         await asyncio.wait({ready, self._connection}, return_when=asyncio.FIRST_COMPLETED)
@@ -183,8 +201,10 @@ class DiscordAdapter:
         ready.cancel()
         error = None if self._connection.cancelled() else self._connection.exception()
         if isinstance(error, discord.PrivilegedIntentsRequired):
-            raise DiscordStartError("Discord refused the Message Content intent: enable it under Bot → "
-                                    "Privileged Gateway Intents (docs/discord-setup.md)") from None
+            raise DiscordStartError(
+                "Discord refused the Message Content intent: enable it under Bot → "
+                "Privileged Gateway Intents (docs/discord-setup.md)"
+            ) from None
         raise DiscordStartError(f"the Discord gateway connection ended before READY: {error!r}") from None
 
     async def stop(self, grace_s: float = 0.0) -> None:
@@ -277,17 +297,24 @@ class DiscordAdapter:
         listed = thread.parent_id in self._settings.forum_channels
         if not listed and not isinstance(thread.parent, discord.ForumChannel):
             return inbound  # a thread opened from a message: its first message is not a post
-        return dataclasses.replace(inbound, text=forum_question(thread.name, inbound.text),
-                                   mentioned=inbound.mentioned or listed)
+        return dataclasses.replace(
+            inbound, text=forum_question(thread.name, inbound.text), mentioned=inbound.mentioned or listed
+        )
 
-    def _outbox(self, channel: discord.abc.Messageable, source: discord.PartialMessage, key: ThreadKey, *,
-                turn_id: str) -> DiscordOutbox:
+    def _outbox(
+        self, channel: discord.abc.Messageable, source: discord.PartialMessage, key: ThreadKey, *, turn_id: str
+    ) -> DiscordOutbox:
         """Where the answers to the question ``turn_id`` (shown by ``source``) go: ``channel``."""
         me = self.client.user
         assert me is not None
         conversation = Conversation(channel=channel, source=source, me=me, key=key, stop_turn=self._dispatcher.stop)
-        return DiscordOutbox(conversation, upload_limit=self._upload_limit, status_interval_s=self._status_interval_s,
-                             turn_id=turn_id, feedback=functools.partial(feedback_view, self._feedback_item))
+        return DiscordOutbox(
+            conversation,
+            upload_limit=self._upload_limit,
+            status_interval_s=self._status_interval_s,
+            turn_id=turn_id,
+            feedback=functools.partial(feedback_view, self._feedback_item),
+        )
 
     # ---- slash commands ------------------------------------------------------------------
 
@@ -306,8 +333,12 @@ class DiscordAdapter:
                 commands = await self._tree.sync(guild=guild)
                 log.info("Discord: %d slash command(s) registered for %s", len(commands), where)
             except discord.Forbidden as exc:
-                log.warning("Discord: could not register the slash commands for %s (%s): invite the bot with the "
-                            "applications.commands scope (docs/discord-setup.md)", where, exc.text)
+                log.warning(
+                    "Discord: could not register the slash commands for %s (%s): invite the bot with the "
+                    "applications.commands scope (docs/discord-setup.md)",
+                    where,
+                    exc.text,
+                )
             except (discord.HTTPException, aiohttp.ClientError, OSError) as exc:
                 log.warning("Discord: could not register the slash commands for %s: %r", where, exc)
 
@@ -352,7 +383,9 @@ class DiscordAdapter:
             if not replies.answered:
                 await replies.say(NO_ANSWER)
 
-    async def _ask(self, interaction: discord.Interaction, question: str, attachment: discord.Attachment | None) -> None:
+    async def _ask(
+        self, interaction: discord.Interaction, question: str, attachment: discord.Attachment | None
+    ) -> None:
         answered = False
         try:
             channel = await self._interaction_channel(interaction)
@@ -372,8 +405,9 @@ class DiscordAdapter:
             if isinstance(channel, discord.TextChannel):
                 names = [attachment.filename] if attachment is not None else []
                 try:
-                    thread = await source.create_thread(name=thread_name(question, names),
-                                                        auto_archive_duration=THREAD_ARCHIVE_MINUTES)
+                    thread = await source.create_thread(
+                        name=thread_name(question, names), auto_archive_duration=THREAD_ARCHIVE_MINUTES
+                    )
                 except discord.Forbidden as exc:
                     log.warning("no permission to open a thread in channel %s: %s", channel.id, exc.text)
                     await self._edit_answer(interaction, NO_THREAD_PERMISSION)
@@ -391,13 +425,22 @@ class DiscordAdapter:
             if not answered:
                 await self._edit_answer(interaction, NO_ANSWER)
 
-    def _interaction_message(self, interaction: discord.Interaction, key: ThreadKey, text: str, *,
-                             attachments: tuple[Attachment, ...] = ()) -> InboundMessage:
+    def _interaction_message(
+        self, interaction: discord.Interaction, key: ThreadKey, text: str, *, attachments: tuple[Attachment, ...] = ()
+    ) -> InboundMessage:
         """The message a slash command stands for: its id is the interaction's (so feedback and
         the dispatcher's dedupe refer to it)."""
-        return InboundMessage(key=key, message_id=str(interaction.id), user_id=str(interaction.user.id),
-                              user_name=interaction.user.display_name, text=text, attachments=attachments,
-                              mentioned=True, is_dm=key.workspace == "dm", is_bot=interaction.user.bot)
+        return InboundMessage(
+            key=key,
+            message_id=str(interaction.id),
+            user_id=str(interaction.user.id),
+            user_name=interaction.user.display_name,
+            text=text,
+            attachments=attachments,
+            mentioned=True,
+            is_dm=key.workspace == "dm",
+            is_bot=interaction.user.bot,
+        )
 
     async def _edit_answer(self, interaction: discord.Interaction, text: str) -> bool:
         """Make ``text`` the interaction's answer (its deferred message); True when it went through."""

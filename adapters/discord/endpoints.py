@@ -39,8 +39,7 @@ def install(api_url: str | None, gateway_url: str | None) -> Callable[[], None]:
     function after ``Client.close``: the last one restores discord.py's defaults.
     """
     global _installed, _users
-    wanted = (api_url.rstrip("/") if api_url else _original[0],
-              yarl.URL(gateway_url) if gateway_url else _original[1])
+    wanted = (api_url.rstrip("/") if api_url else _original[0], yarl.URL(gateway_url) if gateway_url else _original[1])
     if _installed is not None and _installed != wanted:
         raise RuntimeError(
             f"discord.py already points at {_installed[0]} / {_installed[1]}; one process serves one Discord API"

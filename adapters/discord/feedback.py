@@ -32,14 +32,18 @@ class FeedbackItem(discord.ui.DynamicItem[Button], template=TEMPLATE):
     on_feedback: OnFeedback | None = None
 
     def __init__(self, turn_id: str, good: bool) -> None:
-        super().__init__(discord.ui.Button(emoji="👍" if good else "👎", style=discord.ButtonStyle.secondary,
-                                           custom_id=custom_id(turn_id, good)))
+        super().__init__(
+            discord.ui.Button(
+                emoji="👍" if good else "👎", style=discord.ButtonStyle.secondary, custom_id=custom_id(turn_id, good)
+            )
+        )
         self.turn_id = turn_id
         self.good = good
 
     @classmethod
-    async def from_custom_id(cls, interaction: discord.Interaction[Any], item: discord.ui.Item[Any],
-                             match: re.Match[str], /) -> FeedbackItem:
+    async def from_custom_id(
+        cls, interaction: discord.Interaction[Any], item: discord.ui.Item[Any], match: re.Match[str], /
+    ) -> FeedbackItem:
         """The button a click arrived for (discord.py calls this)."""
         return cls(match["turn"], match["vote"] == "good")
 
@@ -51,8 +55,7 @@ class FeedbackItem(discord.ui.DynamicItem[Button], template=TEMPLATE):
 
 def feedback_item(on_feedback: OnFeedback) -> type[FeedbackItem]:
     """A :class:`FeedbackItem` class whose clicks go to ``on_feedback`` (one per client)."""
-    return type("BoundFeedbackItem", (FeedbackItem,), {"on_feedback": staticmethod(on_feedback)},
-                template=TEMPLATE)
+    return type("BoundFeedbackItem", (FeedbackItem,), {"on_feedback": staticmethod(on_feedback)}, template=TEMPLATE)
 
 
 def feedback_view(item: type[FeedbackItem], turn_id: str) -> discord.ui.View:

@@ -96,6 +96,7 @@ def is_post_start(message: discord.Message, thread: discord.Thread) -> bool:
 
 def attachment_of(item: discord.Attachment, download: Downloader) -> Attachment:
     """The core's :class:`Attachment` for a Discord attachment (fetched from the CDN on demand)."""
+
     def fetch() -> AsyncIterator[bytes]:
         return download(item.url)
 

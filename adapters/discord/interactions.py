@@ -56,7 +56,9 @@ class InteractionReplies:
 
     async def post(self, reply: Reply) -> None:
         """Post the reply as followups: text, the last chunk carrying its files."""
-        await send_reply(self._send, reply, upload_limit=self._upload_limit, where=f"interaction {self._interaction.id}")
+        await send_reply(
+            self._send, reply, upload_limit=self._upload_limit, where=f"interaction {self._interaction.id}"
+        )
 
     def progress(self) -> QuietProgress:
         """A progress handle that shows nothing."""

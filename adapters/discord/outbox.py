@@ -153,8 +153,15 @@ class DiscordProgress:
 class DiscordOutbox:
     """Where the core's answers to one Discord message go: the session's thread (or DM)."""
 
-    def __init__(self, conversation: Conversation, *, upload_limit: int, status_interval_s: float = 1.5,
-                 turn_id: str | None = None, feedback: FeedbackButtons | None = None) -> None:
+    def __init__(
+        self,
+        conversation: Conversation,
+        *,
+        upload_limit: int,
+        status_interval_s: float = 1.5,
+        turn_id: str | None = None,
+        feedback: FeedbackButtons | None = None,
+    ) -> None:
         """``turn_id``: the question's id, which 👍/👎 clicks refer to; ``feedback`` makes those
         buttons (either None: no buttons)."""
         self._to = conversation

@@ -51,8 +51,9 @@ async def send_text(send: SendMessage, text: str) -> None:
         await send(chunk, [], None)
 
 
-async def send_reply(send: SendMessage, reply: Reply, *, upload_limit: int, view: discord.ui.View | None = None,
-                     where: object = "") -> None:
+async def send_reply(
+    send: SendMessage, reply: Reply, *, upload_limit: int, view: discord.ui.View | None = None, where: object = ""
+) -> None:
     """Post ``reply``: its text, whose last chunk carries the first batch of files; further
     batches follow; ``view`` (buttons) goes on the last message. Notes about files that cannot
     go (too big, unreadable) end the text; an upload that fails still gets its text through,
@@ -71,16 +72,18 @@ async def send_reply(send: SendMessage, reply: Reply, *, upload_limit: int, view
         failures: list[str] = []
         for number, batch in enumerate(plan.batches, 1):
             final = number == len(plan.batches)
-            failures.extend(await _send_batch(send, batch, last if number == 1 else None, view if final else None,
-                                              where))
+            failures.extend(
+                await _send_batch(send, batch, last if number == 1 else None, view if final else None, where)
+            )
         if failures:
             await send_text(send, "\n".join(failures))
     finally:
         await asyncio.to_thread(plan.close)
 
 
-async def _send_batch(send: SendMessage, batch: list[Upload], text: str | None, view: discord.ui.View | None,
-                      where: object) -> list[str]:
+async def _send_batch(
+    send: SendMessage, batch: list[Upload], text: str | None, view: discord.ui.View | None, where: object
+) -> list[str]:
     """One message of attachments (streamed from their readers) with ``text`` and ``view``;
     returns notes for the user. What cannot be uploaded leaves the text and buttons to go alone."""
     files, unreadable = await asyncio.to_thread(open_files, batch)

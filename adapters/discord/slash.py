@@ -65,7 +65,9 @@ def build_tree(client: discord.Client, handler: SlashHandler) -> CommandTree:
     async def export(interaction: discord.Interaction, format: Literal["ipynb", "html"] = "ipynb") -> None:
         await handler.in_thread(interaction, "export" if format == "ipynb" else f"export {format}")
 
-    @tree.command(name="usage", description="Tokens, Python time and cost of this thread and yours, today and this month")
+    @tree.command(
+        name="usage", description="Tokens, Python time and cost of this thread and yours, today and this month"
+    )
     @app_commands.describe(everyone="Everyone's usage (for the bot's admins)")
     async def usage(interaction: discord.Interaction, everyone: bool = False) -> None:
         await handler.in_thread(interaction, "usage all" if everyone else "usage")
@@ -79,9 +81,12 @@ def build_tree(client: discord.Client, handler: SlashHandler) -> CommandTree:
         await handler.in_thread(interaction, schedule_text(request, remove))
 
     @tree.command(name="ask", description="Ask a question: I open a thread with its own Python kernel")
-    @app_commands.describe(question="What you want to know or have computed",
-                           attachment="A file to work with (CSV, Excel, JSON, …)")
-    async def ask(interaction: discord.Interaction, question: str, attachment: discord.Attachment | None = None) -> None:
+    @app_commands.describe(
+        question="What you want to know or have computed", attachment="A file to work with (CSV, Excel, JSON, …)"
+    )
+    async def ask(
+        interaction: discord.Interaction, question: str, attachment: discord.Attachment | None = None
+    ) -> None:
         await handler.ask(interaction, question, attachment)
 
     return tree

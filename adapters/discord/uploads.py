@@ -159,7 +159,9 @@ def _plan(images: tuple[ImageOut, ...], files: tuple[FileOut, ...], limit: int) 
     for image in images:
         name = image.filename  # names come escaped from the core (ImageOut, FileOut)
         if len(image.data) <= limit:
-            uploads.append(Upload(name=name, size=len(image.data), open_reader=functools.partial(io.BytesIO, image.data)))
+            uploads.append(
+                Upload(name=name, size=len(image.data), open_reader=functools.partial(io.BytesIO, image.data))
+            )
         else:
             notes.append(f"🖼️ `{name}` is {human_size(len(image.data))}, over the {human_size(limit)} upload limit.")
     for item in files:

@@ -177,7 +177,8 @@ class SlackAdapter:
     async def _open_socket_url(self) -> str:
         # Ask for the first websocket URL ourselves: the SDK client would retry a bad app token forever.
         opened = await call(
-            "apps.connections.open", self._client.apps_connections_open(app_token=self._settings.app_token.get_secret_value())
+            "apps.connections.open",
+            self._client.apps_connections_open(app_token=self._settings.app_token.get_secret_value()),
         )
         if isinstance(opened, Failure):
             raise SlackStartError(
@@ -207,10 +208,15 @@ class SlackAdapter:
     async def _on_message(self, event: Mapping[str, Any], context: AsyncBoltContext) -> None:
         self._turn(event, context)
 
-    def _turn(self, event: Mapping[str, Any], context: AsyncBoltContext, assistant: AssistantThread | None = None) -> None:
+    def _turn(
+        self, event: Mapping[str, Any], context: AsyncBoltContext, assistant: AssistantThread | None = None
+    ) -> None:
         assert self._downloader is not None
         message = to_inbound(
-            event, team_id=context.team_id or self._team_id, bot_user_id=self._bot_user_id, fetcher=self._downloader.fetcher
+            event,
+            team_id=context.team_id or self._team_id,
+            bot_user_id=self._bot_user_id,
+            fetcher=self._downloader.fetcher,
         )
         if message is None:
             return

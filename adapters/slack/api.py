@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackRequestError
-from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler, AsyncRateLimitErrorRetryHandler
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+)
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
@@ -30,7 +32,10 @@ def make_client(token: str, api_url: str) -> AsyncWebClient:
         token=token,
         base_url=api_url if api_url.endswith("/") else api_url + "/",
         timeout=30,
-        retry_handlers=[AsyncConnectionErrorRetryHandler(max_retry_count=2), AsyncRateLimitErrorRetryHandler(max_retry_count=3)],
+        retry_handlers=[
+            AsyncConnectionErrorRetryHandler(max_retry_count=2),
+            AsyncRateLimitErrorRetryHandler(max_retry_count=3),
+        ],
     )
 
 
@@ -46,7 +51,7 @@ async def call(
     except SlackApiError as exc:
         data = exc.response.data  # not a dict when a proxy or load balancer answered
         error = str((data.get("error") if isinstance(data, dict) else None) or f"HTTP {exc.response.status_code}")
-    except (SlackRequestError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, SlackRequestError, aiohttp.ClientError, OSError) as exc:
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     level = logging.DEBUG if error in expected else logging.WARNING
     log.log(level, "slack %s failed: %s", method, error)

@@ -51,7 +51,9 @@ class FileDownloader:
             log.warning("Slack: refused to download %r from %s: not a Slack host", name, _host_of(str(url)))
             raise FetchRefused("its download link points outside Slack, and I fetch files only from Slack.")
         headers = {"Authorization": f"Bearer {self._token}"}
-        async with self._session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=None, sock_read=60)) as resp:
+        async with self._session.get(
+            url, headers=headers, timeout=aiohttp.ClientTimeout(total=None, sock_read=60)
+        ) as resp:
             if resp.status != 200:
                 raise SlackFileError(f"downloading {name!r} failed: HTTP {resp.status}")
             # Slack answers a request it does not authorise with its HTML sign-in page (status 200).

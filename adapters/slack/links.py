@@ -67,6 +67,10 @@ def _normal(address: str) -> str:
         port = f":{parts.port}" if parts.port and parts.port not in (80, 443) else ""
     except ValueError:  # a port that is not a number: compared as written
         port = parts.netloc
-    rest = parts.path.rstrip("/") + (f"?{parts.query}" if parts.query else "") + (f"#{parts.fragment}" if parts.fragment else "")
+    rest = (
+        parts.path.rstrip("/")
+        + (f"?{parts.query}" if parts.query else "")
+        + (f"#{parts.fragment}" if parts.fragment else "")
+    )
     user = f"{parts.username}@" if parts.username else ""
     return f"{user}{host}{port}{rest}"

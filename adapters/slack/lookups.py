@@ -28,7 +28,9 @@ async def thread_open(client: AsyncWebClient, key: ThreadKey) -> bool:
     True otherwise, also when Slack could not be asked."""
     try:
         async with asyncio.timeout(LOOKUP_TIMEOUT_S):
-            info = await call("conversations.info", client.conversations_info(channel=key.channel), expected=GONE_ERRORS)
+            info = await call(
+                "conversations.info", client.conversations_info(channel=key.channel), expected=GONE_ERRORS
+            )
             if isinstance(info, Failure):
                 return info.error not in GONE_ERRORS
             if (info.get("channel") or {}).get("is_archived"):

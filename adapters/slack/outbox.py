@@ -20,17 +20,22 @@ from typing import Any
 from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.api import Failure, call
-from adapters.slack.sessions import AgentSessions
 from adapters.slack.render import Mention, Mrkdwn, cut, mrkdwn, mrkdwn_chunks, plain, split_rendered
+from adapters.slack.sessions import AgentSessions
 from adapters.slack.stream import AnswerStream, StreamingSupport
 from adapters.slack.uploads import UploadItem, share_files
-from bot.events import CellProgress, Reply, ThreadKey
 from bot.attachments import human_size
+from bot.events import CellProgress, Reply, ThreadKey
 
 STOP_ACTION_ID = "threadbook_stop"
 FEEDBACK_ACTION_ID = "threadbook_feedback"
 #: What the status line cycles through while a turn runs in an assistant thread.
-LOADING_MESSAGES = ["Reading the question…", "Writing Python…", "Running it in this thread's kernel…", "Checking the result…"]
+LOADING_MESSAGES = [
+    "Reading the question…",
+    "Writing Python…",
+    "Running it in this thread's kernel…",
+    "Checking the result…",
+]
 RECEIVED, DONE, FAILED = "eyes", "white_check_mark", "x"
 #: chat.update is rate-limited (~50/min): at most one status edit per 1.2 s, also while a long cell runs.
 STATUS_INTERVAL_S = 1.2
@@ -298,13 +303,17 @@ class SlackProgress:
     async def _post(self, status: str) -> None:
         await self._outbox.received()
         if (sessions := self._outbox.sessions) is not None:
-            self._in_session = await sessions.working(self._outbox.channel, self._outbox.thread_ts, self._outbox.question)
+            self._in_session = await sessions.working(
+                self._outbox.channel, self._outbox.thread_ts, self._outbox.question
+            )
         if self._assistant is not None and await self._set_status(status, LOADING_MESSAGES):
             if self._assistant.title:
                 await call(
                     "assistant.threads.setTitle",
                     self._client.assistant_threads_setTitle(
-                        channel_id=self._outbox.channel, thread_ts=self._outbox.thread_ts, title=plain(self._assistant.title)
+                        channel_id=self._outbox.channel,
+                        thread_ts=self._outbox.thread_ts,
+                        title=plain(self._assistant.title),
                     ),
                 )
         self._ts = await self._outbox.say(mrkdwn(status), blocks=status_blocks(status, self._outbox.key))
@@ -365,7 +374,10 @@ class SlackProgress:
                 await call(
                     "chat.update",
                     self._client.chat_update(
-                        channel=self._outbox.channel, ts=self._ts, text=mrkdwn("Done." if ok else "Failed.").text, blocks=[]
+                        channel=self._outbox.channel,
+                        ts=self._ts,
+                        text=mrkdwn("Done." if ok else "Failed.").text,
+                        blocks=[],
                     ),
                 )
             self._ts = None
@@ -391,7 +403,10 @@ class SlackProgress:
         await call(
             "chat.update",
             self._client.chat_update(
-                channel=self._outbox.channel, ts=self._ts, text=mrkdwn(status).text, blocks=status_blocks(status, self._outbox.key)
+                channel=self._outbox.channel,
+                ts=self._ts,
+                text=mrkdwn(status).text,
+                blocks=status_blocks(status, self._outbox.key),
             ),
         )
 

@@ -145,7 +145,9 @@ class AnswerStream:
         if rest is not None and len(rest) <= _APPEND_LIMIT:
             stopped = await call(
                 "chat.stopStream",
-                self._client.chat_stopStream(channel=self._channel, ts=self._ts, markdown_text=rest or None, blocks=blocks),
+                self._client.chat_stopStream(
+                    channel=self._channel, ts=self._ts, markdown_text=rest or None, blocks=blocks
+                ),
             )
             return not isinstance(stopped, Failure)
         # The final text is not the draft continued (a cut, a retried request): replace it whole.
@@ -241,7 +243,9 @@ class AnswerStream:
             return  # too long for one message already: the final answer is posted in parts
         posted = await call(
             "chat.postMessage",
-            self._client.chat_postMessage(channel=self._channel, thread_ts=self._thread_ts, text=rendered, unfurl_links=False),
+            self._client.chat_postMessage(
+                channel=self._channel, thread_ts=self._thread_ts, text=rendered, unfurl_links=False
+            ),
         )
         if isinstance(posted, Failure):
             self._failed = True

@@ -163,7 +163,7 @@ async def _send_once(client: AsyncWebClient, session: aiohttp.ClientSession, url
             if response.status != 200:
                 retry = response.status >= 500 or response.status == 429
                 raise _SendFailed(f"HTTP {response.status} {body[:200].decode(errors='replace')}".strip(), retry=retry)
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         if read_error:
             raise _ReadFailed(str(read_error[0])) from read_error[0]
         raise _SendFailed(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, retry=True) from exc

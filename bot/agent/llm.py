@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import random
-import functools
 import re
 import time
 import uuid
@@ -58,7 +58,9 @@ _CONTEXT_EXCEEDED = re.compile(
     re.IGNORECASE,
 )
 _TOKENS_LIMIT = re.compile(r"(?:maximum context length|context window|context size)\D{0,30}?(\d[\d,]*)", re.I)
-_TOKENS_ASKED = re.compile(r"(?:resulted in|requested|request has|requested tokens \(|prompt has)\D{0,12}?(\d[\d,]*)", re.I)
+_TOKENS_ASKED = re.compile(
+    r"(?:resulted in|requested|request has|requested tokens \(|prompt has)\D{0,12}?(\d[\d,]*)", re.I
+)
 
 
 #: Receives the reply's text so far (the whole of it each time) while a streamed reply arrives.
@@ -288,7 +290,6 @@ class LLMClient:
             await asyncio.sleep(pause)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-
     async def _streamed(self, kwargs: dict[str, Any], on_text: OnText) -> Completion | None:
         """The reply streamed (Server-Sent Events); None when the server will not stream it."""
         body = {**kwargs, "stream": True, "stream_options": {"include_usage": True}}
@@ -410,7 +411,9 @@ class _StreamedReply:
     def add(self, chunk: ChatCompletionChunk) -> bool:
         """Take one chunk in; True when it added text."""
         if (reported := getattr(chunk, "usage", None)) is not None:
-            self.usage = Usage(getattr(reported, "prompt_tokens", 0) or 0, getattr(reported, "completion_tokens", 0) or 0)
+            self.usage = Usage(
+                getattr(reported, "prompt_tokens", 0) or 0, getattr(reported, "completion_tokens", 0) or 0
+            )
             self.usage_reported = True
         choices = getattr(chunk, "choices", None) or []
         if not choices:
@@ -479,7 +482,10 @@ def _to_llm_error(exc: openai.OpenAIError, model: str, timeout_s: float) -> LLME
         sentence = f"The language model refused the request (HTTP {status}{': ' + detail if detail else ''})."
         if status in (400, 413, 422) and is_context_exceeded(message, exc.body):
             return ContextLengthError(
-                sentence, status=status, limit=_number(_TOKENS_LIMIT, message), requested=_number(_TOKENS_ASKED, message)
+                sentence,
+                status=status,
+                limit=_number(_TOKENS_LIMIT, message),
+                requested=_number(_TOKENS_ASKED, message),
             )
     return LLMError(sentence, status=status)
 

@@ -53,7 +53,9 @@ def format_observation(result: ExecutionResult) -> str:
         parts.append(f"{label}:\n" + truncate_middle(result.result, RESULT_CHARS))
     # A display sent as an image is counted below; any other is read as its text, which the
     # kernel makes readable for HTML and LaTeX and where a chart could not be rendered.
-    texts = [d.data["text/plain"] for d in result.displays if isinstance(d.data.get("text/plain"), str) and d.image() is None]
+    texts = [
+        d.data["text/plain"] for d in result.displays if isinstance(d.data.get("text/plain"), str) and d.image() is None
+    ]
     if texts:
         parts.append("displayed:\n" + truncate_middle("\n".join(texts), DISPLAY_CHARS))
     if result.error is not None:
@@ -63,7 +65,9 @@ def format_observation(result: ExecutionResult) -> str:
     if images := len(result.images):
         parts.append(f"{images} image{'s' if images > 1 else ''} displayed; shown to the user automatically.")
     if result.changed_files:
-        parts.append("Files created or changed (sent to the user): " + ", ".join(shown(n) for n in result.changed_files))
+        parts.append(
+            "Files created or changed (sent to the user): " + ", ".join(shown(n) for n in result.changed_files)
+        )
     if result.truncated:
         parts.append("(The kernel truncated the output because it was too long.)")
     if not parts:

@@ -82,8 +82,7 @@ class ScheduleBook:
             if running >= max_per_thread:
                 raise TooManySchedules
             last = conn.scalar(sa.select(sa.func.max(schedules.c.number)).where(schedules.c.thread == new.thread))
-            statement = (sa.insert(schedules).values(number=(last or 0) + 1, **_fields(new))
-                         .returning(*schedules.c))  # fmt: skip
+            statement = sa.insert(schedules).values(number=(last or 0) + 1, **_fields(new)).returning(*schedules.c)
             return _schedule(conn.execute(statement).one())
 
         return await self._db.write(write)
@@ -100,8 +99,12 @@ class ScheduleBook:
 
     async def due(self, now: float, *, skip: Collection[int] = (), limit: int = 50) -> list[Schedule]:
         """Enabled schedules whose next run is at or before ``now``, oldest first (``skip``: ids left out)."""
-        statement = (sa.select(schedules).where(schedules.c.next_run_at <= now, schedules.c.disabled_reason.is_(None))
-                     .order_by(schedules.c.next_run_at).limit(limit))  # fmt: skip
+        statement = (
+            sa.select(schedules)
+            .where(schedules.c.next_run_at <= now, schedules.c.disabled_reason.is_(None))
+            .order_by(schedules.c.next_run_at)
+            .limit(limit)
+        )
         if skip:
             statement = statement.where(schedules.c.id.not_in(list(skip)))
         return await self._db.read(lambda conn: [_schedule(row) for row in conn.execute(statement)])
@@ -110,16 +113,20 @@ class ScheduleBook:
         """Take ``schedule``'s due run (as read by :meth:`due`): True for exactly one caller."""
         statement = (
             sa.update(schedules)
-            .where(schedules.c.id == schedule.id, schedules.c.next_run_at == schedule.next_run_at,
-                   schedules.c.disabled_reason.is_(None))
+            .where(
+                schedules.c.id == schedule.id,
+                schedules.c.next_run_at == schedule.next_run_at,
+                schedules.c.disabled_reason.is_(None),
+            )
             .values(next_run_at=next_run_at, last_run_at=now)
-        )  # fmt: skip
+        )
         return await self._db.write(lambda conn: conn.execute(statement).rowcount == 1)
 
     async def disable(self, schedule_id: int, reason: str) -> None:
         """Stop running a schedule (it stays listed, with ``reason``)."""
-        statement = (sa.update(schedules).where(schedules.c.id == schedule_id)
-                     .values(disabled_reason=reason, next_run_at=None))  # fmt: skip
+        statement = (
+            sa.update(schedules).where(schedules.c.id == schedule_id).values(disabled_reason=reason, next_run_at=None)
+        )
         await self._db.write(lambda conn: conn.execute(statement))
 
 

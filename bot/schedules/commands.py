@@ -74,10 +74,16 @@ class ScheduleCommands:
             return f"⚠️ Not scheduled: {exc}. `schedule help` shows how to write it."
         limit = self._settings.schedules.max_per_thread
         new = NewSchedule(
-            thread=str(message.key), creator=message.user_id, creator_name=message.user_name, question=parsed.question,
-            cron=parsed.when.cron, timezone=parsed.when.timezone, described=parsed.when.described, created_at=now,
+            thread=str(message.key),
+            creator=message.user_id,
+            creator_name=message.user_name,
+            question=parsed.question,
+            cron=parsed.when.cron,
+            timezone=parsed.when.timezone,
+            described=parsed.when.described,
+            created_at=now,
             next_run_at=first_run,
-        )  # fmt: skip
+        )
         try:
             schedule = await self._book.add(new, max_per_thread=limit)
         except TooManySchedules:
@@ -85,8 +91,14 @@ class ScheduleCommands:
                 f"⚠️ This thread already has {limit} schedules, the most it may hold (`schedules.max_per_thread`); "
                 "`unschedule N` removes one."
             )
-        log.info("schedule #%d of %s: %s (%s) by %s", schedule.number, message.key, schedule.cron, schedule.timezone,
-                 message.user_id)  # fmt: skip
+        log.info(
+            "schedule #%d of %s: %s (%s) by %s",
+            schedule.number,
+            message.key,
+            schedule.cron,
+            schedule.timezone,
+            message.user_id,
+        )
         return (
             f"⏰ Scheduled #{schedule.number}: {schedule.described} ({schedule.timezone}). "
             f"Next run: {_moment(first_run, schedule.timezone)}. Each run asks: “{shown(schedule.question)}”, "

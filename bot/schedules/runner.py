@@ -42,9 +42,14 @@ class Scheduler:
     """Polls the store for due schedules and runs them through ``handle`` (the dispatcher's)."""
 
     def __init__(
-        self, *, book: ScheduleBook, handle: Handle, reaches: Sequence[ThreadReach], clock: Clock = time.time,
+        self,
+        *,
+        book: ScheduleBook,
+        handle: Handle,
+        reaches: Sequence[ThreadReach],
+        clock: Clock = time.time,
         poll_s: float = POLL_S,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._book = book
         self._handle = handle
         self._reaches = reaches
@@ -118,8 +123,11 @@ class Scheduler:
             reach = None
         if reach is None and schedule.id not in self._unreachable:
             self._unreachable.add(schedule.id)
-            log.info("schedule #%d of %s is due, but no platform of this process reaches its thread",
-                     schedule.number, schedule.thread)  # fmt: skip
+            log.info(
+                "schedule #%d of %s is due, but no platform of this process reaches its thread",
+                schedule.number,
+                schedule.thread,
+            )
         return reach
 
     async def _run(self, schedule: Schedule, reach: ThreadReach, slot: float) -> None:
@@ -143,8 +151,12 @@ class Scheduler:
             return
         metrics.scheduled_run("started")
         message = InboundMessage(
-            key=key, message_id=scheduled_message_id(schedule, slot), user_id=schedule.creator,
-            user_name=schedule.creator_name, text=schedule.question, scheduled=schedule.described,
-        )  # fmt: skip
+            key=key,
+            message_id=scheduled_message_id(schedule, slot),
+            user_id=schedule.creator,
+            user_name=schedule.creator_name,
+            text=schedule.question,
+            scheduled=schedule.described,
+        )
         log.info("scheduled run #%d of %s", schedule.number, schedule.thread)
         await self._handle(message, outbox)

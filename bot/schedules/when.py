@@ -21,10 +21,10 @@ after the change (apscheduler's choice, as cron's).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
-import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
@@ -37,12 +37,27 @@ _TOO_OFTEN = f"that is too often (scheduled runs must be at least {MIN_INTERVAL_
 
 DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # cron's numbering: 0 (and 7) is Sunday
 _DAY_NAMES = {
-    "sunday": "sun", "monday": "mon", "tuesday": "tue", "wednesday": "wed", "thursday": "thu", "friday": "fri",
-    "saturday": "sat", "tues": "tue", "thur": "thu", "thurs": "thu",
+    "sunday": "sun",
+    "monday": "mon",
+    "tuesday": "tue",
+    "wednesday": "wed",
+    "thursday": "thu",
+    "friday": "fri",
+    "saturday": "sat",
+    "tues": "tue",
+    "thur": "thu",
+    "thurs": "thu",
     **{day: day for day in DAYS},
-}  # fmt: skip
-_SHOWN_DAYS = {"sun": "Sunday", "mon": "Monday", "tue": "Tuesday", "wed": "Wednesday", "thu": "Thursday",
-               "fri": "Friday", "sat": "Saturday"}  # fmt: skip
+}
+_SHOWN_DAYS = {
+    "sun": "Sunday",
+    "mon": "Monday",
+    "tue": "Tuesday",
+    "wed": "Wednesday",
+    "thu": "Thursday",
+    "fri": "Friday",
+    "sat": "Saturday",
+}
 
 _TIME = r"(?P<time>noon|midnight|\d{1,2}(?::\d{2})?\s*(?:am|pm)?)(?![\w:])"
 _AT_TIME = rf"(?:\s+(?:at\s+)?{_TIME})?"
@@ -83,7 +98,7 @@ class When:
         every_hour = self.cron.split()[1] == "*"
         after = moment
         for _ in range(_MAX_SKIPS):
-            start = datetime.fromtimestamp(math.floor(after) + 1, timezone.utc)
+            start = datetime.fromtimestamp(math.floor(after) + 1, UTC)
             fire = trigger.get_next_fire_time(None, start)
             if fire is None:  # a cron rule with no future run (e.g. February 30th)
                 break

@@ -247,6 +247,7 @@ class SyncSource(Source):
         await self._limit.acquire()
         work = asyncio.ensure_future(asyncio.to_thread(self._fetch, query, sink, limit, stop, held))
         work.add_done_callback(lambda _: self._limit.release())  # also when the query is abandoned
+
         def interrupt() -> None:
             stop.set()
             for connection in held:
@@ -262,7 +263,7 @@ class SyncSource(Source):
             interrupt()
             try:
                 await asyncio.wait_for(asyncio.shield(work), _ABANDON_WAIT_S)
-            except BaseException:  # noqa: BLE001 - its failure is the timeout we report
+            except BaseException:
                 pass
             raise QueryTimedOut(
                 f"the query ran longer than {self.settings.statement_timeout_s:g} s and was stopped"
@@ -356,7 +357,9 @@ def _postgres_message(exc: asyncpg.PostgresError) -> str:
     message = str(exc)
     detail = getattr(exc, "detail", None)
     hint = getattr(exc, "hint", None)
-    return " ".join(part for part in (message, f"DETAIL: {detail}" if detail else "", f"HINT: {hint}" if hint else "") if part)
+    return " ".join(
+        part for part in (message, f"DETAIL: {detail}" if detail else "", f"HINT: {hint}" if hint else "") if part
+    )
 
 
 def _qualified(schema: str, table: str) -> str:

@@ -82,7 +82,13 @@ class SqlTool:
         """The tool, its description holding each granted source's tables (cached listings)."""
         schema = "\n\n".join([await sources.catalogue.describe(sources.get(name)) for name in granted])
         return cls(
-            sources=sources, granted=granted, kernel=kernel, workspace=workspace, status=status, schema=schema, leave=leave
+            sources=sources,
+            granted=granted,
+            kernel=kernel,
+            workspace=workspace,
+            status=status,
+            schema=schema,
+            leave=leave,
         )
 
     @property
@@ -99,7 +105,7 @@ class SqlTool:
             return 'Error: the sql tool needs a non-empty string argument "query"; nothing ran.'
         name = variable_of(args)
         if not valid_name(name):
-            return f"Error: {name!r} cannot be a Python variable name; pass a plain identifier as \"name\". Nothing ran."
+            return f'Error: {name!r} cannot be a Python variable name; pass a plain identifier as "name". Nothing ran.'
         source, problem = self._source(args.get("source"))
         if source is None:
             return problem
@@ -109,7 +115,10 @@ class SqlTool:
         try:
             check_query(query, source.sql_dialect)
         except QueryRefused as exc:
-            return prefix + f"Refused: nothing was sent to the database, because {exc}. Only one SELECT query per call is run."
+            return (
+                prefix
+                + f"Refused: nothing was sent to the database, because {exc}. Only one SELECT query per call is run."
+            )
         if self._status is not None:
             try:
                 await self._status(f"🗄️ Querying `{source.name}`: `{_first_line(query)}`")
@@ -124,7 +133,10 @@ class SqlTool:
                 return self._sources.get(self._granted[0]), ""
             return None, f'Error: this channel has several sources ({listed}); pass one as "source". Nothing ran.'
         if not isinstance(asked, str) or asked not in self._granted:
-            return None, f"Error: there is no source {str(asked)[:80]!r} in this channel; its sources: {listed}. Nothing ran."
+            return (
+                None,
+                f"Error: there is no source {str(asked)[:80]!r} in this channel; its sources: {listed}. Nothing ran.",
+            )
         return self._sources.get(asked), ""
 
     async def _run(self, source: Source, query: str, name: str) -> str:
@@ -173,7 +185,6 @@ class SqlTool:
             why = loaded.error.evalue if loaded.error is not None else (loaded.notice or loaded.outcome.value)
             return f"The rows were fetched but not loaded into the kernel: {why[:300]}"
         return _summary(source, name, fetched, sink)
-
 
     async def _fetch(self, source: Source, query: str, sink: ParquetSink) -> Fetched:
         """The query, cancelled (on the server too) when Stop is pressed meanwhile."""

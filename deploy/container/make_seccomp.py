@@ -27,7 +27,17 @@ DEFAULT_BASE = Path("/usr/share/containers/seccomp.json")
 #: bwrap: clone/unshare of user, mount, pid, net, ipc, uts and cgroup namespaces; mount,
 #: pivot_root and umount2 to build the new root; sethostname in its own uts namespace; the
 #: fork server's anchor enters namespaces with setns.
-SANDBOX_CALLS = ("clone", "clone3", "unshare", "setns", "mount", "umount2", "pivot_root", "sethostname", "setdomainname")
+SANDBOX_CALLS = (
+    "clone",
+    "clone3",
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "sethostname",
+    "setdomainname",
+)
 
 
 def with_sandbox_calls(base: dict[str, Any]) -> dict[str, Any]:
@@ -38,11 +48,13 @@ def with_sandbox_calls(base: dict[str, Any]) -> dict[str, Any]:
         names = [n for n in rule["names"] if n not in SANDBOX_CALLS]
         if names:
             rules.append({**rule, "names": names})
-    rules.append({
-        "names": list(SANDBOX_CALLS),
-        "action": "SCMP_ACT_ALLOW",
-        "comment": "Threadbook: bubblewrap builds each kernel's namespaces as the non-root bot (deploy/container/make_seccomp.py)",
-    })
+    rules.append(
+        {
+            "names": list(SANDBOX_CALLS),
+            "action": "SCMP_ACT_ALLOW",
+            "comment": "Threadbook: bubblewrap builds each kernel's namespaces as the non-root bot (deploy/container/make_seccomp.py)",
+        }
+    )
     return {**base, "syscalls": rules}
 
 

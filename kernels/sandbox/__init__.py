@@ -48,4 +48,3 @@ The package, one concept per module:
 
 Which launcher a deployment gets is chosen in :func:`kernels.launchers.build_launcher`.
 """
-

@@ -26,8 +26,14 @@ TMP_INODES = 32_768
 SHM_INODES = 4_096
 #: Where a sandboxed kernel's caches go (``MPLCONFIGDIR``, ``XDG_CACHE_HOME``): its private ``/tmp``.
 CACHE = Path("/tmp/cache")
-_PRLIMIT_OPTIONS = {"RLIMIT_DATA": "data", "RLIMIT_AS": "as", "RLIMIT_CPU": "cpu", "RLIMIT_NPROC": "nproc",
-                    "RLIMIT_FSIZE": "fsize", "RLIMIT_NOFILE": "nofile"}
+_PRLIMIT_OPTIONS = {
+    "RLIMIT_DATA": "data",
+    "RLIMIT_AS": "as",
+    "RLIMIT_CPU": "cpu",
+    "RLIMIT_NPROC": "nproc",
+    "RLIMIT_FSIZE": "fsize",
+    "RLIMIT_NOFILE": "nofile",
+}
 
 
 class _Args:
@@ -98,9 +104,15 @@ def sandbox_args(support: BwrapSupport, plan: LaunchPlan) -> list[str]:
     args.add(support.prlimit, *prlimit_options(plan.limits.rlimits()), "--")
     if support.setpriv is not None:
         args.add(
-            support.setpriv, f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
-        )  # fmt: skip
+            support.setpriv,
+            f"--reuid={identity.uid}",
+            f"--regid={identity.gid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        )
     return args.argv
 
 

@@ -39,11 +39,14 @@ def identity_for(workspace: Path, *, as_root: bool) -> Identity:
 
 def write_identity_files(run_dir: Path, identity: Identity) -> None:
     """(Blocking) the ``/etc/passwd`` and ``/etc/group`` the kernel sees: root, itself, nobody."""
-    _write_public(run_dir / "passwd", (
-        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-        f"sandbox:x:{identity.uid}:{identity.gid}:Threadbook kernel:{_HOME}:/bin/sh\n"
-        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-    ))  # fmt: skip
+    _write_public(
+        run_dir / "passwd",
+        (
+            "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+            f"sandbox:x:{identity.uid}:{identity.gid}:Threadbook kernel:{_HOME}:/bin/sh\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        ),
+    )
     _write_public(run_dir / "group", f"root:x:0:\nsandbox:x:{identity.gid}:\nnogroup:x:65534:\n")
 
 

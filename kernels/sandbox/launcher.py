@@ -130,9 +130,13 @@ class BwrapLauncher(KernelLauncher):
     def environment(self, workspace: Path, run_dir: Path, options: KernelOptions) -> dict[str, str]:
         """In-sandbox paths: ``HOME=/workspace``, ``/data``, ``/packages``, caches in ``/tmp``."""
         env = kernel_environment(
-            python=self.python, workspace=WORKSPACE, run_dir=run_dir, cache_dir=CACHE,
-            data_dir=self.kernel_view(options).data_dir, packages_dir=PACKAGES,
-        )  # fmt: skip
+            python=self.python,
+            workspace=WORKSPACE,
+            run_dir=run_dir,
+            cache_dir=CACHE,
+            data_dir=self.kernel_view(options).data_dir,
+            packages_dir=PACKAGES,
+        )
         env["PATH"] = os.pathsep.join([str(self.python.bin_dir), "/usr/local/bin", "/usr/bin", "/bin"])
         env["XDG_CACHE_HOME"] = str(CACHE)  # font and other caches stay out of the workspace
         return env
@@ -152,4 +156,3 @@ class BwrapLauncher(KernelLauncher):
             kernel_spec=manager.kernel_spec,
             parent=manager,
         )
-

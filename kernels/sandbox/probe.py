@@ -29,9 +29,16 @@ def _probe_plan(support: BwrapSupport, limits: ResourceLimits, *, network: bool)
         workspace.mkdir()
         run_dir.mkdir()
         plan = LaunchPlan(
-            kernel_id="probe", workspace=workspace, run_dir=run_dir, environment={}, limits=limits,
-            data_dir=None, network=network, packages_dir=None, identity=identity_for(workspace, as_root=support.as_root),
-        )  # fmt: skip
+            kernel_id="probe",
+            workspace=workspace,
+            run_dir=run_dir,
+            environment={},
+            limits=limits,
+            data_dir=None,
+            network=network,
+            packages_dir=None,
+            identity=identity_for(workspace, as_root=support.as_root),
+        )
         prepare_run_dir(plan)
         yield plan
 
@@ -63,8 +70,11 @@ def probe_network(support: BwrapSupport, network: SlirpSupport, limits: Resource
         try:
             sandbox = subprocess.Popen(
                 [*sandbox_args(support, plan), "/bin/sh", "-c", "read line; cat /proc/net/dev"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            )  # fmt: skip
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         except OSError as exc:
             raise KernelStartError(f"slirp4netns probe failed: {exc}") from exc
         try:

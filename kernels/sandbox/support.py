@@ -20,8 +20,15 @@ from kernels.result import KernelStartError
 PROBE_TIMEOUT_S = 20.0
 #: Host files bound read-only when present (the loader cache, time zone, MIME types, fonts).
 HOST_FILES = tuple(
-    Path(p) for p in ("/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types", "/etc/fonts", "/etc/alternatives",
-                      "/var/cache/fontconfig")
+    Path(p)
+    for p in (
+        "/etc/ld.so.cache",
+        "/etc/localtime",
+        "/etc/mime.types",
+        "/etc/fonts",
+        "/etc/alternatives",
+        "/var/cache/fontconfig",
+    )
 )
 TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 #: Public CA certificates, bound for kernels with network (``/etc/ssl/private`` never is).
@@ -108,10 +115,14 @@ def detect_support(python: KernelPython, bwrap: str | None = None) -> BwrapSuppo
     if prlimit is None:
         raise KernelStartError("prlimit (util-linux) not found: it sets the kernel's rlimits inside the sandbox")
     if as_root and setpriv is None:
-        raise KernelStartError("setpriv (util-linux) not found: as root it is how the kernel drops to an unprivileged uid")
+        raise KernelStartError(
+            "setpriv (util-linux) not found: as root it is how the kernel drops to an unprivileged uid"
+        )
     mount = shutil.which("mount")
     if as_root and (mount is None or shutil.which("sh") is None):
-        raise KernelStartError("mount (util-linux) or sh not found: as root they set the inode caps of the kernel's tmpfs")
+        raise KernelStartError(
+            "mount (util-linux) or sh not found: as root they set the inode caps of the kernel's tmpfs"
+        )
     help_text = usage_text(bwrap, "bubblewrap", PROBE_TIMEOUT_S)
     return BwrapSupport(
         bwrap=bwrap,

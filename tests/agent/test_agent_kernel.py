@@ -51,9 +51,7 @@ async def agent(scripted_openai: ScriptedOpenAI) -> AsyncIterator[Agent]:
     await made.close()
 
 
-async def ask(
-    agent: Agent, runner: CodeRunner, text: str, history: list[dict[str, Any]] | None = None
-) -> TurnResult:
+async def ask(agent: Agent, runner: CodeRunner, text: str, history: list[dict[str, Any]] | None = None) -> TurnResult:
     result = await agent.run_turn(
         history=history or [], user_content=text, runner=runner, system_prompt=build_system_prompt()
     )
@@ -66,9 +64,11 @@ async def test_name_error_is_repaired_and_a_follow_up_reuses_the_variable(
 ) -> None:
     scripted_openai.script(
         tool_call("total = sum(valuez)"),
-        lambda body: tool_call("values = [3, 4, 5]\ntotal = sum(values)\ntotal")
-        if "NameError" in last_tool_output(body)
-        else answer("the error never reached me"),
+        lambda body: (
+            tool_call("values = [3, 4, 5]\ntotal = sum(values)\ntotal")
+            if "NameError" in last_tool_output(body)
+            else answer("the error never reached me")
+        ),
         lambda body: answer(f"The total is {last_tool_output(body).split(chr(10))[-1]}."),
     )
     first = await ask(agent, runner, "Sum 3, 4 and 5.")

@@ -43,8 +43,11 @@ async def agent(strict: ScriptedOpenAI) -> AsyncIterator[Agent]:
 
 async def ask(agent: Agent, text: str, runner: PreparedRunner | None = None, **kwargs: Any) -> TurnResult:
     result = await agent.run_turn(
-        history=kwargs.pop("history", []), user_content=text, runner=runner or PreparedRunner(),
-        system_prompt=SYSTEM, **kwargs,
+        history=kwargs.pop("history", []),
+        user_content=text,
+        runner=runner or PreparedRunner(),
+        system_prompt=SYSTEM,
+        **kwargs,
     )
     assert_valid_transcript(result.new_messages)
     return result
@@ -157,7 +160,9 @@ async def test_cut_off_answer_gets_a_note(strict: ScriptedOpenAI, agent: Agent) 
 
 
 async def test_nudge_once_for_a_data_question_answered_without_code(strict: ScriptedOpenAI, agent: Agent) -> None:
-    strict.script(answer("The total is 600."), tool_call("print(df.amount.sum())"), answer("The total is 600 (computed)."))
+    strict.script(
+        answer("The total is 600."), tool_call("print(df.amount.sum())"), answer("The total is 600 (computed).")
+    )
     runner = PreparedRunner(printed("600\n"))
     result = await ask(agent, "what is the total amount in sales.csv?", runner)
     assert result.nudged and result.text == "The total is 600 (computed)." and runner.codes

@@ -151,7 +151,9 @@ async def test_strictness_modes_refuse_without_consuming_a_step() -> None:
             )
         with pytest.raises(openai.BadRequestError):
             await llm.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "q"}], tool_choice="required",
+                model="m",
+                messages=[{"role": "user", "content": "q"}],
+                tool_choice="required",
                 tools=[{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}],
             )
         with pytest.raises(openai.BadRequestError, match="maximum context length is 50 tokens"):

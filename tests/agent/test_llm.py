@@ -107,8 +107,12 @@ async def test_unreadable_body_exhausted(scripted_openai: ScriptedOpenAI, make_c
 async def test_request_shape(scripted_openai: ScriptedOpenAI, make_client: MakeClient) -> None:
     scripted_openai.script(answer("ok"))
     overrides = {"temperature": 0.1}
-    reply = await make_client(**overrides).complete(MESSAGES, model="other", tools=[{"type": "function", "function": {
-        "name": "python", "parameters": {"type": "object"}}}], tool_choice="none")
+    reply = await make_client(**overrides).complete(
+        MESSAGES,
+        model="other",
+        tools=[{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}],
+        tool_choice="none",
+    )
     body = scripted_openai.requests[0]
     assert (body["model"], body["temperature"], body["tool_choice"]) == ("other", 0.1, "none")
     assert body["messages"] == MESSAGES and "stream" not in body
@@ -175,7 +179,9 @@ async def test_context_length_refusals_are_recognised(
     assert failure.value.status == 400 and "HTTP 400" in str(failure.value)
 
 
-async def test_other_bad_requests_are_not_context_errors(scripted_openai: ScriptedOpenAI, make_client: MakeClient) -> None:
+async def test_other_bad_requests_are_not_context_errors(
+    scripted_openai: ScriptedOpenAI, make_client: MakeClient
+) -> None:
     scripted_openai.script(error(400, "tool_choice 'required' is not supported"))
     with pytest.raises(LLMError) as failure:
         await make_client().complete(MESSAGES)

@@ -101,9 +101,7 @@ async def test_parallel_calls_run_in_order(scripted_openai: ScriptedOpenAI, make
 async def test_max_rounds_stops_with_a_note_and_a_summary(
     scripted_openai: ScriptedOpenAI, make_agent: MakeAgent
 ) -> None:
-    scripted_openai.script(
-        tool_call("step(1)"), tool_call("step(2)", "step(3)"), answer("Found half of it.")
-    )
+    scripted_openai.script(tool_call("step(1)"), tool_call("step(2)", "step(3)"), answer("Found half of it."))
     runner = PreparedRunner(printed("1\n"), printed("2\n"))
     result = await turn(make_agent(max_rounds=5), runner, max_rounds=2)
     assert runner.codes == ["step(1)", "step(2)"]  # step(3) never ran
@@ -129,8 +127,9 @@ async def test_max_rounds_when_the_summary_fails(scripted_openai: ScriptedOpenAI
 async def test_malformed_arguments_are_reported_to_the_model(
     scripted_openai: ScriptedOpenAI, make_agent: MakeAgent
 ) -> None:
-    scripted_openai.script(raw_tool_call('{"code": "print(1'), raw_tool_call("{}", name="bash"), tool_call("print(1)"),
-                           answer("1"))
+    scripted_openai.script(
+        raw_tool_call('{"code": "print(1'), raw_tool_call("{}", name="bash"), tool_call("print(1)"), answer("1")
+    )
     runner = PreparedRunner(printed("1\n"))
     result = await turn(make_agent(), runner)
     assert runner.codes == ["print(1)"]

@@ -9,8 +9,15 @@ from bot.agent.nudge import is_bare_number, is_data_question, is_refusal, should
 
 @pytest.mark.parametrize(
     "text",
-    ["what is the total of sales.csv?", "Average amount per month", "how many rows are there", "plot it",
-     "sum the amount column", "which file has more data?", "open the Excel sheet"],
+    [
+        "what is the total of sales.csv?",
+        "Average amount per month",
+        "how many rows are there",
+        "plot it",
+        "sum the amount column",
+        "which file has more data?",
+        "open the Excel sheet",
+    ],
 )
 def test_data_questions(text: str) -> None:
     assert is_data_question(text)
@@ -28,8 +35,12 @@ def test_attachments_make_a_data_question() -> None:
 
 @pytest.mark.parametrize(
     "answer",
-    ["I can't access files.", "I’m unable to open attachments.", "As an AI, I do not have access to your data.",
-     "You can use the following code:\n```python\nprint(1)\n```"],
+    [
+        "I can't access files.",
+        "I’m unable to open attachments.",
+        "As an AI, I do not have access to your data.",
+        "You can use the following code:\n```python\nprint(1)\n```",
+    ],
 )
 def test_refusals(answer: str) -> None:
     assert is_refusal(answer)

@@ -53,4 +53,3 @@ def test_a_restored_kernel_names_what_came_back_and_what_did_not() -> None:
 
     failed = RestoreReport(failure="it is damaged: Expecting value").notice()
     assert "could not be restored (it is damaged: Expecting value)" in failed and "reload what you need" in failed
-

@@ -96,9 +96,7 @@ async def test_only_the_answer_is_drafted(scripted_openai: ScriptedOpenAI, agent
     )
     runner = PreparedRunner(_printed("1"), _printed("2"))
     drafts = Drafts()
-    result = await agent.run_turn(
-        history=[], user_content="q", runner=runner, system_prompt="s", drafts=drafts
-    )
+    result = await agent.run_turn(history=[], user_content="q", runner=runner, system_prompt="s", drafts=drafts)
     assert result.text == LONG.strip()
     texts = [text for kind, text in drafts.events if kind == "draft"]
     # The words before a tool call were shown, then taken away; the fenced code never was.

@@ -54,10 +54,26 @@ def test_the_data_is_deterministic_and_there_are_at_least_30_questions() -> None
 def test_scripted_oracle_passes_and_a_wrong_answer_fails(tmp_path: Path) -> None:
     output = tmp_path / "quality.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.quality", "--scripted", "--sandbox", "none", "--only", *SMOKE,
-         "--wrong", WRONG, "--output", str(output)],
-        cwd=ROOT, capture_output=True, text=True, timeout=80, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bench.quality",
+            "--scripted",
+            "--sandbox",
+            "none",
+            "--only",
+            *SMOKE,
+            "--wrong",
+            WRONG,
+            "--output",
+            str(output),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=80,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     document = json.loads(output.read_text())
     results = {r["id"]: r for r in document["results"]}

@@ -42,7 +42,9 @@ def said(outbox: MemoryOutbox) -> str:
     return "\n".join([*outbox.notices, *(r.text for r in outbox.replies)])
 
 
-async def test_a_spent_daily_token_budget_refuses_resets_and_survives_a_restart(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+async def test_a_spent_daily_token_budget_refuses_resets_and_survives_a_restart(
+    tmp_path: Path, llm: ScriptedOpenAI
+) -> None:
     clock = Clock(MORNING)
     limits = {"limits": {"tokens_per_user_day": 1000}}
     async with running(tmp_path, llm, clock, **limits) as chat:
@@ -94,7 +96,10 @@ async def test_turns_per_minute_and_kernel_seconds(tmp_path: Path, llm: Scripted
         clock.now += 20
         assert said(await chat.say("2")) == "two"
         clock.now += 10
-        assert said(await chat.say("3")) == "⏱️ You have asked 2 questions in the last minute, the most allowed here; please ask again in 30 s."
+        assert (
+            said(await chat.say("3"))
+            == "⏱️ You have asked 2 questions in the last minute, the most allowed here; please ask again in 30 s."
+        )
         clock.now += 31
         assert said(await chat.say("4")) == "three"
 
@@ -114,12 +119,18 @@ async def test_turns_per_minute_and_kernel_seconds(tmp_path: Path, llm: Scripted
         assert said(await other.say("more")) == "elsewhere"
 
 
-async def test_usage_shows_what_the_store_holds_and_usage_all_is_for_admins(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+async def test_usage_shows_what_the_store_holds_and_usage_all_is_for_admins(
+    tmp_path: Path, llm: ScriptedOpenAI
+) -> None:
     clock = Clock(MORNING)
     sections: dict[str, Any] = {
         "access": {"admins": ["test:U_BOSS"]},
-        "llm": {"base_url": llm.base_url, "api_key": "k", "model": "fake-model",
-                "prices": {"fake-model": {"input": 2.0, "output": 10.0}}},
+        "llm": {
+            "base_url": llm.base_url,
+            "api_key": "k",
+            "model": "fake-model",
+            "prices": {"fake-model": {"input": 2.0, "output": 10.0}},
+        },
     }
     async with running(tmp_path, llm, clock, **sections) as chat:
         llm.script(answer("a", usage=(1000, 100)), answer("b", usage=(3000, 200)), answer("c", usage=(500, 50)))

@@ -20,8 +20,10 @@ def test_shipped_config_loads_with_an_empty_environment() -> None:
 
 def test_env_interpolation_with_defaults_and_types() -> None:
     settings = parse_settings(
-        {"llm": {"api_key": "${KEY}", "model": "${MODEL:-gpt-x}", "max_rounds": "${ROUNDS:-3}"},
-         "kernels": {"max_kernels": "${MAXK}"}},
+        {
+            "llm": {"api_key": "${KEY}", "model": "${MODEL:-gpt-x}", "max_rounds": "${ROUNDS:-3}"},
+            "kernels": {"max_kernels": "${MAXK}"},
+        },
         env={"KEY": "sk-test", "MAXK": "7"},
     )
     assert settings.llm.api_key.get_secret_value() == "sk-test"
@@ -31,7 +33,9 @@ def test_env_interpolation_with_defaults_and_types() -> None:
 
 
 def test_secrets_are_not_printed() -> None:
-    settings = parse_settings({"llm": {"api_key": "sk-secret-value"}, "slack": {"bot_token": "xoxb-secret", "app_token": "xapp-1"}}, env={})
+    settings = parse_settings(
+        {"llm": {"api_key": "sk-secret-value"}, "slack": {"bot_token": "xoxb-secret", "app_token": "xapp-1"}}, env={}
+    )
     assert "sk-secret-value" not in repr(settings)
     assert "xoxb-secret" not in str(settings.model_dump())
 
@@ -39,12 +43,20 @@ def test_secrets_are_not_printed() -> None:
 @pytest.mark.parametrize(
     ("raw", "env", "expected"),
     [
-        ({"llm": {"api_key": "${OPENAI_API_KEY}"}}, {}, "config: llm.api_key: environment variable OPENAI_API_KEY is not set"),
+        (
+            {"llm": {"api_key": "${OPENAI_API_KEY}"}},
+            {},
+            "config: llm.api_key: environment variable OPENAI_API_KEY is not set",
+        ),
         ({"kernels": {"max_kernels": 0}}, {}, "config: kernels.max_kernels:"),
         ({"kernels": {"sandbox": "docker"}}, {}, "config: kernels.sandbox:"),
         ({"kernels": {"memory_mb": "${MEM}"}}, {"MEM": "lots"}, "(from environment variable MEM)"),
         ({"llm": {"modle": "x"}}, {}, "config: llm.modle: unknown key"),
-        ({"llm": {"base_url": "https://api.openai.com/v1", "api_key": ""}}, {}, "config: llm.api_key: required for api.openai.com"),
+        (
+            {"llm": {"base_url": "https://api.openai.com/v1", "api_key": ""}},
+            {},
+            "config: llm.api_key: required for api.openai.com",
+        ),
         ({"slack": {"bot_token": "xoxb-1"}}, {}, "config: slack.app_token:"),
         ({"channels": {"C123": {"model": "m"}}}, {}, "config: channels: channel key 'C123'"),
         ({"channels": {"slack:C1": {"data_dir": "/nonexistent/dir"}}}, {}, "config: channels.slack:C1.data_dir:"),
@@ -75,7 +87,9 @@ def test_storage_url_path_and_the_shipped_default() -> None:
     assert shipped.ops.shutdown_grace_s == 25
     old_style = parse_settings({"llm": {"api_key": "k"}, "storage": {"path": "/srv/tb.db"}}, env={})
     assert old_style.storage.resolved_url == "sqlite:////srv/tb.db"
-    pg = parse_settings({"llm": {"api_key": "k"}, "storage": {"url": "${DB}"}}, env={"DB": "postgresql://u:pw-4711@db/tb"})
+    pg = parse_settings(
+        {"llm": {"api_key": "k"}, "storage": {"url": "${DB}"}}, env={"DB": "postgresql://u:pw-4711@db/tb"}
+    )
     assert pg.storage.sqlite_path is None and "pw-4711" not in repr(pg) and "pw-4711" not in str(pg.storage)
 
 

@@ -29,9 +29,15 @@ def write_config(tmp_path: Path, llm_url: str) -> Path:
 
 async def run_cli(*args: str, stdin: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", *args,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        sys.executable,
+        "-m",
+        "bot",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
     )
     out, err = await asyncio.wait_for(process.communicate(stdin.encode()), 90)
     return process.returncode or 0, out.decode(), err.decode()
@@ -42,12 +48,21 @@ async def test_console_through_a_pipe_attaches_plots_saves_and_resumes(tmp_path:
     async with ScriptedOpenAI() as llm:
         config = write_config(tmp_path, llm.base_url)
         llm.script(
-            tool_call("import pandas as pd, matplotlib.pyplot as plt\ndf = pd.read_csv('data.csv')\ndf.plot(x='x', y='y')\nplt.show()"),
+            tool_call(
+                "import pandas as pd, matplotlib.pyplot as plt\ndf = pd.read_csv('data.csv')\ndf.plot(x='x', y='y')\nplt.show()"
+            ),
             answer("Here is y against x."),
         )
         code, out, err = await run_cli(
-            "console", "--config", str(config), "--out", str(tmp_path / "out"), "--thread", "demo",
-            stdin=f"/attach {tmp_path / 'data.csv'}\nplot y against x\n", cwd=tmp_path,
+            "console",
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path / "out"),
+            "--thread",
+            "demo",
+            stdin=f"/attach {tmp_path / 'data.csv'}\nplot y against x\n",
+            cwd=tmp_path,
         )
         assert code == 0, err
         assert "Here is y against x." in out
@@ -56,10 +71,20 @@ async def test_console_through_a_pipe_attaches_plots_saves_and_resumes(tmp_path:
         assert Image.open(saved[0]).format == "PNG"
         assert "you>" not in out  # no prompts when stdin is a pipe
 
-        llm.script(tool_call("print(len(open('data.csv').read().splitlines()))"), lambda r: answer("lines: " + r["messages"][-1]["content"]))
+        llm.script(
+            tool_call("print(len(open('data.csv').read().splitlines()))"),
+            lambda r: answer("lines: " + r["messages"][-1]["content"]),
+        )
         code, out, err = await run_cli(
-            "console", "--config", str(config), "--out", str(tmp_path / "out"), "--thread", "demo",
-            stdin="how many lines?\n", cwd=tmp_path,
+            "console",
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path / "out"),
+            "--thread",
+            "demo",
+            stdin="how many lines?\n",
+            cwd=tmp_path,
         )
         assert code == 0, err
         assert "lines:" in out and "4" in out
@@ -74,8 +99,9 @@ async def test_cli_reports_config_errors_and_missing_platforms_in_one_line(tmp_p
     assert "config: llm.max_rounds:" in err
 
     config = write_config(tmp_path, "http://127.0.0.1:1/v1")
-    code, _, err = await run_cli("run", "--config", str(config), stdin="", cwd=tmp_path,
-                                 env={"SLACK_BOT_TOKEN": "", "DISCORD_BOT_TOKEN": ""})
+    code, _, err = await run_cli(
+        "run", "--config", str(config), stdin="", cwd=tmp_path, env={"SLACK_BOT_TOKEN": "", "DISCORD_BOT_TOKEN": ""}
+    )
     assert code == 2
     assert "No chat platform is configured" in err and "make console" in err
 
@@ -83,8 +109,13 @@ async def test_cli_reports_config_errors_and_missing_platforms_in_one_line(tmp_p
 async def test_console_survives_a_bad_attach_line(tmp_path: Path) -> None:
     config = write_config(tmp_path, "http://127.0.0.1:1/v1")
     code, out, err = await run_cli(
-        "console", "--config", str(config), "--out", str(tmp_path / "out"),
-        stdin='/attach "unclosed\n/attach missing.csv\n', cwd=tmp_path,
+        "console",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "out"),
+        stdin='/attach "unclosed\n/attach missing.csv\n',
+        cwd=tmp_path,
     )
     assert code == 0, err
     assert "not attached: No closing quotation" in out
@@ -116,7 +147,14 @@ async def test_console_thread_keeps_its_variables_across_a_restart(tmp_path: Pat
         assert code == 0, err
         assert "7 12.0 14 5 20.0" in out
         system = llm.requests[-2]["messages"][0]["content"]
-        for restored in ("`x` (int)", "`df` (DataFrame 3×2)", "`double` (function)", "`Box` (class)", "`box` (Box)", "`model` (LinearRegression)"):
+        for restored in (
+            "`x` (int)",
+            "`df` (DataFrame 3×2)",
+            "`double` (function)",
+            "`Box` (class)",
+            "`box` (Box)",
+            "`model` (LinearRegression)",
+        ):
             assert restored in system
         assert "Not restored: `log` (it is an open file handle" in system
         assert "Saved variables:** " in out and "Saved variables:** none" not in out
@@ -139,8 +177,15 @@ async def test_the_console_shows_no_host_path(tmp_path: Path) -> None:
             lambda r: answer("It failed: " + r["messages"][-1]["content"] + f" (in {kernels['workspace_root']}/t1)"),
         )
         code, out, err = await run_cli(
-            "console", "--config", str(config), "--out", str(tmp_path / "out"), "--thread", "paths",
-            stdin="read missing.csv\n", cwd=tmp_path,
+            "console",
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path / "out"),
+            "--thread",
+            "paths",
+            stdin="read missing.csv\n",
+            cwd=tmp_path,
         )
         assert code == 0, err
         assert "FileNotFoundError" in out and "site-packages/pandas" in out

@@ -129,13 +129,21 @@ asyncio.run(main())
 async def test_what_is_printed_while_someone_types_goes_above_the_prompt(tmp_path: Path) -> None:
     """A scheduled run's answer arrives while a line is half typed: it is printed above the prompt,
     and the line goes on where it was."""
-    child = pexpect.spawn(sys.executable, ["-c", SCRIPT], cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(REPO)},
-                          encoding="utf-8", dimensions=(50, 250))
+    child = pexpect.spawn(
+        sys.executable,
+        ["-c", SCRIPT],
+        cwd=str(tmp_path),
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        encoding="utf-8",
+        dimensions=(50, 250),
+    )
     try:
         await child.expect_exact(PROMPT, timeout=10, async_=True)
         child.send("half ")
         await child.expect_exact("revenue is up.", timeout=10, async_=True)
-        await child.expect_exact("you> \x1b[0mhalf", timeout=10, async_=True)  # the prompt and what was typed, redrawn below it
+        await child.expect_exact(
+            "you> \x1b[0mhalf", timeout=10, async_=True
+        )  # the prompt and what was typed, redrawn below it
         child.send("typed\r")
         await child.expect_exact("READ:'half typed'", timeout=10, async_=True)
     finally:

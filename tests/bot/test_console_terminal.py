@@ -56,8 +56,12 @@ async def console(tmp_path: Path, llm_url: str, *args: str) -> AsyncIterator[Con
     """Start the console on a terminal; it is killed at the end if it did not stop by itself."""
     config = write_config(tmp_path, llm_url)
     child = pexpect.spawn(
-        sys.executable, ["-m", "bot", "console", "--config", str(config), "--out", str(tmp_path / "out"), *args],
-        cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(REPO)}, encoding="utf-8", dimensions=(50, 250),
+        sys.executable,
+        ["-m", "bot", "console", "--config", str(config), "--out", str(tmp_path / "out"), *args],
+        cwd=str(tmp_path),
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        encoding="utf-8",
+        dimensions=(50, 250),
     )
     try:
         yield Console(child)
@@ -97,7 +101,11 @@ async def test_log_lines_go_to_the_log_file_not_between_the_answers(tmp_path: Pa
 async def test_ctrl_c_stops_a_long_cell_and_the_prompt_comes_back(tmp_path: Path) -> None:
     async with ScriptedOpenAI() as llm, console(tmp_path, llm.base_url) as term:
         started = tmp_path / "cell-started"
-        llm.script(tool_call(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(60)\nprint('finished')"))
+        llm.script(
+            tool_call(
+                f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(60)\nprint('finished')"
+            )
+        )
         await term.expect(PROMPT)
         term.child.sendline("count slowly")
         await term.expect("Running step 1")
@@ -174,8 +182,13 @@ async def test_a_block_through_a_pipe_and_no_log_file_there(tmp_path: Path) -> N
         llm.script(answer("One message."))
         config = write_config(tmp_path, llm.base_url)
         code, out, err = await run_cli(
-            "console", "--config", str(config), "--out", str(tmp_path / "out"),
-            stdin='"""\nline one\nline two\n"""\n', cwd=tmp_path,
+            "console",
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path / "out"),
+            stdin='"""\nline one\nline two\n"""\n',
+            cwd=tmp_path,
         )
     assert code == 0, err
     assert out.strip() == "One message."  # stdout holds answers only

@@ -146,7 +146,7 @@ async def test_export_html_is_one_page_with_the_chart_inline(chat: MemoryChat, l
 
 async def test_hostile_html_output_and_message_come_out_neutralised(chat: MemoryChat, llm: ScriptedOpenAI) -> None:
     hostile = (
-        "<script>alert(1)</script><img src=x onerror=\"alert(2)\">"
+        '<script>alert(1)</script><img src=x onerror="alert(2)">'
         "<iframe src='https://evil.example/'></iframe><link rel=stylesheet href='https://evil.example/x.css'>"
         "<a href='javascript:alert(4)'>click</a><b style='background:url(https://evil.example/t.png)'>bold</b>"
         "<table><thead><tr><th>col</th></tr></thead><tbody><tr><td>cell</td></tr></tbody></table>"
@@ -196,12 +196,16 @@ print('swapped')
 """
 
 
-async def test_a_renderer_swapped_in_the_kernel_changes_nothing(chat: MemoryChat, llm: ScriptedOpenAI, core: Core) -> None:
+async def test_a_renderer_swapped_in_the_kernel_changes_nothing(
+    chat: MemoryChat, llm: ScriptedOpenAI, core: Core
+) -> None:
     llm.script(tool_call(SWAP_RENDERER), answer("Swapped."))
     await chat.say("swap the renderer")
     session = core.pool.get(str(chat.key()))
     assert session is not None
-    assert await session.evaluate("type(__import__('sys').modules['threadbook_kernel.export']).__name__", 5) == "'module'"
+    assert (
+        await session.evaluate("type(__import__('sys').modules['threadbook_kernel.export']).__name__", 5) == "'module'"
+    )
     reply = (await chat.say("export html", mentioned=False)).reply
     assert reply.ok, reply.text
     data = reply.files[0].open_reader().read()
@@ -298,12 +302,16 @@ async def test_exports_read_well_styled_tables_trimmed_tracebacks_no_server_path
     assert "/workspace" in text
     ipynb = (await chat.say("export", mentioned=False)).reply.files[0].open_reader().read().decode()
     [error] = [o for c in json.loads(ipynb)["cells"] for o in c.get("outputs", []) if o["output_type"] == "error"]
-    assert error["traceback"][0] == "Traceback (last frames):" and error["traceback"][-1].startswith("FileNotFoundError:")
+    assert error["traceback"][0] == "Traceback (last frames):" and error["traceback"][-1].startswith(
+        "FileNotFoundError:"
+    )
     for export in (text, ipynb):
         assert venv not in export and root not in export
 
 
-async def test_under_bubblewrap_a_swapped_renderer_and_preview_change_nothing(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+async def test_under_bubblewrap_a_swapped_renderer_and_preview_change_nothing(
+    tmp_path: Path, llm: ScriptedOpenAI
+) -> None:
     from tests.conftest import make_settings
     from tests.fakes.memory import bytes_attachment
     from tests.security.conftest import SKIP_REASON

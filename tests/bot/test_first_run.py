@@ -23,7 +23,9 @@ def quick_start() -> str:
 
 def test_the_first_screen_says_what_threadbook_is_and_how_to_run_and_test_it() -> None:
     assert re.search(r"^Threadbook is a code interpreter", FIRST_SCREEN, re.MULTILINE)
-    assert re.search(r"^make run\b", FIRST_SCREEN, re.MULTILINE) and re.search(r"^make test\b", FIRST_SCREEN, re.MULTILINE)
+    assert re.search(r"^make run\b", FIRST_SCREEN, re.MULTILINE) and re.search(
+        r"^make test\b", FIRST_SCREEN, re.MULTILINE
+    )
 
 
 def test_the_quick_start_uses_the_shipped_sample_and_names_the_model_setting() -> None:
@@ -37,17 +39,29 @@ def test_the_quick_start_uses_the_shipped_sample_and_names_the_model_setting() -
     # A server other than OpenAI's needs a model it has: the setting and its variable are named,
     # and the variable is the one config.yaml really reads.
     assert "llm.model" in text and "THREADBOOK_MODEL" in text and "OPENAI_BASE_URL" in text
-    shipped = load_settings(REPO / "config.yaml", env={"THREADBOOK_MODEL": "qwen2.5-coder", "OPENAI_BASE_URL": "http://127.0.0.1:11434/v1"})
+    shipped = load_settings(
+        REPO / "config.yaml", env={"THREADBOOK_MODEL": "qwen2.5-coder", "OPENAI_BASE_URL": "http://127.0.0.1:11434/v1"}
+    )
     assert shipped.llm.model == "qwen2.5-coder"
 
 
 def _planned(target: str, tmp_path: Path) -> str:
     """What ``make -n target`` would run in a fresh checkout (no environments yet)."""
     done = subprocess.run(
-        ["make", "-n", "-C", str(REPO), f"VENV={tmp_path / 'venv'}", f"KERNEL_VENV={tmp_path / 'kvenv'}",
-         f"GATEWAY_VENV={tmp_path / 'gvenv'}", target],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            "make",
+            "-n",
+            "-C",
+            str(REPO),
+            f"VENV={tmp_path / 'venv'}",
+            f"KERNEL_VENV={tmp_path / 'kvenv'}",
+            f"GATEWAY_VENV={tmp_path / 'gvenv'}",
+            target,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 

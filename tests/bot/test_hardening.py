@@ -21,21 +21,35 @@ def test_secrets_and_every_interpolated_variable_leave_the_environment(tmp_path:
     path = tmp_path / "config.yaml"
     path.write_text(CONFIG)
     environ = {
-        "OPENAI_API_KEY": "sk-one", "THREADBOOK_MODEL": "local", "MY_SLACK": "xoxb-two", "PGPASSWORD": "hunter2",
-        "HOME": "/home/bot", "PATH": "/usr/bin", "LANG": "C.UTF-8",
+        "OPENAI_API_KEY": "sk-one",
+        "THREADBOOK_MODEL": "local",
+        "MY_SLACK": "xoxb-two",
+        "PGPASSWORD": "hunter2",
+        "HOME": "/home/bot",
+        "PATH": "/usr/bin",
+        "LANG": "C.UTF-8",
         "SLACK_SIGNING_SECRET": "documented-name-unused-here",  # a known secret's name
         "COPY_OF_APP_TOKEN": "xapp-literal-in-the-file",  # a secret's value under another name
         "DB_PASS": "hunter2",  # the storage URL's password under another name
         "UNRELATED": "keep me",
-    }  # fmt: skip
+    }
     referenced: set[str] = set()
     settings = load_settings(path, env=environ, referenced=referenced)
     assert referenced == {"OPENAI_API_KEY", "THREADBOOK_MODEL", "MY_SLACK", "PGPASSWORD", "HOME"}
 
     dropped = drop_secrets(settings, referenced, environ)
 
-    assert dropped == sorted(["OPENAI_API_KEY", "THREADBOOK_MODEL", "MY_SLACK", "PGPASSWORD", "SLACK_SIGNING_SECRET",
-                              "COPY_OF_APP_TOKEN", "DB_PASS"])
+    assert dropped == sorted(
+        [
+            "OPENAI_API_KEY",
+            "THREADBOOK_MODEL",
+            "MY_SLACK",
+            "PGPASSWORD",
+            "SLACK_SIGNING_SECRET",
+            "COPY_OF_APP_TOKEN",
+            "DB_PASS",
+        ]
+    )
     # What the process needs stays, even though the config interpolated HOME.
     assert environ == {"HOME": "/home/bot", "PATH": "/usr/bin", "LANG": "C.UTF-8", "UNRELATED": "keep me"}
     assert settings.llm.api_key.get_secret_value() == "sk-one"  # the settings keep what they read

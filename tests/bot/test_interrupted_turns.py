@@ -104,8 +104,13 @@ def turns() -> HeldTurns:
 def chat(tmp_path: Path, store: Store, turns: HeldTurns) -> MemoryChat:
     settings = make_settings(tmp_path)
     commands = Commands(store=store, pool=None, settings=settings, oneshot=OneShot.unavailable("not needed"))  # type: ignore[arg-type]  # help needs no pool
-    dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands,  # type: ignore[arg-type]
-                            pool=None)  # type: ignore[arg-type]  # one process, SQLite: the pool is never asked
+    dispatcher = Dispatcher(
+        settings=settings,
+        store=store,
+        turns=turns,
+        commands=commands,  # type: ignore[arg-type]
+        pool=None,
+    )  # type: ignore[arg-type]  # one process, SQLite: the pool is never asked
     return MemoryChat(dispatcher)
 
 

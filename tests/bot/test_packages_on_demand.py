@@ -39,7 +39,12 @@ async def chat(tmp_path: Path, llm: ScriptedOpenAI, packages_dir: Path) -> Async
     links = tmp_path / "wheels"
     make_wheel(links, "tbdemo", "1.2.3")
     make_wheel(links, "tbother", "1.0")
-    packages = {"allow": ["tbdemo", "tbmissing"], "find_links": [str(links)], "no_index": True, "dir": str(packages_dir)}
+    packages = {
+        "allow": ["tbdemo", "tbmissing"],
+        "find_links": [str(links)],
+        "no_index": True,
+        "dir": str(packages_dir),
+    }
     async with Core.open(make_settings(tmp_path, llm_url=llm.base_url, kernels={"packages": packages})) as core:
         yield MemoryChat(core.dispatcher)
 

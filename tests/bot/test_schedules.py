@@ -128,7 +128,9 @@ def test_unreadable_times_say_what_is_wrong(text: str, says: str) -> None:
         parse_schedule(text, default_timezone="UTC")
 
 
-async def test_a_schedule_runs_as_a_turn_with_its_chart_and_a_missed_slot_runs_once(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+async def test_a_schedule_runs_as_a_turn_with_its_chart_and_a_missed_slot_runs_once(
+    tmp_path: Path, llm: ScriptedOpenAI
+) -> None:
     clock, reach = Clock(TUESDAY), MemoryReach()
     async with running(tmp_path, llm, clock) as core:
         chat = MemoryChat(core.dispatcher)
@@ -143,7 +145,9 @@ async def test_a_schedule_runs_as_a_turn_with_its_chart_and_a_missed_slot_runs_o
         assert run.notices == ["⏰ Scheduled run #1 (every hour, UTC): “revenue by region as a chart”"]
         assert run.reply.text == "North 3, south 5." and len(run.reply.images) == 1
         asked = llm.requests[-2]["messages"][-1]["content"]
-        assert asked.startswith(SCHEDULED_RUN_NOTE.format(when="every hour")[:40]) and asked.endswith("revenue by region as a chart")
+        assert asked.startswith(SCHEDULED_RUN_NOTE.format(when="every hour")[:40]) and asked.endswith(
+            "revenue by region as a chart"
+        )
         assert await tick(scheduler) == 0  # that slot is done
 
     clock.now += 5 * 3600 + 600  # down over five slots: it runs once when back, then on the hour
@@ -168,7 +172,9 @@ async def test_removal_rights_and_the_most_a_thread_holds(tmp_path: Path, llm: S
         assert refused == "Only u1, who made schedule #1, or an admin can remove it."
         assert (await chat.say("unschedule #2", user="U_BOSS")).reply.text.startswith("🗑️ Schedule #2 removed")
         assert (await chat.say("unschedule 1")).reply.text.startswith("🗑️ Schedule #1 removed")
-        assert (await chat.say("unschedule 1")).reply.text == "There is no schedule #1 in this thread; `schedules` lists them."
+        assert (
+            await chat.say("unschedule 1")
+        ).reply.text == "There is no schedule #1 in this thread; `schedules` lists them."
         assert (await chat.say("schedules")).reply.text.startswith("This thread has no schedules.")
         assert llm.requests == []  # commands, never turns
 
@@ -203,15 +209,26 @@ async def test_a_gone_thread_stops_its_schedule(tmp_path: Path, llm: ScriptedOpe
 
 async def test_two_schedulers_on_one_store_run_a_slot_once(store_target: Path | str) -> None:
     async with await Store.open(store_target) as first, await Store.open(store_target) as second:
-        new = NewSchedule(thread="test:W1:C1:t1", creator="U1", creator_name="u1", question="q", cron="0 * * * *",
-                          timezone="UTC", described="every hour", created_at=TUESDAY, next_run_at=TUESDAY + 3600)  # fmt: skip
+        new = NewSchedule(
+            thread="test:W1:C1:t1",
+            creator="U1",
+            creator_name="u1",
+            question="q",
+            cron="0 * * * *",
+            timezone="UTC",
+            described="every hour",
+            created_at=TUESDAY,
+            next_run_at=TUESDAY + 3600,
+        )
         await first.schedules.add(new, max_per_thread=5)
         due = [await store.schedules.due(TUESDAY + 3601) for store in (first, second)]
         assert len(due[0]) == len(due[1]) == 1
         claims = await asyncio.gather(
-            *(store.schedules.claim(found[0], now=TUESDAY + 3601, next_run_at=TUESDAY + 7200)
-              for store, found in zip((first, second), due))
-        )  # fmt: skip
+            *(
+                store.schedules.claim(found[0], now=TUESDAY + 3601, next_run_at=TUESDAY + 7200)
+                for store, found in zip((first, second), due)
+            )
+        )
         assert sorted(claims) == [False, True]
         assert await first.schedules.due(TUESDAY + 3601) == []
 
@@ -219,10 +236,18 @@ async def test_two_schedulers_on_one_store_run_a_slot_once(store_target: Path | 
 @pytest.mark.parametrize(
     ("text", "command"),
     [
-        ("schedule every monday 9:00 revenue", True), ("schedule", True), ("/schedules", True), ("schedules", True),
-        ("unschedule 2", True), ("unschedule", True), ("Schedule daily 8:00 the report", True),
-        ("schedules for next week: which ones are late?", False), ("unschedule the meeting and tell me why", False),
-        ("scheduled jobs in jobs.csv: count them", False), ("what is my schedule?", False), ("", False),
+        ("schedule every monday 9:00 revenue", True),
+        ("schedule", True),
+        ("/schedules", True),
+        ("schedules", True),
+        ("unschedule 2", True),
+        ("unschedule", True),
+        ("Schedule daily 8:00 the report", True),
+        ("schedules for next week: which ones are late?", False),
+        ("unschedule the meeting and tell me why", False),
+        ("scheduled jobs in jobs.csv: count them", False),
+        ("what is my schedule?", False),
+        ("", False),
     ],
 )
 def test_schedules_and_unschedule_are_commands_only_as_the_whole_message(text: str, command: bool) -> None:
@@ -236,11 +261,19 @@ NEW_YORK = ZoneInfo("America/New_York")
     ("cron", "start", "expected"),
     [
         # Fall-back (2026-11-01, 02:00 EDT → 01:00 EST): every real hour once, 01:00 twice.
-        ("0 * * * *", datetime(2026, 11, 1, 0, 10), ["01 01:00-0400", "01 01:00-0500", "01 02:00-0500", "01 03:00-0500"]),
+        (
+            "0 * * * *",
+            datetime(2026, 11, 1, 0, 10),
+            ["01 01:00-0400", "01 01:00-0500", "01 02:00-0500", "01 03:00-0500"],
+        ),
         # The repeated half hour runs once, at its first pass.
         ("30 1 * * *", datetime(2026, 10, 31, 12, 0), ["01 01:30-0400", "02 01:30-0500", "03 01:30-0500"]),
         # Spring-forward (2026-03-08, 02:00 EST → 03:00 EDT): 02:00 never comes; 02:30 runs once, after.
-        ("0 * * * *", datetime(2026, 3, 8, 0, 10), ["08 01:00-0500", "08 03:00-0400", "08 04:00-0400", "08 05:00-0400"]),
+        (
+            "0 * * * *",
+            datetime(2026, 3, 8, 0, 10),
+            ["08 01:00-0500", "08 03:00-0400", "08 04:00-0400", "08 05:00-0400"],
+        ),
         ("30 2 * * *", datetime(2026, 3, 7, 12, 0), ["08 03:30-0400", "09 02:30-0400", "10 02:30-0400"]),
     ],
 )

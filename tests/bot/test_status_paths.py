@@ -21,7 +21,9 @@ ABSOLUTE_PATH = re.compile(r"(?<![\w/.:])/[\w.-]")
 async def test_status_names_the_sandbox_and_no_host_path(tmp_path: Path, llm: ScriptedOpenAI, sandbox: str) -> None:
     if sandbox == "bwrap" and SKIP_REASON is not None:
         pytest.skip(SKIP_REASON)
-    settings = make_settings(tmp_path, llm_url=llm.base_url, kernels={"sandbox": sandbox, "fork_server": sandbox == "bwrap"})
+    settings = make_settings(
+        tmp_path, llm_url=llm.base_url, kernels={"sandbox": sandbox, "fork_server": sandbox == "bwrap"}
+    )
     async with Core.open(settings) as core:
         chat = MemoryChat(core.dispatcher)
         llm.script(tool_call("x = 1"), answer("done"))

@@ -85,7 +85,9 @@ async def test_saved_chart_is_sent_once_and_new_files_come_back(chat: MemoryChat
 
 
 async def test_errors_go_back_to_the_model_and_llm_failures_are_reported(chat: MemoryChat, llm: ScriptedOpenAI) -> None:
-    llm.script(tool_call("print(undefined_name)"), tool_call("undefined_name = 5\nprint(undefined_name)"), echo_tool_output())
+    llm.script(
+        tool_call("print(undefined_name)"), tool_call("undefined_name = 5\nprint(undefined_name)"), echo_tool_output()
+    )
     reply = (await chat.say("go")).reply
     assert "NameError" in last_tool_output(llm.requests[1])
     assert reply.text.strip().endswith("5")
@@ -222,7 +224,9 @@ async def test_restart_keeps_history_and_restores_variables(tmp_path: Path, llm:
         assert "restored from this thread's snapshot" in system and "`secret_number` (int)" in system
 
 
-async def test_without_snapshots_a_restart_tells_the_model_variables_are_lost(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+async def test_without_snapshots_a_restart_tells_the_model_variables_are_lost(
+    tmp_path: Path, llm: ScriptedOpenAI
+) -> None:
     settings = make_settings(tmp_path, llm_url=llm.base_url, kernels={"snapshot": False})
     async with Core.open(settings) as core:
         llm.script(tool_call("secret_number = 41"), answer("Noted 41."))
@@ -255,8 +259,13 @@ async def test_channel_policy_sets_prompt_model_rounds_and_data(tmp_path: Path, 
     data = tmp_path / "sales-data"
     data.mkdir()
     (data / "prices.csv").write_text("sku,eur\nA,3\n")
-    policy = {"system_prompt": "Amounts are in EUR.", "model": "special-model", "max_rounds": 1, "data_dir": str(data),
-              "background_processes": True}
+    policy = {
+        "system_prompt": "Amounts are in EUR.",
+        "model": "special-model",
+        "max_rounds": 1,
+        "data_dir": str(data),
+        "background_processes": True,
+    }
     settings = make_settings(tmp_path, llm_url=llm.base_url, channels={"test:C1": policy})
     async with Core.open(settings) as core:
         chat = MemoryChat(core.dispatcher)

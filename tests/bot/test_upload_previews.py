@@ -19,7 +19,9 @@ def first_user_message(request: dict[str, Any]) -> str:
 
 
 async def test_an_uploaded_csv_preview_from_the_kernel_reaches_the_model(core: Core, llm: ScriptedOpenAI) -> None:
-    llm.script(tool_call("import pandas as pd\nprint(len(pd.read_csv('readings.csv', sep=';')))"), answer("3 readings."))
+    llm.script(
+        tool_call("import pandas as pd\nprint(len(pd.read_csv('readings.csv', sep=';')))"), answer("3 readings.")
+    )
     chat = MemoryChat(core.dispatcher)
     out = await chat.say("how many readings?", attachments=[bytes_attachment("readings.csv", READINGS_CSV)])
     assert out.reply.ok and out.reply.text == "3 readings."
@@ -47,7 +49,9 @@ SWAP_PREVIEW = (
 )
 
 
-async def test_a_preview_function_swapped_in_the_kernel_never_reaches_the_model(core: Core, llm: ScriptedOpenAI) -> None:
+async def test_a_preview_function_swapped_in_the_kernel_never_reaches_the_model(
+    core: Core, llm: ScriptedOpenAI
+) -> None:
     chat = MemoryChat(core.dispatcher)
     llm.script(tool_call(SWAP_PREVIEW), answer("Swapped."))
     assert (await chat.say("swap it")).reply.text == "Swapped."

@@ -58,17 +58,25 @@ class Podman:
 
     def run(self, *args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         """(Blocking) one podman command; raises with its output when it fails."""
-        done = subprocess.run([*self.prefix, *args], env=self.env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            [*self.prefix, *args], env=self.env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+        )
         if done.returncode != 0:
-            raise RuntimeError(f"podman {' '.join(args[:2])} failed ({done.returncode}): {(done.stdout + done.stderr)[-3000:]}")
+            raise RuntimeError(
+                f"podman {' '.join(args[:2])} failed ({done.returncode}): {(done.stdout + done.stderr)[-3000:]}"
+            )
         return done
 
     async def run_async(self, *args: str, stdin: str = "", timeout: float = 300) -> tuple[int, str, str]:
         """One podman command on the event loop (the fakes it talks to answer meanwhile)."""
         process = await asyncio.create_subprocess_exec(
-            *self.prefix, *args, env=self.env,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            *self.prefix,
+            *args,
+            env=self.env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             out, err = await asyncio.wait_for(process.communicate(stdin.encode()), timeout)
         except TimeoutError:
@@ -85,10 +93,19 @@ class Podman:
         with tempfile.TemporaryDirectory(dir=self.root) as folder:
             rootfs = Path(folder) / "rootfs.tar"
             subprocess.run(
-                ["mmdebstrap", "--quiet", "--variant=minbase", "--include=python3,python3-venv,python3-pip,ca-certificates",
-                 f"--customize-hook={STANDIN_HOOK}", "bookworm", str(rootfs)],
-                check=True, capture_output=True, timeout=600,
-            )  # fmt: skip
+                [
+                    "mmdebstrap",
+                    "--quiet",
+                    "--variant=minbase",
+                    "--include=python3,python3-venv,python3-pip,ca-certificates",
+                    f"--customize-hook={STANDIN_HOOK}",
+                    "bookworm",
+                    str(rootfs),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
             self.run("import", str(rootfs), STANDIN)
         self.made.append(STANDIN)
         return STANDIN

@@ -22,7 +22,9 @@ from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
 #: Two more images to build and a stack to bring up: about 2 min on 2 cores beside the bot's image.
 pytestmark = [
     pytest.mark.timeout(1500),
-    pytest.mark.skipif(shutil.which("podman-compose") is None, reason="podman-compose is not installed (.ci/run installs it)"),
+    pytest.mark.skipif(
+        shutil.which("podman-compose") is None, reason="podman-compose is not installed (.ci/run installs it)"
+    ),
 ]
 
 COMPOSE = REPO / "deploy" / "compose" / "compose.yaml"
@@ -84,17 +86,30 @@ class Stack:
     def __init__(self, podman: Podman, bot_image: str, llm_url: str) -> None:
         self.podman = podman
         self.env = {
-            **podman.env, **SECRETS, "THREADBOOK_IMAGE": bot_image, "THREADBOOK_KERNEL_IMAGE": KERNEL_IMAGE,
-            "POSTGRES_IMAGE": POSTGRES_IMAGE, "OPENAI_BASE_URL": llm_url, "THREADBOOK_MODEL": "fake-model",
-        }  # fmt: skip
+            **podman.env,
+            **SECRETS,
+            "THREADBOOK_IMAGE": bot_image,
+            "THREADBOOK_KERNEL_IMAGE": KERNEL_IMAGE,
+            "POSTGRES_IMAGE": POSTGRES_IMAGE,
+            "OPENAI_BASE_URL": llm_url,
+            "THREADBOOK_MODEL": "fake-model",
+        }
 
     async def compose(self, *args: str, stdin: str = "", timeout: float = 300) -> tuple[int, str, str]:
         """podman-compose ``args``: the exit code (of the container, for ``run``) and stdout and
         stderr without podman-compose's own lines."""
         process = await asyncio.create_subprocess_exec(
-            "podman-compose", "-p", PROJECT, "-f", str(COMPOSE), *args, env=self.env,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            "podman-compose",
+            "-p",
+            PROJECT,
+            "-f",
+            str(COMPOSE),
+            *args,
+            env=self.env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         raw_out, raw_err = await asyncio.wait_for(process.communicate(stdin.encode()), timeout)
         code = process.returncode or 0
         streams = []
@@ -110,7 +125,9 @@ class Stack:
         """Wait until ``command`` succeeds in the service's container."""
         deadline = time.monotonic() + timeout
         while True:
-            code, out, err = await self.podman.run_async("exec", f"{PROJECT}_{service}_1", "sh", "-c", command, timeout=30)
+            code, out, err = await self.podman.run_async(
+                "exec", f"{PROJECT}_{service}_1", "sh", "-c", command, timeout=30
+            )
             if code == 0:
                 return
             if time.monotonic() > deadline:
@@ -123,11 +140,17 @@ class Stack:
 async def stack(podman: Podman, base_image: str, image: str) -> AsyncIterator[tuple[Stack, ScriptedOpenAI]]:
     started = time.monotonic()
     await asyncio.to_thread(
-        podman.build, KERNEL_IMAGE, REPO, base=base_image, containerfile=REPO / "deploy/compose/kernel-gateway/Dockerfile"
+        podman.build,
+        KERNEL_IMAGE,
+        REPO,
+        base=base_image,
+        containerfile=REPO / "deploy/compose/kernel-gateway/Dockerfile",
     )
     await asyncio.to_thread(podman.build, POSTGRES_IMAGE, Path(__file__).parent / "postgres", base=base_image)
     size = podman.size(KERNEL_IMAGE) / 1e9
-    print(f"\ncompose: kernel and postgres images built in {time.monotonic() - started:.0f} s (kernel image {size:.2f} GB)")
+    print(
+        f"\ncompose: kernel and postgres images built in {time.monotonic() - started:.0f} s (kernel image {size:.2f} GB)"
+    )
     # The bot's container reaches the scripted model on the host through the host's address.
     async with ScriptedOpenAI(api_key=SECRETS["OPENAI_API_KEY"], host="0.0.0.0") as llm:
         stack = Stack(podman, image, f"http://host.containers.internal:{llm.port}/v1")
@@ -138,7 +161,7 @@ async def stack(podman: Podman, base_image: str, image: str) -> AsyncIterator[tu
             await stack.ready("postgres", "/usr/lib/postgresql/*/bin/pg_isready -q -h 127.0.0.1")
             await stack.ready(
                 "kernel-gateway",
-                "/opt/gateway/bin/python -c \"import os, urllib.request as u; u.urlopen(u.Request("
+                '/opt/gateway/bin/python -c "import os, urllib.request as u; u.urlopen(u.Request('
                 "'http://127.0.0.1:8888/api/kernelspecs', headers={'Authorization': 'token ' + os.environ['KG_AUTH_TOKEN']}), timeout=2)\"",
             )
             print(f"compose: postgres and the kernel gateway up in {time.monotonic() - started:.0f} s")
@@ -154,9 +177,16 @@ async def test_compose_answers_through_the_kernel_container(stack: tuple[Stack, 
     llm.script(tool_call(PROBE), lambda r: answer("The kernel said: " + r["messages"][-1]["content"]))
     started = time.monotonic()
     code, out, err = await compose.compose(
-        "run", "--rm", "-T", "--no-deps", "bot", "sh", "-c", f"{WAIT_FOR_NAMES} exec {CONSOLE}",
+        "run",
+        "--rm",
+        "-T",
+        "--no-deps",
+        "bot",
+        "sh",
+        "-c",
+        f"{WAIT_FOR_NAMES} exec {CONSOLE}",
         stdin="what is the total of x?\n",
-    )  # fmt: skip
+    )
     print(f"compose: console turn through the gateway in {time.monotonic() - started:.1f} s")
     assert code == 0, (out + err)[-3000:]
     seen = "\n".join(str(m.get("content")) for r in llm.requests for m in r["messages"] if m.get("role") == "tool")

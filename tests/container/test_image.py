@@ -28,7 +28,7 @@ CONFIG_CANARY = "sk-canary-from-the-config-file-93ad"
 
 #: What a prompt-injected cell would try: every visible process's environment, the bot's pid
 #: in the container (tini is 1), the config; then the work the user asked for, with pandas.
-PROBE = f"""
+PROBE = """
 import glob, os
 import pandas as pd
 leaks, refused = [], 0
@@ -45,17 +45,22 @@ print('uid', os.getuid(), 'cwd', os.getcwd(), 'pids', len(glob.glob('/proc/[0-9]
 print('nonewprivs', 'NoNewPrivs:\\t1' in status, 'capeff0', 'CapEff:\\t0000000000000000' in status)
 print('config visible', os.path.exists('/app/config.yaml'), 'forked', os.path.isdir('/.threadbook-host'))
 print('leaks', leaks)
-print('total', pd.DataFrame({{'x': [1, 2, 3]}})['x'].sum())
+print('total', pd.DataFrame({'x': [1, 2, 3]})['x'].sum())
 """
 
 
 def write_config(folder: Path, llm_url: str) -> Path:
     config: dict[str, Any] = {
         "llm": {"base_url": llm_url, "api_key": CONFIG_CANARY, "model": "fake-model", "max_retries": 0},
-        "kernels": {"sandbox": "auto", "fork_server": True, "warm_pool": 0, "memory_mb": 1024,
-                    "workspace_root": "data/workspaces"},
+        "kernels": {
+            "sandbox": "auto",
+            "fork_server": True,
+            "warm_pool": 0,
+            "memory_mb": 1024,
+            "workspace_root": "data/workspaces",
+        },
         "storage": {"path": "data/threadbook.db"},
-    }  # fmt: skip
+    }
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o644)  # the image's bot is uid 10001
@@ -65,10 +70,25 @@ def write_config(folder: Path, llm_url: str) -> Path:
 def console(image: str, config: Path, *flags: str) -> list[str]:
     """``podman run`` arguments for one console turn in ``image``."""
     return [
-        "run", "--rm", "-i", "--network=host", *flags,
-        "-e", f"SLACK_BOT_TOKEN={ENV_CANARY}", "-v", f"{config}:/app/config.yaml:ro",
-        image, "python", "-m", "bot", "console", "--config", "/app/config.yaml", "--out", "/app/data/out",
-    ]  # fmt: skip
+        "run",
+        "--rm",
+        "-i",
+        "--network=host",
+        *flags,
+        "-e",
+        f"SLACK_BOT_TOKEN={ENV_CANARY}",
+        "-v",
+        f"{config}:/app/config.yaml:ro",
+        image,
+        "python",
+        "-m",
+        "bot",
+        "console",
+        "--config",
+        "/app/config.yaml",
+        "--out",
+        "/app/data/out",
+    ]
 
 
 def tool_results(llm: ScriptedOpenAI) -> list[str]:
@@ -99,7 +119,9 @@ async def test_documented_flags_sandbox_the_kernel_and_it_answers(podman: Podman
         assert canary not in out and canary not in err and canary not in seen
 
 
-async def test_runtime_defaults_refuse_to_run_kernels_and_leak_nothing(podman: Podman, image: str, tmp_path: Path) -> None:
+async def test_runtime_defaults_refuse_to_run_kernels_and_leak_nothing(
+    podman: Podman, image: str, tmp_path: Path
+) -> None:
     async with ScriptedOpenAI(api_key=CONFIG_CANARY) as llm:
         llm.script(tool_call(PROBE), lambda r: answer("The kernel said: " + r["messages"][-1]["content"]))
         code, out, err = await podman.run_async(

@@ -33,7 +33,9 @@ def test_shipped_profile_allows_the_sandbox_calls_and_refuses_by_default() -> No
         assert not rule.get("args") and not rule.get("includes") and not rule.get("excludes")
     # Still refused as the default profile refuses them (no capability in the container).
     for name in ("kexec_load", "init_module", "delete_module", "acct", "open_by_handle_at"):
-        assert all(rule["action"] != "SCMP_ACT_ALLOW" or rule.get("includes") for rule in rules_naming(profile, name)), name
+        assert all(
+            rule["action"] != "SCMP_ACT_ALLOW" or rule.get("includes") for rule in rules_naming(profile, name)
+        ), name
     # Regenerating it changes nothing: no hand edit went past the generator.
     assert make.with_sandbox_calls(profile) == profile
 
@@ -44,10 +46,14 @@ def test_generator_lifts_conditions_on_the_sandbox_calls_only() -> None:
         "syscalls": [
             {"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
             {"names": ["mount", "unshare", "bpf"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_SYS_ADMIN"]}},
-            {"names": ["clone"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": 2114060288, "op": "SCMP_CMP_MASKED_EQ"}]},
+            {
+                "names": ["clone"],
+                "action": "SCMP_ACT_ALLOW",
+                "args": [{"index": 0, "value": 2114060288, "op": "SCMP_CMP_MASKED_EQ"}],
+            },
             {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38, "excludes": {"caps": ["CAP_SYS_ADMIN"]}},
         ],
-    }  # fmt: skip
+    }
     made = generator().with_sandbox_calls(base)
     assert made["syscalls"][:2] == [
         {"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},

@@ -125,7 +125,9 @@ def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
-    spec: dict[str, Any] = doc["spec"]["template"]["spec"] if doc["kind"] in ("Deployment", "StatefulSet") else doc["spec"]
+    spec: dict[str, Any] = (
+        doc["spec"]["template"]["spec"] if doc["kind"] in ("Deployment", "StatefulSet") else doc["spec"]
+    )
     return spec
 
 
@@ -134,8 +136,16 @@ def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
 
 def test_there_are_manifests() -> None:
     kinds = {d["kind"] for d in DOCS.values()}
-    assert {"Deployment", "StatefulSet", "Service", "PersistentVolumeClaim", "NetworkPolicy", "Role", "RoleBinding",
-            "PodDisruptionBudget"} <= kinds
+    assert {
+        "Deployment",
+        "StatefulSet",
+        "Service",
+        "PersistentVolumeClaim",
+        "NetworkPolicy",
+        "Role",
+        "RoleBinding",
+        "PodDisruptionBudget",
+    } <= kinds
 
 
 @pytest.mark.parametrize("name", sorted(DOCS))
@@ -177,7 +187,9 @@ def test_kernel_pod_template_refuses_a_working_dir_outside_the_workspaces(worksp
 
 
 def test_kernel_pod_template_refuses_a_start_without_working_dir() -> None:
-    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATE.parent), trim_blocks=True, lstrip_blocks=True)
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATE.parent), trim_blocks=True, lstrip_blocks=True
+    )
     with pytest.raises(jinja2.UndefinedError):
         environment.get_template(TEMPLATE.name).render(kernel_id="x", kernel_network=False)
 
@@ -205,7 +217,11 @@ KUSTOMIZE = shutil.which("kubectl") or shutil.which("kustomize")
 @pytest.mark.skipif(KUSTOMIZE is None, reason="neither kubectl nor kustomize on PATH")
 def test_kustomize_build_is_valid() -> None:
     assert KUSTOMIZE is not None
-    command = [KUSTOMIZE, "kustomize", str(DEPLOY)] if Path(KUSTOMIZE).name == "kubectl" else [KUSTOMIZE, "build", str(DEPLOY)]
+    command = (
+        [KUSTOMIZE, "kustomize", str(DEPLOY)]
+        if Path(KUSTOMIZE).name == "kubectl"
+        else [KUSTOMIZE, "build", str(DEPLOY)]
+    )
     built = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert built.returncode == 0, built.stderr
     docs = [d for d in yaml.safe_load_all(built.stdout) if d]
@@ -233,7 +249,9 @@ def assert_hardened(spec: dict[str, Any], what: str) -> None:
         security = container.get("securityContext", {})
         assert security.get("runAsNonRoot", pod_security.get("runAsNonRoot")) is True, f"{what}: runAsNonRoot"
         assert security.get("readOnlyRootFilesystem") is True, f"{what}/{container['name']}: readOnlyRootFilesystem"
-        assert security.get("allowPrivilegeEscalation") is False, f"{what}/{container['name']}: allowPrivilegeEscalation"
+        assert security.get("allowPrivilegeEscalation") is False, (
+            f"{what}/{container['name']}: allowPrivilegeEscalation"
+        )
         assert security.get("capabilities", {}).get("drop") == ["ALL"], f"{what}/{container['name']}: capabilities"
         assert not security.get("privileged"), what
         mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
@@ -280,15 +298,21 @@ def test_kernel_pod_is_sandboxed(network: str) -> None:
     assert spec["restartPolicy"] == "Never"
     account = find("ServiceAccount", spec["serviceAccountName"])
     assert account["automountServiceAccountToken"] is False
-    assert not [b for b in of_kind("RoleBinding") if any(s["name"] == account["metadata"]["name"] for s in b["subjects"])]
+    assert not [
+        b for b in of_kind("RoleBinding") if any(s["name"] == account["metadata"]["name"] for s in b["subjects"])
+    ]
     limits = spec["containers"][0]["resources"]["limits"]
     assert limits["memory"] == "2Gi" and limits["cpu"]
     # One folder of the shared volume: this thread's, at the bot's path; nothing else persistent.
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v}
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v
+    }
     assert list(claims.values()) == ["threadbook-shared"]
     assert all("emptyDir" in v or "persistentVolumeClaim" in v for v in spec["volumes"])
     mounts = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] in claims]
-    assert mounts == [{"name": "workspace", "mountPath": WORKSPACE, "subPath": "workspaces/" + WORKSPACE.rsplit("/", 1)[1]}]
+    assert mounts == [
+        {"name": "workspace", "mountPath": WORKSPACE, "subPath": "workspaces/" + WORKSPACE.rsplit("/", 1)[1]}
+    ]
 
 
 def test_kernel_pod_ignores_identity_and_volumes_sent_by_the_client() -> None:
@@ -343,7 +367,9 @@ def test_kernel_pod_without_network_reaches_only_the_gateway() -> None:
     assert ingress
     for policy in ingress:
         for rule in policy["spec"].get("ingress", []):
-            assert rule.get("from") and all(set(p) == {"podSelector"} and matches(p["podSelector"], gateway_labels()) for p in rule["from"])
+            assert rule.get("from") and all(
+                set(p) == {"podSelector"} and matches(p["podSelector"], gateway_labels()) for p in rule["from"]
+            )
 
 
 def test_only_kernel_pods_of_network_channels_get_the_internet() -> None:
@@ -383,7 +409,11 @@ def peer_matches(peer: dict[str, Any], address: str, pod: Pod | None) -> bool:
         ip = ipaddress.ip_address(address)
         block = ipaddress.ip_network(peer["ipBlock"]["cidr"])
         excepted = [ipaddress.ip_network(e) for e in peer["ipBlock"].get("except", [])]
-        return ip.version == block.version and ip in block and not any(ip.version == e.version and ip in e for e in excepted)
+        return (
+            ip.version == block.version
+            and ip in block
+            and not any(ip.version == e.version and ip in e for e in excepted)
+        )
     if pod is None:
         return False
     namespace, labels = pod
@@ -405,7 +435,9 @@ def may_reach(source: dict[str, str], port: int, address: str, pod: Pod | None =
     for policy in policies:
         for rule in policy["spec"].get("egress", []):
             ports = rule.get("ports")
-            if ports is not None and not any(p.get("protocol", "TCP") == protocol and p.get("port") == port for p in ports):
+            if ports is not None and not any(
+                p.get("protocol", "TCP") == protocol and p.get("port") == port for p in ports
+            ):
                 continue
             if "to" not in rule or any(peer_matches(peer, address, pod) for peer in rule["to"]):
                 return True
@@ -463,7 +495,9 @@ def bot_env(pod_index: int) -> dict[str, str]:
         elif source.get("fieldRef", {}).get("fieldPath") == "metadata.labels['apps.kubernetes.io/pod-index']":
             env[entry["name"]] = str(pod_index)
         elif "secretKeyRef" in source:
-            env[entry["name"]] = "postgresql://bot:pw@db:5432/threadbook" if entry["name"] == "THREADBOOK_STORAGE_URL" else "x"
+            env[entry["name"]] = (
+                "postgresql://bot:pw@db:5432/threadbook" if entry["name"] == "THREADBOOK_STORAGE_URL" else "x"
+            )
         else:
             raise AssertionError(f"unexpected env source for {entry['name']}: {source}")
     return env
@@ -481,8 +515,9 @@ def test_replicas_run_one_discord_shard_each_and_share_postgres() -> None:
     replicas = bot["spec"]["replicas"]
     assert replicas >= 2 and bot["spec"]["podManagementPolicy"] == "Parallel"
     governing = find("Service", bot["spec"]["serviceName"])
-    assert governing["spec"]["clusterIP"] == "None" and matches({"matchLabels": governing["spec"]["selector"]},
-                                                                 bot["spec"]["template"]["metadata"]["labels"])
+    assert governing["spec"]["clusterIP"] == "None" and matches(
+        {"matchLabels": governing["spec"]["selector"]}, bot["spec"]["template"]["metadata"]["labels"]
+    )
     raw = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
     shards: set[int] = set()
     for index in range(replicas):
@@ -512,7 +547,9 @@ def test_the_postgres_secret_is_an_example_kubectl_apply_never_writes() -> None:
     kustomization = (DEPLOY / "kustomization.yaml").read_text(encoding="utf-8")
     assert "examples" not in kustomization and "Secret" not in {d["kind"] for d in DOCS.values()}
     # The bot takes storage.url from it, and does not start without it.
-    reference = next(e for e in bot_container()["env"] if e["name"] == "THREADBOOK_STORAGE_URL")["valueFrom"]["secretKeyRef"]
+    reference = next(e for e in bot_container()["env"] if e["name"] == "THREADBOOK_STORAGE_URL")["valueFrom"][
+        "secretKeyRef"
+    ]
     assert reference["name"] == secret["metadata"]["name"] and reference["key"] in secret["stringData"]
     assert not reference.get("optional", False)
 
@@ -528,7 +565,9 @@ def test_no_real_looking_database_password_is_shipped() -> None:
         for url in re.findall(r"postgres(?:ql)?://[^\s'\"`]+", path.read_text(encoding="utf-8")):
             found += 1
             password = urlsplit(url).password
-            assert password is None or password in PLACEHOLDER_PASSWORDS, f"{path.name}: {url} holds a real-looking password"
+            assert password is None or password in PLACEHOLDER_PASSWORDS, (
+                f"{path.name}: {url} holds a real-looking password"
+            )
     assert found, "the example Secret and the guide show the URL's shape"
 
 
@@ -573,10 +612,12 @@ def test_bot_config_loads_and_matches_the_manifests() -> None:
     assert kernels.packages.dir.is_relative_to("/tmp") and "emptyDir" in volumes[mounts["/tmp"]]
     assert settings.storage.resolved_url.startswith("postgresql://") and settings.storage.sqlite_path is None
     assert [c["metadata"]["name"] for c in of_kind("PersistentVolumeClaim")] == ["threadbook-shared"]
-    assert sorted(v["persistentVolumeClaim"]["claimName"] for v in volumes.values() if "persistentVolumeClaim" in v) == [
-        "threadbook-shared"
-    ]
-    assert "volumeClaimTemplates" not in find("StatefulSet", "threadbook-bot")["spec"], "replicas keep no state of their own"
+    assert sorted(
+        v["persistentVolumeClaim"]["claimName"] for v in volumes.values() if "persistentVolumeClaim" in v
+    ) == ["threadbook-shared"]
+    assert "volumeClaimTemplates" not in find("StatefulSet", "threadbook-bot")["spec"], (
+        "replicas keep no state of their own"
+    )
     config_dir = next(p for p, name in mounts.items() if "configMap" in volumes[name])
     assert volumes[mounts[config_dir]]["configMap"]["name"] == "threadbook-config"
     assert bot_container()["args"][-2:] == ["--config", f"{config_dir}/config.yaml"]

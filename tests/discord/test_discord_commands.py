@@ -51,7 +51,8 @@ class World:
         """Wait for the ✅/❌/⏹️ reaction on the question ``message_id``; returns the emoji."""
         mid = int(message_id)
         return await self.discord.wait_until(
-            lambda: next((e for (_, m, e) in self.discord.reactions if m == mid and e in "✅❌⏹️"), None), timeout)
+            lambda: next((e for (_, m, e) in self.discord.reactions if m == mid and e in "✅❌⏹️"), None), timeout
+        )
 
     async def thread_with_session(self, text: str = "say hi") -> int:
         """A thread opened by a mention, whose first turn is done."""
@@ -63,6 +64,7 @@ class World:
 
     async def followups(self, interaction: dict[str, Any], count: int = 1) -> list[Sent]:
         """The first ``count`` followups of ``interaction`` (its answers after the deferral)."""
+
         def ready() -> list[Sent] | None:
             found = [s for s in self.discord.interaction_messages(interaction["id"]) if not s.original]
             return found[:count] if len(found) >= count else None
@@ -83,9 +85,15 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
     async with FakeDiscord() as fake, ScriptedOpenAI() as llm:
         forum, other_forum = fake.forum_channel("questions"), fake.forum_channel("chat")
         settings = make_settings(
-            tmp_path, llm_url=llm.base_url,
-            discord={"token": fake.token, "api_url": fake.api_url, "gateway_url": fake.gateway_url,
-                     "guild_ids": [GUILD_ID], "forum_channels": [forum]},
+            tmp_path,
+            llm_url=llm.base_url,
+            discord={
+                "token": fake.token,
+                "api_url": fake.api_url,
+                "gateway_url": fake.gateway_url,
+                "guild_ids": [GUILD_ID],
+                "forum_channels": [forum],
+            },
             access={"allow_users": [str(USER_ID)]},
         )
         async with running_adapter(settings) as (core, adapter):
@@ -160,8 +168,11 @@ async def test_in_thread_commands_are_deferred_at_once_and_answered(world: World
     assert reset_text.content and deferred_in_time(fake, files) and deferred_in_time(fake, reset)
     # The commands went to the commands, not to the model; and all answers are in the thread.
     assert len(world.llm.requests) == requests_before
-    assert all(s.channel_id == thread_id for i in (help_used, status, export, page, files, reset)
-               for s in fake.interaction_messages(i["id"]))
+    assert all(
+        s.channel_id == thread_id
+        for i in (help_used, status, export, page, files, reset)
+        for s in fake.interaction_messages(i["id"])
+    )
 
 
 async def test_usage_and_schedule_commands_answer_like_the_in_thread_words(world: World) -> None:
@@ -172,8 +183,12 @@ async def test_usage_and_schedule_commands_answer_like_the_in_thread_words(world
     async def answered(options: tuple[str, dict[str, Any] | None], words: str) -> str:
         """Use the command; the text of its followup that holds ``words`` (a queue notice may come first)."""
         used = await fake.slash_command(options[0], options[1], channel_id=thread_id)
-        found = await fake.wait_until(lambda: next(
-            (s for s in fake.interaction_messages(used["id"]) if not s.original and words in s.content), None), 30)
+        found = await fake.wait_until(
+            lambda: next(
+                (s for s in fake.interaction_messages(used["id"]) if not s.original and words in s.content), None
+            ),
+            30,
+        )
         assert deferred_in_time(fake, used)
         return str(found.content)
 
@@ -184,7 +199,9 @@ async def test_usage_and_schedule_commands_answer_like_the_in_thread_words(world
     assert "monday" in added.lower()
     listing = await answered(("schedule", None), "revenue by region")  # `schedules`
     number = int(re.findall(r"#(\d+)", listing)[0])
-    assert f"Schedule #{number} removed" in await answered(("schedule", {"remove": number}), "removed")  # `unschedule N`
+    assert f"Schedule #{number} removed" in await answered(
+        ("schedule", {"remove": number}), "removed"
+    )  # `unschedule N`
     listed = await fake.slash_command("schedule", channel_id=thread_id)
     [after] = await world.followups(listed)
     assert after.content.startswith("This thread has no schedules.")
@@ -217,10 +234,12 @@ async def test_ask_opens_a_thread_and_answers_there_with_the_attachment(world: W
         tool_call("import pandas as pd\nprint(pd.read_csv('sales.csv')['amount'].sum())"),
         lambda request: answer("The total is " + request["messages"][-1]["content"].strip()),
     )
-    asked = await fake.slash_command("ask", {"question": "What is the total amount?"},
-                                     files={"attachment": ("sales.csv", SALES_CSV)})
+    asked = await fake.slash_command(
+        "ask", {"question": "What is the total amount?"}, files={"attachment": ("sales.csv", SALES_CSV)}
+    )
     original = await fake.wait_until(
-        lambda: next((s for s in fake.interaction_messages(asked["id"]) if s.original and "🧵" in s.content), None))
+        lambda: next((s for s in fake.interaction_messages(asked["id"]) if s.original and "🧵" in s.content), None)
+    )
     assert deferred_in_time(fake, asked)
     thread = fake.threads[original.id]  # opened from the command's answer, like from a mention
     assert thread["name"] == "What is the total amount?" and int(thread["parent_id"]) == CHANNEL_ID
@@ -238,8 +257,10 @@ async def test_forum_posts_are_sessions_of_their_own(world: World) -> None:
 
     def where_am_i() -> list[Any]:
         # The workspace's own folder name (the full path is a host path, which no post shows).
-        return [tool_call("import os\nprint(os.path.basename(os.getcwd()))"),
-                lambda request: answer("cwd: " + request["messages"][-1]["content"].strip())]
+        return [
+            tool_call("import os\nprint(os.path.basename(os.getcwd()))"),
+            lambda request: answer("cwd: " + request["messages"][-1]["content"].strip()),
+        ]
 
     # One post at a time: the scripted model answers requests in the order they come.
     posts, answers = [], []
@@ -279,25 +300,31 @@ async def test_feedback_click_reaches_the_store_with_the_question_id(world: Worl
     message = await fake.user_message("what is the answer?", mention_bot=True)
     thread_id = int((await fake.wait_for_thread(message["id"]))["id"])
     answer_msg = await fake.wait_for_sent(thread_id, lambda s: s.content == "Forty-two.")
-    assert answer_msg.custom_ids == [f"threadbook:feedback:good:{message['id']}",
-                                     f"threadbook:feedback:bad:{message['id']}"]
+    assert answer_msg.custom_ids == [
+        f"threadbook:feedback:good:{message['id']}",
+        f"threadbook:feedback:bad:{message['id']}",
+    ]
     click = await fake.press_button(answer_msg.id, f"threadbook:feedback:bad:{message['id']}")
-    callback = await fake.wait_until(lambda: next((c for c in fake.callbacks
-                                                   if c.interaction_id == int(click["id"])), None))
+    callback = await fake.wait_until(
+        lambda: next((c for c in fake.callbacks if c.interaction_id == int(click["id"])), None)
+    )
     assert (callback.type, callback.data.get("content"), callback.ephemeral) == (4, THANKS, True)
     assert callback.after_s < ANSWER_WINDOW_S
     key = f"discord:{GUILD_ID}:{CHANNEL_ID}:{thread_id}"
     await eventually(lambda: (key, str(message["id"]), str(USER_ID), 0) in world.feedback_rows())  # polls the file
     # Notices and command answers get no buttons; the status message lost its Stop button.
     # The status message is finished after the answer is posted, so its button goes a moment later.
-    await eventually(lambda: [s.custom_ids for s in fake.sent[thread_id]
-                              if s.id != answer_msg.id and not s.ephemeral] == [[]])
+    await eventually(
+        lambda: [s.custom_ids for s in fake.sent[thread_id] if s.id != answer_msg.id and not s.ephemeral] == [[]]
+    )
 
 
 async def test_a_table_arrives_as_an_aligned_code_block(world: World) -> None:
     fake = world.discord
-    world.llm.script(tool_call("print(100 + 2000)"),
-                     answer("Totals:\n\n| month | amount |\n|:--|--:|\n| Jan | 100 |\n| February | 2000 |\n\nDone."))
+    world.llm.script(
+        tool_call("print(100 + 2000)"),
+        answer("Totals:\n\n| month | amount |\n|:--|--:|\n| Jan | 100 |\n| February | 2000 |\n\nDone."),
+    )
     message = await fake.user_message("totals as a table", mention_bot=True)
     thread_id = int((await fake.wait_for_thread(message["id"]))["id"])
     reply = await fake.wait_for_sent(thread_id, lambda s: s.content.startswith("Totals:"))

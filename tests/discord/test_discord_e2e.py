@@ -50,7 +50,8 @@ class World:
         """Wait for the ✅/❌/⏹️ reaction on ``message``; returns the emoji."""
         mid = int(message["id"])
         return await self.discord.wait_until(
-            lambda: next((e for (_, m, e) in self.discord.reactions if m == mid and e in "✅❌⏹️"), None), timeout)
+            lambda: next((e for (_, m, e) in self.discord.reactions if m == mid and e in "✅❌⏹️"), None), timeout
+        )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -58,9 +59,14 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
     tmp_path = tmp_path_factory.mktemp("discord")
     async with FakeDiscord(upload_limit=int(UPLOAD_LIMIT_MB * 2**20)) as fake, ScriptedOpenAI() as llm:
         settings = make_settings(
-            tmp_path, llm_url=llm.base_url,
-            discord={"token": fake.token, "api_url": fake.api_url, "gateway_url": fake.gateway_url,
-                     "upload_limit_mb": UPLOAD_LIMIT_MB},
+            tmp_path,
+            llm_url=llm.base_url,
+            discord={
+                "token": fake.token,
+                "api_url": fake.api_url,
+                "gateway_url": fake.gateway_url,
+                "upload_limit_mb": UPLOAD_LIMIT_MB,
+            },
             kernels={"max_upload_mb": MAX_ATTACHMENT_MB},
             access={"allow_users": [str(USER_ID)]},
         )
@@ -105,8 +111,9 @@ async def test_mention_with_csv_opens_thread_with_chart_and_follow_up_reuses_var
     assert any(e.startswith("⏳ Running step 1 (") and "s): `df = pd.read_csv('sales.csv')`" in e for e in status.edits)
     assert status.content == "✅ Done." and status.custom_ids == []
 
-    world.llm.script(tool_call("print(df['amount'].sum())"),
-                     lambda request: answer("Total: " + request["messages"][-1]["content"]))
+    world.llm.script(
+        tool_call("print(df['amount'].sum())"), lambda request: answer("Total: " + request["messages"][-1]["content"])
+    )
     follow_up = await fake.user_message("and the total?", channel_id=thread_id)  # no mention needed in the thread
     assert await world.turn_done(follow_up) == "✅"
     reply = await fake.wait_for_sent(thread_id, lambda s: s.content.startswith("Total:"))
@@ -192,8 +199,10 @@ async def test_oversized_files_are_zipped_or_reported(world: World) -> None:
     fake = world.discord
     limit = int(UPLOAD_LIMIT_MB * 2**20)
     world.llm.script(
-        tool_call("import os\nopen('report.txt', 'w').write('all good here\\n' * 40000)\n"
-                  "open('noise.bin', 'wb').write(os.urandom(400_000))"),
+        tool_call(
+            "import os\nopen('report.txt', 'w').write('all good here\\n' * 40000)\n"
+            "open('noise.bin', 'wb').write(os.urandom(400_000))"
+        ),
         answer("I wrote two files."),
     )
     message, thread_id = await world.ask("write me the big files")
@@ -211,7 +220,9 @@ async def test_oversized_files_are_zipped_or_reported(world: World) -> None:
 async def test_a_running_cell_shows_its_time_and_latest_lines_in_the_status(world: World) -> None:
     fake = world.discord
     world.llm.script(
-        tool_call("# Count slowly\nimport time\nfor i in range(10):\n    print(f'line {i}', flush=True)\n    time.sleep(0.5)"),
+        tool_call(
+            "# Count slowly\nimport time\nfor i in range(10):\n    print(f'line {i}', flush=True)\n    time.sleep(0.5)"
+        ),
         answer("Counted."),
     )
     message, thread_id = await world.ask("count to ten slowly")
@@ -290,4 +301,6 @@ async def test_every_message_the_bot_sends_or_edits_mentions_no_one(world: World
     assert any("@everyone" in s.content for s in fake.sent.get(thread, []))  # said, as text
     sent = fake.message_requests
     assert len({line for line, _ in sent}) >= 2 and len(sent) >= 3
-    assert [(line, body.get("allowed_mentions")) for line, body in sent if body.get("allowed_mentions") != {"parse": []}] == []
+    assert [
+        (line, body.get("allowed_mentions")) for line, body in sent if body.get("allowed_mentions") != {"parse": []}
+    ] == []

@@ -28,12 +28,15 @@ def votes(db: Path) -> list[tuple[str, str, str, int]]:
 
 async def test_stop_and_feedback_work_after_a_restart(tmp_path: Path) -> None:
     async with FakeDiscord() as fake, ScriptedOpenAI() as llm:
-        settings = make_settings(tmp_path, llm_url=llm.base_url,
-                                 discord={"token": fake.token, "api_url": fake.api_url,
-                                          "gateway_url": fake.gateway_url})
+        settings = make_settings(
+            tmp_path,
+            llm_url=llm.base_url,
+            discord={"token": fake.token, "api_url": fake.api_url, "gateway_url": fake.gateway_url},
+        )
         async with Core.open(settings) as core:
-            before = DiscordAdapter(settings.discord, core.dispatcher, guild_ready_timeout_s=0.05,
-                                    status_interval_s=0.05)
+            before = DiscordAdapter(
+                settings.discord, core.dispatcher, guild_ready_timeout_s=0.05, status_interval_s=0.05
+            )
             await before.start()
             after: DiscordAdapter | None = None
             try:

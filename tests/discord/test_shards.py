@@ -21,9 +21,11 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def shard_settings(tmp_path: Path, fake: FakeDiscord, llm: ScriptedOpenAI, **discord: Any) -> Any:
-    return make_settings(tmp_path, llm_url=llm.base_url,
-                         discord={"token": fake.token, "api_url": fake.api_url, "gateway_url": fake.gateway_url,
-                                  **discord})  # fmt: skip
+    return make_settings(
+        tmp_path,
+        llm_url=llm.base_url,
+        discord={"token": fake.token, "api_url": fake.api_url, "gateway_url": fake.gateway_url, **discord},
+    )
 
 
 async def answered_in(fake: FakeDiscord, message: dict[str, Any]) -> list[str]:
@@ -55,8 +57,10 @@ async def test_two_replicas_each_answer_the_guilds_of_their_shard(tmp_path: Path
         # Each message reached one replica only: the one whose shard holds its guild.
         asked = [await core.store.thread_exists(f"discord:{GUILD_ID}:{CHANNEL_ID}:{first['id']}") for core in replicas]
         assert asked == [False, True]
-        asked = [await core.store.thread_exists(f"discord:{SECOND_GUILD_ID}:{SECOND_CHANNEL_ID}:{second['id']}")
-                 for core in replicas]  # fmt: skip
+        asked = [
+            await core.store.thread_exists(f"discord:{SECOND_GUILD_ID}:{SECOND_CHANNEL_ID}:{second['id']}")
+            for core in replicas
+        ]
         assert asked == [True, False]
         assert len(llm.requests) == 2
 

@@ -71,8 +71,14 @@ def test_wide_characters_count_twice_and_combining_marks_not_at_all() -> None:
 
 
 def test_what_is_not_a_table_is_left_alone() -> None:
-    for text in ["a | b\nno rule here", "| a | b |\n|---|", "---\n| x |", "just text | with a pipe",
-                 "| a |\n| - | - |", "a\n---\nb"]:
+    for text in [
+        "a | b\nno rule here",
+        "| a | b |\n|---|",
+        "---\n| x |",
+        "just text | with a pipe",
+        "| a |\n| - | - |",
+        "a\n---\nb",
+    ]:
         assert align_tables(text) == text, text
 
 

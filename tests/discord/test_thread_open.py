@@ -41,7 +41,8 @@ class World:
         message = await self.discord.user_message("say hi", mention_bot=True)
         thread_id = int((await self.discord.wait_for_thread(message["id"]))["id"])
         await self.discord.wait_until(
-            lambda: any(m == thread_id and e == "✅" for (_, m, e) in self.discord.reactions), 30)
+            lambda: any(m == thread_id and e == "✅" for (_, m, e) in self.discord.reactions), 30
+        )
         key = ThreadKey("discord", str(GUILD_ID), str(CHANNEL_ID), str(thread_id))
         assert self.adapter.outbox_for(key) is not None  # a key the adapter serves
         return thread_id, key
@@ -56,7 +57,8 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
     tmp_path = tmp_path_factory.mktemp("discord-thread-open")
     async with FakeDiscord() as fake, ScriptedOpenAI() as llm:
         settings = make_settings(
-            tmp_path, llm_url=llm.base_url,
+            tmp_path,
+            llm_url=llm.base_url,
             discord={"token": fake.token, "api_url": fake.api_url, "gateway_url": fake.gateway_url},
             access={"allow_users": [str(USER_ID)]},
         )

@@ -23,13 +23,17 @@ TOKEN, LLM_KEY = "discord-e2e-secret-4714", "sk-e2e-llm-secret-4715"
 async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeDiscord, ScriptedOpenAI, BotProcesses]]:
     async with FakeDiscord(token=TOKEN) as discord, ScriptedOpenAI(api_key=LLM_KEY) as llm:
         config = tmp_path / "config.yaml"
-        config.write_text(yaml.safe_dump({
-            "llm": {"base_url": llm.base_url, "api_key": LLM_KEY, "model": "fake-model", "max_retries": 0},
-            "discord": {"token": TOKEN, "api_url": discord.api_url, "gateway_url": discord.gateway_url},
-            "kernels": kernel_config(tmp_path),
-            "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
-            "ops": {"shutdown_grace_s": 1},  # the hanging turn is cut off at once
-        }))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "llm": {"base_url": llm.base_url, "api_key": LLM_KEY, "model": "fake-model", "max_retries": 0},
+                    "discord": {"token": TOKEN, "api_url": discord.api_url, "gateway_url": discord.gateway_url},
+                    "kernels": kernel_config(tmp_path),
+                    "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
+                    "ops": {"shutdown_grace_s": 1},  # the hanging turn is cut off at once
+                }
+            )
+        )
         bots = BotProcesses(tmp_path, config)
         try:
             yield discord, llm, bots

@@ -39,9 +39,18 @@ class BotProcesses:
         self.log_path = self.tmp_path / f"bot-{self.runs}.log"
         with self.log_path.open("wb") as log:
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bot", "run", "--config", str(self.config),
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.tmp_path,
-                env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
+                sys.executable,
+                "-m",
+                "bot",
+                "run",
+                "--config",
+                str(self.config),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=self.tmp_path,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+                start_new_session=True,
             )
         self._seen.append(psutil.Process(self.process.pid))
 

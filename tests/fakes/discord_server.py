@@ -75,7 +75,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
 
@@ -93,12 +93,29 @@ CHANNEL_ID = 1_100_000_000_000_000_020
 USER_ID = 1_100_000_000_000_000_030
 OTHER_BOT_ID = 1_100_000_000_000_000_040
 
-BOT_USER: dict[str, Any] = {"id": str(BOT_ID), "username": "threadbook", "discriminator": "0", "avatar": None,
-                            "global_name": "Threadbook", "bot": True}
-USER: dict[str, Any] = {"id": str(USER_ID), "username": "alice", "discriminator": "0", "avatar": None,
-                        "global_name": "Alice"}
-OTHER_BOT: dict[str, Any] = {"id": str(OTHER_BOT_ID), "username": "otherbot", "discriminator": "0", "avatar": None,
-                             "global_name": None, "bot": True}
+BOT_USER: dict[str, Any] = {
+    "id": str(BOT_ID),
+    "username": "threadbook",
+    "discriminator": "0",
+    "avatar": None,
+    "global_name": "Threadbook",
+    "bot": True,
+}
+USER: dict[str, Any] = {
+    "id": str(USER_ID),
+    "username": "alice",
+    "discriminator": "0",
+    "avatar": None,
+    "global_name": "Alice",
+}
+OTHER_BOT: dict[str, Any] = {
+    "id": str(OTHER_BOT_ID),
+    "username": "otherbot",
+    "discriminator": "0",
+    "avatar": None,
+    "global_name": None,
+    "bot": True,
+}
 
 _HEARTBEAT_MS = 41_250
 _PUBLIC_THREAD = 11
@@ -197,7 +214,7 @@ class _Session:
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 class FakeDiscord:
@@ -291,8 +308,12 @@ class FakeDiscord:
         if user_id not in self._dm_by_user:
             channel_id = next(self._ids)
             self._dm_by_user[user_id] = channel_id
-            self._channels[channel_id] = {"id": str(channel_id), "type": _DM, "last_message_id": None,
-                                          "recipients": [user]}
+            self._channels[channel_id] = {
+                "id": str(channel_id),
+                "type": _DM,
+                "last_message_id": None,
+                "recipients": [user],
+            }
         return self._dm_by_user[user_id]
 
     async def user_message(
@@ -335,8 +356,9 @@ class FakeDiscord:
         message.update(content=content, edited_timestamp=_now_iso())
         await self._dispatch("MESSAGE_UPDATE", dict(message))
 
-    async def press_button(self, message_id: int, custom_id: str | None = None, *,
-                           user: dict[str, Any] = USER) -> dict[str, Any]:
+    async def press_button(
+        self, message_id: int, custom_id: str | None = None, *, user: dict[str, Any] = USER
+    ) -> dict[str, Any]:
         """Click a button on a bot message (the first one unless ``custom_id``); dispatch INTERACTION_CREATE.
 
         Returns the interaction payload; its response lands in ``interaction_responses``.
@@ -349,11 +371,20 @@ class FakeDiscord:
         interaction_id = next(self._ids)
         channel = self._channels[sent.channel_id]
         interaction: dict[str, Any] = {
-            "id": str(interaction_id), "application_id": str(BOT_ID), "type": 3, "version": 1,
-            "token": f"itoken-{interaction_id}", "channel_id": str(sent.channel_id), "channel": channel,
+            "id": str(interaction_id),
+            "application_id": str(BOT_ID),
+            "type": 3,
+            "version": 1,
+            "token": f"itoken-{interaction_id}",
+            "channel_id": str(sent.channel_id),
+            "channel": channel,
             "data": {"custom_id": chosen, "component_type": 2},
-            "message": self._messages[message_id], "locale": "en-US", "app_permissions": "0",
-            "attachment_size_limit": self.upload_limit, "entitlements": [], "authorizing_integration_owners": {},
+            "message": self._messages[message_id],
+            "locale": "en-US",
+            "app_permissions": "0",
+            "attachment_size_limit": self.upload_limit,
+            "entitlements": [],
+            "authorizing_integration_owners": {},
         }
         guild_id = channel.get("guild_id")
         if guild_id:
@@ -382,13 +413,17 @@ class FakeDiscord:
         channel_id = int(channel_id)
         channel = self._channels[channel_id]
         guild_id = channel.get("guild_id")
-        registered = self.registered_commands.get(int(guild_id) if guild_id else None) \
-            or self.registered_commands.get(None, [])
+        registered = self.registered_commands.get(int(guild_id) if guild_id else None) or self.registered_commands.get(
+            None, []
+        )
         command = next((c for c in registered if c["name"] == name), None)
         interaction_id = next(self._ids)
-        data: dict[str, Any] = {"id": command["id"] if command else str(next(self._ids)), "name": name, "type": 1,
-                                "options": [{"name": k, "type": OPTION_TYPES[type(v)], "value": v}
-                                            for k, v in (options or {}).items()]}
+        data: dict[str, Any] = {
+            "id": command["id"] if command else str(next(self._ids)),
+            "name": name,
+            "type": 1,
+            "options": [{"name": k, "type": OPTION_TYPES[type(v)], "value": v} for k, v in (options or {}).items()],
+        }
         if files:
             attachments = {}
             for option, (filename, content) in files.items():
@@ -399,10 +434,19 @@ class FakeDiscord:
         if guild_id:
             data["guild_id"] = guild_id
         interaction: dict[str, Any] = {
-            "id": str(interaction_id), "application_id": str(BOT_ID), "type": 2, "version": 1,
-            "token": f"itoken-{interaction_id}", "channel_id": str(channel_id), "channel": channel, "data": data,
-            "locale": "en-US", "app_permissions": "0", "attachment_size_limit": self.upload_limit,
-            "entitlements": [], "authorizing_integration_owners": {"0": guild_id or "0"},
+            "id": str(interaction_id),
+            "application_id": str(BOT_ID),
+            "type": 2,
+            "version": 1,
+            "token": f"itoken-{interaction_id}",
+            "channel_id": str(channel_id),
+            "channel": channel,
+            "data": data,
+            "locale": "en-US",
+            "app_permissions": "0",
+            "attachment_size_limit": self.upload_limit,
+            "entitlements": [],
+            "authorizing_integration_owners": {"0": guild_id or "0"},
             "context": 0 if guild_id else 1,
         }
         if guild_id:
@@ -418,9 +462,15 @@ class FakeDiscord:
         part of GUILD_CREATE; after, use :meth:`announce_channel`."""
         channel_id = next(self._ids)
         self._channels[channel_id] = {
-            **self._text_channel(channel_id), "type": _FORUM, "name": name, "available_tags": [],
-            "default_reaction_emoji": None, "default_thread_rate_limit_per_user": 0, "default_sort_order": None,
-            "default_forum_layout": 0, "flags": 0,
+            **self._text_channel(channel_id),
+            "type": _FORUM,
+            "name": name,
+            "available_tags": [],
+            "default_reaction_emoji": None,
+            "default_thread_rate_limit_per_user": 0,
+            "default_sort_order": None,
+            "default_forum_layout": 0,
+            "flags": 0,
         }
         return channel_id
 
@@ -465,8 +515,9 @@ class FakeDiscord:
         assert self._session is not None and self._session.connection is not None, "no client connected"
         await self._session.connection.send({"op": 7, "d": None})
 
-    def fail_next(self, method: str, path_pattern: str, status: int, *, retry_after: float = 0.05,
-                  times: int = 1) -> None:
+    def fail_next(
+        self, method: str, path_pattern: str, status: int, *, retry_after: float = 0.05, times: int = 1
+    ) -> None:
         """Make the next ``times`` ``method`` requests whose path (after ``/api/v10``) matches fail
         with ``status`` (discord.py itself retries a 500, 502, 504 or 524, up to five tries)."""
         self._failures.append(_Failure(method.upper(), re.compile(path_pattern), status, retry_after, times))
@@ -483,8 +534,9 @@ class FakeDiscord:
         else:
             await self._dispatch("CHANNEL_DELETE", channel)
 
-    async def set_thread_state(self, thread_id: int | str, *, archived: bool | None = None,
-                               locked: bool | None = None, announce: bool = True) -> dict[str, Any]:
+    async def set_thread_state(
+        self, thread_id: int | str, *, archived: bool | None = None, locked: bool | None = None, announce: bool = True
+    ) -> dict[str, Any]:
         """Archive/unarchive or lock/unlock a thread, as a moderator would: its ``thread_metadata``
         (``GET channels/{id}``) shows it. ``announce``: dispatch THREAD_UPDATE like Discord; False:
         the client missed the event. Returns the thread payload."""
@@ -504,6 +556,7 @@ class FakeDiscord:
 
     async def wait_until(self, predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
         """Wait until ``predicate()`` is truthy (re-checked whenever the fake records something)."""
+
         async def check() -> Any:
             async with self._changed:
                 while not (value := predicate()):
@@ -513,18 +566,22 @@ class FakeDiscord:
         try:
             return await asyncio.wait_for(check(), timeout)
         except TimeoutError:
-            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}; requests: "
-                                 f"{self.requests[-15:]}, sent: {self.all_sent()[-5:]}") from None
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {predicate}; requests: "
+                f"{self.requests[-15:]}, sent: {self.all_sent()[-5:]}"
+            ) from None
 
     async def wait_for_thread(self, message_id: int | str, timeout: float = 10.0) -> dict[str, Any]:
         """The thread created from ``message_id``."""
         return await self.wait_until(lambda: self.threads.get(int(message_id)), timeout)
 
-    async def wait_for_sent(self, channel_id: int | str, predicate: Callable[[Sent], bool],
-                            timeout: float = 10.0) -> Sent:
+    async def wait_for_sent(
+        self, channel_id: int | str, predicate: Callable[[Sent], bool], timeout: float = 10.0
+    ) -> Sent:
         """The first bot message in ``channel_id`` that satisfies ``predicate``."""
         return await self.wait_until(
-            lambda: next((s for s in self.sent.get(int(channel_id), []) if predicate(s)), None), timeout)
+            lambda: next((s for s in self.sent.get(int(channel_id), []) if predicate(s)), None), timeout
+        )
 
     def all_sent(self) -> list[Sent]:
         """Every bot message in every channel, in id order."""
@@ -564,11 +621,20 @@ class FakeDiscord:
             self.identifies += 1
             self.identified_shards.append(session.shard)
             guilds = [g for g in self._guild_ids if self._shard_of(g, session.shard)]
-            await self._send(session, "READY", {
-                "v": 10, "user": BOT_USER, "guilds": [{"id": str(g), "unavailable": True} for g in guilds],
-                "session_id": session.id, "resume_gateway_url": self.gateway_url, "shard": data.get("shard"),
-                "application": {"id": str(BOT_ID), "flags": 0}, "private_channels": [],
-            })
+            await self._send(
+                session,
+                "READY",
+                {
+                    "v": 10,
+                    "user": BOT_USER,
+                    "guilds": [{"id": str(g), "unavailable": True} for g in guilds],
+                    "session_id": session.id,
+                    "resume_gateway_url": self.gateway_url,
+                    "shard": data.get("shard"),
+                    "application": {"id": str(BOT_ID), "flags": 0},
+                    "private_channels": [],
+                },
+            )
             for guild in guilds:
                 await self._send(session, "GUILD_CREATE", self._guild(guild))
         elif op == 6:
@@ -624,8 +690,9 @@ class FakeDiscord:
     async def _rest(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["tail"]
         self.requests.append(f"{request.method} {path}")
-        if request.headers.get("Authorization") != f"Bot {self.token}" and not path.startswith(("/interactions/",
-                                                                                               "/webhooks/")):
+        if request.headers.get("Authorization") != f"Bot {self.token}" and not path.startswith(
+            ("/interactions/", "/webhooks/")
+        ):
             return _error(401, 0, "401: Unauthorized")
         for failure in self._failures:
             if failure.method == request.method and failure.pattern.search(path):
@@ -672,14 +739,29 @@ class FakeDiscord:
         return _json(BOT_USER)
 
     async def _application(self, request: web.Request) -> web.Response:
-        return _json({
-            "id": str(BOT_ID), "name": "Threadbook", "description": "", "icon": None, "bot_public": True,
-            "bot_require_code_grant": False, "owner": USER, "verify_key": "00", "flags": 0, "bot": BOT_USER,
-        })
+        return _json(
+            {
+                "id": str(BOT_ID),
+                "name": "Threadbook",
+                "description": "",
+                "icon": None,
+                "bot_public": True,
+                "bot_require_code_grant": False,
+                "owner": USER,
+                "verify_key": "00",
+                "flags": 0,
+                "bot": BOT_USER,
+            }
+        )
 
     async def _gateway_bot(self, request: web.Request) -> web.Response:
-        return _json({"url": self.gateway_url, "shards": self.shards, "session_start_limit": {
-            "total": 1000, "remaining": 999, "reset_after": 0, "max_concurrency": 16}})
+        return _json(
+            {
+                "url": self.gateway_url,
+                "shards": self.shards,
+                "session_start_limit": {"total": 1000, "remaining": 999, "reset_after": 0, "max_concurrency": 16},
+            }
+        )
 
     async def _get_channel(self, request: web.Request, channel_id: str) -> web.Response:
         channel = self._channels.get(int(channel_id))
@@ -701,8 +783,9 @@ class FakeDiscord:
         message = self._message_payload(cid, BOT_USER, content)
         message["components"] = body.get("components") or []
         message["attachments"] = [self._store_attachment(cid, f.name, f.data) for f in files]
-        self.sent.setdefault(cid, []).append(Sent(int(message["id"]), cid, content, files,
-                                                   message["components"], content_length=request.content_length))
+        self.sent.setdefault(cid, []).append(
+            Sent(int(message["id"]), cid, content, files, message["components"], content_length=request.content_length)
+        )
         await self._dispatch("MESSAGE_CREATE", message)
         return _json(message)
 
@@ -735,8 +818,13 @@ class FakeDiscord:
         name = body.get("name") or ""
         if not 1 <= len(name) <= 100:
             return _error(400, 50035, "Invalid Form Body: name: Must be between 1 and 100 in length.")
-        thread = self._thread_payload(int(message_id), int(channel_id), name, owner_id=BOT_ID,
-                                      archive_minutes=body.get("auto_archive_duration") or 1440)
+        thread = self._thread_payload(
+            int(message_id),
+            int(channel_id),
+            name,
+            owner_id=BOT_ID,
+            archive_minutes=body.get("auto_archive_duration") or 1440,
+        )
         self.threads[int(message_id)] = thread
         self._channels[int(message_id)] = thread
         self._messages[int(message_id)]["thread"] = thread
@@ -749,8 +837,9 @@ class FakeDiscord:
         self.reaction_log.append(("add", int(message_id), emoji))
         return web.Response(status=204)
 
-    async def _remove_reaction(self, request: web.Request, channel_id: str, message_id: str,
-                               emoji: str) -> web.Response:
+    async def _remove_reaction(
+        self, request: web.Request, channel_id: str, message_id: str, emoji: str
+    ) -> web.Response:
         emoji = unquote(emoji)
         self.reactions.discard((int(channel_id), int(message_id), emoji))
         self.reaction_log.append(("remove", int(message_id), emoji))
@@ -778,19 +867,33 @@ class FakeDiscord:
         answer: dict[str, Any] = {"id": interaction_id, "type": interaction["type"]}
         if body["type"] in (4, 5):  # a message: the answer, or "thinking…" until it is edited
             message = self._interaction_message(interaction, data.get("content") or "", [], original=True, body=data)
-            answer.update(response_message_id=message["id"], response_message_loading=body["type"] == 5,
-                          response_message_ephemeral=bool((data.get("flags") or 0) & _EPHEMERAL))
+            answer.update(
+                response_message_id=message["id"],
+                response_message_loading=body["type"] == 5,
+                response_message_ephemeral=bool((data.get("flags") or 0) & _EPHEMERAL),
+            )
         return _json({"interaction": answer})
 
-    async def _register_commands(self, request: web.Request, application_id: str,
-                                 guild_id: str | None = None) -> web.Response:
+    async def _register_commands(
+        self, request: web.Request, application_id: str, guild_id: str | None = None
+    ) -> web.Response:
         if int(application_id) != BOT_ID:
             return _error(403, 50001, "Missing Access")
         commands = []
         for command in await request.json():
-            commands.append({"id": str(next(self._ids)), "application_id": application_id, "version": "1",
-                             "type": 1, "options": [], "default_member_permissions": None, "nsfw": False,
-                             **command, **({"guild_id": guild_id} if guild_id else {})})
+            commands.append(
+                {
+                    "id": str(next(self._ids)),
+                    "application_id": application_id,
+                    "version": "1",
+                    "type": 1,
+                    "options": [],
+                    "default_member_permissions": None,
+                    "nsfw": False,
+                    **command,
+                    **({"guild_id": guild_id} if guild_id else {}),
+                }
+            )
         self.registered_commands[int(guild_id) if guild_id else None] = commands
         return _json(commands)
 
@@ -799,17 +902,31 @@ class FakeDiscord:
         found = self._interactions.get(int(match.group(1))) if match else None
         return found[0] if found and int(application_id) == BOT_ID else None
 
-    def _interaction_message(self, interaction: dict[str, Any], content: str, files: list[SentFile], *,
-                             original: bool, body: dict[str, Any]) -> dict[str, Any]:
+    def _interaction_message(
+        self, interaction: dict[str, Any], content: str, files: list[SentFile], *, original: bool, body: dict[str, Any]
+    ) -> dict[str, Any]:
         """A message of an interaction in its channel, recorded in ``sent`` (ephemeral ones too)."""
         cid = int(interaction["channel_id"])
         message = self._message_payload(cid, BOT_USER, content)
-        message.update(webhook_id=str(BOT_ID), application_id=str(BOT_ID), flags=body.get("flags") or 0,
-                       components=body.get("components") or [])
+        message.update(
+            webhook_id=str(BOT_ID),
+            application_id=str(BOT_ID),
+            flags=body.get("flags") or 0,
+            components=body.get("components") or [],
+        )
         message["attachments"] = [self._store_attachment(cid, f.name, f.data) for f in files]
-        self.sent.setdefault(cid, []).append(Sent(int(message["id"]), cid, content, files, message["components"],
-                                                  interaction_id=int(interaction["id"]), original=original,
-                                                  ephemeral=bool(message["flags"] & _EPHEMERAL)))
+        self.sent.setdefault(cid, []).append(
+            Sent(
+                int(message["id"]),
+                cid,
+                content,
+                files,
+                message["components"],
+                interaction_id=int(interaction["id"]),
+                original=original,
+                ephemeral=bool(message["flags"] & _EPHEMERAL),
+            )
+        )
         return message
 
     def _original(self, interaction_id: int) -> Sent | None:
@@ -866,48 +983,126 @@ class FakeDiscord:
     # ---- payload builders ----------------------------------------------------------------
 
     def _text_channel(self, channel_id: int = CHANNEL_ID, guild_id: int = GUILD_ID) -> dict[str, Any]:
-        return {"id": str(channel_id), "type": 0, "guild_id": str(guild_id), "name": "general", "position": 0,
-                "permission_overwrites": [], "nsfw": False, "parent_id": None, "topic": None,
-                "last_message_id": None, "rate_limit_per_user": 0, "default_auto_archive_duration": 1440}
-
-    def _thread_payload(self, thread_id: int, parent_id: int, name: str, *, owner_id: int,
-                        archive_minutes: int = 1440) -> dict[str, Any]:
         return {
-            "id": str(thread_id), "guild_id": self._channels[parent_id]["guild_id"], "parent_id": str(parent_id),
+            "id": str(channel_id),
+            "type": 0,
+            "guild_id": str(guild_id),
+            "name": "general",
+            "position": 0,
+            "permission_overwrites": [],
+            "nsfw": False,
+            "parent_id": None,
+            "topic": None,
+            "last_message_id": None,
+            "rate_limit_per_user": 0,
+            "default_auto_archive_duration": 1440,
+        }
+
+    def _thread_payload(
+        self, thread_id: int, parent_id: int, name: str, *, owner_id: int, archive_minutes: int = 1440
+    ) -> dict[str, Any]:
+        return {
+            "id": str(thread_id),
+            "guild_id": self._channels[parent_id]["guild_id"],
+            "parent_id": str(parent_id),
             "owner_id": str(owner_id),
-            "name": name, "type": _PUBLIC_THREAD, "last_message_id": None, "rate_limit_per_user": 0,
-            "message_count": 0, "member_count": 1, "flags": 0,
-            "thread_metadata": {"archived": False, "auto_archive_duration": archive_minutes,
-                                "archive_timestamp": _now_iso(), "locked": False},
+            "name": name,
+            "type": _PUBLIC_THREAD,
+            "last_message_id": None,
+            "rate_limit_per_user": 0,
+            "message_count": 0,
+            "member_count": 1,
+            "flags": 0,
+            "thread_metadata": {
+                "archived": False,
+                "auto_archive_duration": archive_minutes,
+                "archive_timestamp": _now_iso(),
+                "locked": False,
+            },
         }
 
     def _member(self, user: dict[str, Any]) -> dict[str, Any]:
-        return {"user": user, "roles": [], "joined_at": _now_iso(), "deaf": False, "mute": False, "flags": 0,
-                "permissions": "0"}
-
-    def _guild(self, guild_id: int = GUILD_ID) -> dict[str, Any]:
-        mine = [c for c in self._channels.values() if c.get("guild_id") == str(guild_id) and c.get("type") in (0, _FORUM)]
-        active = [t for i, t in self.threads.items()  # like Discord: not deleted, not archived
-                  if t["guild_id"] == str(guild_id) and i in self._channels and not t["thread_metadata"]["archived"]]
         return {
-            "id": str(guild_id), "name": "Test Guild", "owner_id": str(USER_ID), "unavailable": False,
-            "channels": mine, "threads": active,
-            "members": [self._member(BOT_USER)], "member_count": 3, "large": False, "features": [],
-            "roles": [{"id": str(guild_id), "name": "@everyone", "permissions": "1071698660929", "position": 0,
-                       "color": 0, "hoist": False, "managed": False, "mentionable": False, "flags": 0}],
-            "emojis": [], "stickers": [], "voice_states": [], "presences": [], "stage_instances": [],
-            "guild_scheduled_events": [], "soundboard_sounds": [], "premium_tier": 0, "preferred_locale": "en-US",
-            "joined_at": _now_iso(), "verification_level": 0, "default_message_notifications": 0,
-            "explicit_content_filter": 0, "mfa_level": 0, "nsfw_level": 0, "system_channel_flags": 0,
+            "user": user,
+            "roles": [],
+            "joined_at": _now_iso(),
+            "deaf": False,
+            "mute": False,
+            "flags": 0,
+            "permissions": "0",
         }
 
-    def _message_payload(self, channel_id: int, author: dict[str, Any], content: str, *,
-                         message_id: int | None = None) -> dict[str, Any]:
+    def _guild(self, guild_id: int = GUILD_ID) -> dict[str, Any]:
+        mine = [
+            c for c in self._channels.values() if c.get("guild_id") == str(guild_id) and c.get("type") in (0, _FORUM)
+        ]
+        active = [
+            t
+            for i, t in self.threads.items()  # like Discord: not deleted, not archived
+            if t["guild_id"] == str(guild_id) and i in self._channels and not t["thread_metadata"]["archived"]
+        ]
+        return {
+            "id": str(guild_id),
+            "name": "Test Guild",
+            "owner_id": str(USER_ID),
+            "unavailable": False,
+            "channels": mine,
+            "threads": active,
+            "members": [self._member(BOT_USER)],
+            "member_count": 3,
+            "large": False,
+            "features": [],
+            "roles": [
+                {
+                    "id": str(guild_id),
+                    "name": "@everyone",
+                    "permissions": "1071698660929",
+                    "position": 0,
+                    "color": 0,
+                    "hoist": False,
+                    "managed": False,
+                    "mentionable": False,
+                    "flags": 0,
+                }
+            ],
+            "emojis": [],
+            "stickers": [],
+            "voice_states": [],
+            "presences": [],
+            "stage_instances": [],
+            "guild_scheduled_events": [],
+            "soundboard_sounds": [],
+            "premium_tier": 0,
+            "preferred_locale": "en-US",
+            "joined_at": _now_iso(),
+            "verification_level": 0,
+            "default_message_notifications": 0,
+            "explicit_content_filter": 0,
+            "mfa_level": 0,
+            "nsfw_level": 0,
+            "system_channel_flags": 0,
+        }
+
+    def _message_payload(
+        self, channel_id: int, author: dict[str, Any], content: str, *, message_id: int | None = None
+    ) -> dict[str, Any]:
         message_id = message_id or next(self._ids)
         message: dict[str, Any] = {
-            "id": str(message_id), "channel_id": str(channel_id), "type": 0, "content": content, "author": author,
-            "timestamp": _now_iso(), "edited_timestamp": None, "tts": False, "mention_everyone": False,
-            "mentions": [], "mention_roles": [], "attachments": [], "embeds": [], "pinned": False, "flags": 0,
+            "id": str(message_id),
+            "channel_id": str(channel_id),
+            "type": 0,
+            "content": content,
+            "author": author,
+            "timestamp": _now_iso(),
+            "edited_timestamp": None,
+            "tts": False,
+            "mention_everyone": False,
+            "mentions": [],
+            "mention_roles": [],
+            "attachments": [],
+            "embeds": [],
+            "pinned": False,
+            "flags": 0,
             "components": [],
         }
         channel = self._channels.get(channel_id, {})
@@ -921,8 +1116,14 @@ class FakeDiscord:
         attachment_id = str(next(self._ids))
         self._cdn[attachment_id] = (name, data)
         url = f"{self.base_url}/attachments/{channel_id}/{attachment_id}/{name}"
-        return {"id": attachment_id, "filename": name, "size": len(data), "url": url, "proxy_url": url,
-                "content_type": "text/csv" if name.endswith(".csv") else "application/octet-stream"}
+        return {
+            "id": attachment_id,
+            "filename": name,
+            "size": len(data),
+            "url": url,
+            "proxy_url": url,
+            "content_type": "text/csv" if name.endswith(".csv") else "application/octet-stream",
+        }
 
     def _find_sent(self, message_id: int) -> Sent:
         for sent in self.all_sent():
@@ -952,8 +1153,9 @@ async def _message_body(request: web.Request) -> tuple[dict[str, Any], list[Sent
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     """A JSON response whose Content-Type is exactly ``application/json`` (discord.py compares it)."""
-    return web.Response(body=json.dumps(data).encode(), status=status,
-                        headers={"Content-Type": "application/json", **(headers or {})})
+    return web.Response(
+        body=json.dumps(data).encode(), status=status, headers={"Content-Type": "application/json", **(headers or {})}
+    )
 
 
 def _error(status: int, code: int, message: str) -> web.Response:
@@ -962,10 +1164,11 @@ def _error(status: int, code: int, message: str) -> web.Response:
 
 def _failure_response(failure: _Failure) -> web.Response:
     if failure.status == 429:
-        return _json({"message": "You are being rate limited.", "retry_after": failure.retry_after,
-                                  "global": False}, status=429,
-                                 headers={"Via": "1.1 google", "Retry-After": str(failure.retry_after),
-                                          "X-RateLimit-Scope": "user"})
+        return _json(
+            {"message": "You are being rate limited.", "retry_after": failure.retry_after, "global": False},
+            status=429,
+            headers={"Via": "1.1 google", "Retry-After": str(failure.retry_after), "X-RateLimit-Scope": "user"},
+        )
     if failure.status == 403:
         return _error(403, 50013, "Missing Permissions")
     return _error(failure.status, 0, f"{failure.status}: injected failure")

@@ -93,7 +93,9 @@ class MemoryChat:
 
     _ids = itertools.count(1)
 
-    def __init__(self, dispatcher: Dispatcher, *, platform: str = "test", workspace: str = "W1", channel: str = "C1") -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, *, platform: str = "test", workspace: str = "W1", channel: str = "C1"
+    ) -> None:
         self.dispatcher = dispatcher
         self.platform = platform
         self.workspace = workspace

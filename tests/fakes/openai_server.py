@@ -68,7 +68,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import pytest_asyncio
 from aiohttp import web
@@ -120,7 +120,7 @@ class _Garbage:
     body: str
 
 
-Step = Union[_Reply, _Error, _Delay, _Garbage, Callable[[dict[str, Any]], "Step"]]
+Step = _Reply | _Error | _Delay | _Garbage | Callable[[dict[str, Any]], "Step"]
 
 
 def answer(
@@ -182,7 +182,12 @@ class ScriptedOpenAI:
     """The server; use as ``async with ScriptedOpenAI() as llm``."""
 
     def __init__(
-        self, *, api_key: str | None = None, model: str = MODEL, strict: Strictness | None = None, host: str = "127.0.0.1"
+        self,
+        *,
+        api_key: str | None = None,
+        model: str = MODEL,
+        strict: Strictness | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.api_key = api_key
         #: The address it listens on (``0.0.0.0``: also for containers on the host's bridges).
@@ -395,8 +400,12 @@ def _chunks(
     model: str, reply: _Reply, usage: tuple[int, int], options: dict[str, Any], strict: Strictness
 ) -> list[dict[str, Any]]:
     """The reply as ``chat.completion.chunk`` objects: role, content pieces, tool-call pieces."""
-    base = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk",
-            "created": int(time.time()), "model": model}
+    base = {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
@@ -407,8 +416,12 @@ def _chunks(
     text = reply.content or ""
     out += [chunk({"content": text[i : i + 8]}) for i in range(0, len(text), 8)]
     for index, call in enumerate(_tool_calls(reply)):
-        head = {"index": index, "id": call["id"], "type": "function",
-                "function": {"name": call["function"]["name"], "arguments": ""}}
+        head = {
+            "index": index,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": ""},
+        }
         out.append(chunk({"tool_calls": [head]}))
         args = call["function"]["arguments"]
         out += [

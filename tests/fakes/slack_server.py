@@ -219,7 +219,9 @@ class FakeSlack:
     def delete_thread(self, channel: str, thread_ts: str) -> None:
         """Delete a thread's parent and every reply (``conversations.replies`` then answers ``thread_not_found``)."""
         self._user_messages = [
-            e for e in self._user_messages if not (e["channel"] == channel and thread_ts in (e["ts"], e.get("thread_ts")))
+            e
+            for e in self._user_messages
+            if not (e["channel"] == channel and thread_ts in (e["ts"], e.get("thread_ts")))
         ]
         for message in self.bot_messages(channel, thread_ts):
             message.deleted = True
@@ -666,8 +668,15 @@ class FakeSlack:
             title = item.get("title") or received.filename
             self.uploads.append(
                 Upload(
-                    item["id"], received.filename, title, received.data, channel, args.get("thread_ts"),
-                    size=received.size, sha256=received.sha256, length=received.length,
+                    item["id"],
+                    received.filename,
+                    title,
+                    received.data,
+                    channel,
+                    args.get("thread_ts"),
+                    size=received.size,
+                    sha256=received.sha256,
+                    length=received.length,
                     content_length=received.content_length,
                 )
             )

@@ -12,7 +12,9 @@ def _hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(folder: Path, name: str, version: str, *, code: str = "VALUE = 42\n", requires: tuple[str, ...] = ()) -> Path:
+def make_wheel(
+    folder: Path, name: str, version: str, *, code: str = "VALUE = 42\n", requires: tuple[str, ...] = ()
+) -> Path:
     """Write ``<name>-<version>-py3-none-any.whl`` into ``folder``: one module ``name`` whose
     ``__init__.py`` is ``code``, depending on ``requires``; returns its path."""
     dist_info = f"{name}-{version}.dist-info"

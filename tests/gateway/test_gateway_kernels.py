@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from kernels import KernelPool, KernelUnavailableError, Outcome, Reaper, build_pool
-from kernels.gateway import GatewayLauncher
 from bot.app import Core
 from bot.turn import KERNEL_SERVICE_NOTICE
+from kernels import KernelPool, KernelUnavailableError, Outcome, Reaper, build_pool
+from kernels.gateway import GatewayLauncher
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
@@ -24,7 +24,12 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def gateway_settings(root: Path, gateway: KernelGateway, **overrides: object) -> dict[str, object]:
     return {
-        "gateway": {"url": gateway.url, "auth_token": gateway.token, "kernel_name": KERNEL_NAME, "request_timeout_s": 30},
+        "gateway": {
+            "url": gateway.url,
+            "auth_token": gateway.token,
+            "kernel_name": KERNEL_NAME,
+            "request_timeout_s": 30,
+        },
         "idle_timeout_s": 0.2,
         **overrides,
     }

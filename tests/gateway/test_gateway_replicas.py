@@ -29,9 +29,18 @@ def echo_tool_output(request: dict[str, Any]) -> Any:
 
 
 def settings_for(root: Path, name: str, llm: ScriptedOpenAI, gateway: KernelGateway, pg_url: str) -> Any:
-    gateway_kernels = {"url": gateway.url, "auth_token": gateway.token, "kernel_name": KERNEL_NAME, "request_timeout_s": 30}
-    return make_settings(root / name, llm_url=llm.base_url, storage={"url": pg_url, "replica_timeout_s": 1},
-                         kernels={"gateway": gateway_kernels, "workspace_root": str(root / "workspaces")})  # fmt: skip
+    gateway_kernels = {
+        "url": gateway.url,
+        "auth_token": gateway.token,
+        "kernel_name": KERNEL_NAME,
+        "request_timeout_s": 30,
+    }
+    return make_settings(
+        root / name,
+        llm_url=llm.base_url,
+        storage={"url": pg_url, "replica_timeout_s": 1},
+        kernels={"gateway": gateway_kernels, "workspace_root": str(root / "workspaces")},
+    )
 
 
 async def test_a_dead_replicas_gateway_kernel_is_taken_over_live(
@@ -39,7 +48,9 @@ async def test_a_dead_replicas_gateway_kernel_is_taken_over_live(
 ) -> None:
     async with ScriptedOpenAI() as llm, AsyncExitStack() as stack:
         a = await stack.enter_async_context(Core.open(settings_for(tmp_path, "a", llm, gateway, pg_url)))
-        llm.script(tool_call("fh = open('notes.txt', 'w')\nfh.write('kept')\nx = 41\nprint('OUT', x)"), echo_tool_output)
+        llm.script(
+            tool_call("fh = open('notes.txt', 'w')\nfh.write('kept')\nx = 41\nprint('OUT', x)"), echo_tool_output
+        )
         chat_a = MemoryChat(a.dispatcher)
         assert (await chat_a.say("open a file")).reply.text == "41"
         [kernel_id] = gateway.kernels()

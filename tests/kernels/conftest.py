@@ -11,8 +11,8 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from kernels.settings import KernelSettings
 from kernels import KernelPool, build_pool
+from kernels.settings import KernelSettings
 from tests.conftest import KERNEL_PYTHON
 
 

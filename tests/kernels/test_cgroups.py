@@ -58,8 +58,13 @@ def _sleeper(cgroup: KernelCgroup, *argv: str) -> subprocess.Popen[bytes]:
 
 def test_own_cgroups_and_mounts_are_parsed() -> None:
     own = _own_cgroups("12:pids:/user.slice\n4:cpu,cpuacct:/user.slice\n3:memory:/docker/abc\n0::/init.scope\n")
-    assert own == {"pids": "/user.slice", "cpu": "/user.slice", "cpuacct": "/user.slice", "memory": "/docker/abc",
-                   "": "/init.scope"}
+    assert own == {
+        "pids": "/user.slice",
+        "cpu": "/user.slice",
+        "cpuacct": "/user.slice",
+        "memory": "/docker/abc",
+        "": "/init.scope",
+    }
     mountinfo = (
         "30 25 0:26 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
         "35 25 0:31 /docker/abc /sys/fs/cgroup/memory rw,nosuid shared:9 - cgroup cgroup rw,memory\n"
@@ -69,8 +74,10 @@ def test_own_cgroups_and_mounts_are_parsed() -> None:
     )
     mounts = _mounts(mountinfo)
     assert [(m.fstype, str(m.point)) for m in mounts] == [
-        ("cgroup2", "/sys/fs/cgroup/unified"), ("cgroup", "/sys/fs/cgroup/memory"),
-        ("cgroup", "/sys/fs/cgroup/cpu,cpuacct"), ("cgroup", "/mnt/with space"),
+        ("cgroup2", "/sys/fs/cgroup/unified"),
+        ("cgroup", "/sys/fs/cgroup/memory"),
+        ("cgroup", "/sys/fs/cgroup/cpu,cpuacct"),
+        ("cgroup", "/mnt/with space"),
     ]
     # A container's mount shows its own cgroup as the root of the hierarchy.
     assert _place(mounts[1], "/docker/abc") == Path("/sys/fs/cgroup/memory")
@@ -167,8 +174,10 @@ def test_a_process_tree_is_moved_and_double_forks_are_caught(cgroup: KernelCgrou
 
 @needs_cgroups
 def test_memory_of_all_processes_counts_and_oom_kills_are_seen(cgroup: KernelCgroup) -> None:
-    code = "import mmap; m = mmap.mmap(-1, 256 * 2**20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)\n" \
-           "for i in range(0, len(m), 4096): m[i] = 1"
+    code = (
+        "import mmap; m = mmap.mmap(-1, 256 * 2**20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)\n"
+        "for i in range(0, len(m), 4096): m[i] = 1"
+    )
     done = subprocess.run([sys.executable, "-c", code], preexec_fn=cgroup.enter, capture_output=True, timeout=60)
     assert done.returncode == -9, "256 MiB of shared memory in a 96 MiB cgroup"
     assert cgroup.oom_kills() >= 1
@@ -205,8 +214,13 @@ def test_a_dead_bots_frozen_kernel_is_killed_and_removed_at_detection() -> None:
         folder.mkdir()
     kernel = KernelCgroup(folders)
     # An orphan, as a dead bot's kernel is (its parent, init, reaps it once it dies).
-    shell = subprocess.run(["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], preexec_fn=kernel.enter,
-                           capture_output=True, text=True, check=True)  # fmt: skip
+    shell = subprocess.run(
+        ["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"],
+        preexec_fn=kernel.enter,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     orphan = psutil.Process(int(shell.stdout))
     try:
         if not (kernel.can_freeze and kernel.freeze()):

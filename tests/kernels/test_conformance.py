@@ -58,8 +58,17 @@ def _got(result: ExecutionResult) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "name",
-    ["HelloWorld", "Factorials", "Error", "Unicode", "UnicodePy3", "SVG", "Inline Image", "Empty Cell",
-     "Check History in Memory"],
+    [
+        "HelloWorld",
+        "Factorials",
+        "Error",
+        "Unicode",
+        "UnicodePy3",
+        "SVG",
+        "Inline Image",
+        "Empty Cell",
+        "Check History in Memory",
+    ],
 )
 async def test_notebook_outputs_match(pool: KernelPool, name: str) -> None:
     session = await pool.get_or_start(f"conformance:{name}")
@@ -74,7 +83,9 @@ async def test_sleep1s(pool: KernelPool) -> None:
     session = await pool.get_or_start("conformance:Sleep1s")
     results = [await session.execute(cell.source) for cell in _code_cells("Sleep1s")]
     assert all(r.ok for r in results) and results[1].duration_s >= 1.0
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT[\d:.]+Z \d{4}-\d\d-\d\dT[\d:.]+Z", results[2].stdout + " " + results[3].stdout)
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\dT[\d:.]+Z \d{4}-\d\d-\d\dT[\d:.]+Z", results[2].stdout + " " + results[3].stdout
+    )
 
 
 async def test_interrupt_notebook(pool: KernelPool) -> None:

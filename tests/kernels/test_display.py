@@ -35,12 +35,16 @@ from tests.security import conftest as security
 in_module_loop = pytest.mark.asyncio(loop_scope="module")  # the pool lives in the module's loop
 
 PLOTLY = "application/vnd.plotly.v1+json"
-SVG = '<svg xmlns="http://www.w3.org/2000/svg" width="100" height="50"><circle cx="25" cy="25" r="20" fill="red"/></svg>'
+SVG = (
+    '<svg xmlns="http://www.w3.org/2000/svg" width="100" height="50"><circle cx="25" cy="25" r="20" fill="red"/></svg>'
+)
 REQUIREMENTS = Path(__file__).resolve().parents[2] / "kernels" / "requirements.txt"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["none", "bwrap", "bwrap-fork"])
-async def display_pool(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[KernelPool]:
+async def display_pool(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[KernelPool]:
     """Kernels unsandboxed, spawned in bubblewrap and forked by the sandboxed fork server
     (the sandboxed ones skipped, with the reason, where bubblewrap cannot run)."""
     sandbox, _, fork = request.param.partition("-")
@@ -116,9 +120,7 @@ async def test_svg_without_namespace_is_drawn_as_a_notebook_would(session: Kerne
 @in_module_loop
 async def test_plotly_show_comes_back_as_png(session: KernelSession) -> None:
     result = await session.execute(
-        "import plotly.express as px\n"
-        "fig = px.bar(x=['a', 'b', 'c'], y=[3, 1, 2], title='Sales')\n"
-        "fig.show()"
+        "import plotly.express as px\nfig = px.bar(x=['a', 'b', 'c'], y=[3, 1, 2], title='Sales')\nfig.show()"
     )
     output, image = only_image(result)
     assert image.size == (1400, 1000)  # plotly's 700 × 500 at scale 2
@@ -166,7 +168,9 @@ async def test_a_render_that_takes_too_long_is_given_up_and_leaves_nothing_runni
     )
     assert result.ok and len(result.displays) == 1 and result.displays[0].png() is None
     assert PLOTLY in result.displays[0].data
-    assert "Plotly figure not shown as an image: rendering the Plotly figure took over 0.05 s" in format_observation(result)
+    assert "Plotly figure not shown as an image: rendering the Plotly figure took over 0.05 s" in format_observation(
+        result
+    )
     assert_clean(result)  # Chromium was killed with its process group, not left to the leftover sweep
     assert (await session.execute("1 + 1")).result == "2"
 

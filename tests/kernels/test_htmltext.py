@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels" / "runtime"))
 
-from threadbook_kernel.htmltext import html_to_text  # noqa: E402
+from threadbook_kernel.htmltext import html_to_text
 
 
 def test_tables_become_rows() -> None:

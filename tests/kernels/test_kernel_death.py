@@ -66,6 +66,7 @@ async def settled(pool: KernelPool) -> None:
 
 async def neighbour_answers(pool: KernelPool) -> None:
     """Another thread runs ``1+1`` promptly: the event loop is not frozen by the dead kernel."""
+
     async def ask() -> str | None:
         async with pool.lease("t:neighbour") as session:
             return (await session.execute("1+1")).result
@@ -108,7 +109,7 @@ async def test_death_after_the_cell_before_the_save(pool: KernelPool) -> None:
 
 
 async def test_death_during_the_save(pool: KernelPool) -> None:
-    assert (await turn(pool, "t:c", "y = 5")) [0] is Outcome.OK
+    assert (await turn(pool, "t:c", "y = 5"))[0] is Outcome.OK
     await settled(pool)
     assert (await turn(pool, "t:c", KILLS_WHEN_SAVED))[0] is Outcome.OK
     await settled(pool)  # the save killed the kernel; the task ended and the session left

@@ -12,10 +12,33 @@ from tests.conftest import KERNEL_PYTHON
 from tests.kernels.conftest import kernel_settings
 from tests.security.conftest import SKIP_REASON
 
-TOOLBOX = ("seaborn", "sklearn", "scipy", "statsmodels", "pandas", "numpy", "matplotlib", "openpyxl", "pyarrow",
-           "plotly", "altair", "tabulate", "PIL")
-BOT_LIBRARIES = ("slack_bolt", "slack_sdk", "discord", "openai", "sqlalchemy", "asyncpg", "apscheduler", "bot", "kernels",
-                 "adapters")
+TOOLBOX = (
+    "seaborn",
+    "sklearn",
+    "scipy",
+    "statsmodels",
+    "pandas",
+    "numpy",
+    "matplotlib",
+    "openpyxl",
+    "pyarrow",
+    "plotly",
+    "altair",
+    "tabulate",
+    "PIL",
+)
+BOT_LIBRARIES = (
+    "slack_bolt",
+    "slack_sdk",
+    "discord",
+    "openai",
+    "sqlalchemy",
+    "asyncpg",
+    "apscheduler",
+    "bot",
+    "kernels",
+    "adapters",
+)
 CHECK = f"""
 import importlib, json, sys
 found = {{}}
@@ -42,5 +65,7 @@ async def test_the_toolbox_imports_and_the_bots_libraries_do_not(tmp_path: Path,
     finally:
         await pool.shutdown_all()
     assert {name: report["found"][name] for name in TOOLBOX} == dict.fromkeys(TOOLBOX, "ok")
-    assert {name: report["found"][name] for name in BOT_LIBRARIES} == dict.fromkeys(BOT_LIBRARIES, "ModuleNotFoundError")
+    assert {name: report["found"][name] for name in BOT_LIBRARIES} == dict.fromkeys(
+        BOT_LIBRARIES, "ModuleNotFoundError"
+    )
     assert report["executable"] == str(KERNEL_PYTHON)  # the kernel environment's interpreter, never the bot's

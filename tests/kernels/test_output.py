@@ -63,6 +63,8 @@ def test_display_budget_keeps_first_and_last() -> None:
 
 def test_error_ansi_stripped() -> None:
     out = OutputCollector(1000)
-    out.handle("error", {"ename": "ValueError", "evalue": "\x1b[31mbad\x1b[0m", "traceback": ["\x1b[0;31mLine\x1b[0m", "x"]})
+    out.handle(
+        "error", {"ename": "ValueError", "evalue": "\x1b[31mbad\x1b[0m", "traceback": ["\x1b[0;31mLine\x1b[0m", "x"]}
+    )
     assert out.error is not None
     assert out.error.evalue == "bad" and out.error.traceback == "Line\nx"

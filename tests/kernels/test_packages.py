@@ -45,7 +45,9 @@ def links(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_wheel(folder, "tbother", "1.0")
     make_wheel(folder, "tbfirst", "1.0")
     make_wheel(folder, "tbsecond", "1.0")
-    make_wheel(folder, "tbnum", "2.0", code="import numpy\nTOTAL = int(numpy.arange(5).sum())\n", requires=("numpy>=1",))
+    make_wheel(
+        folder, "tbnum", "2.0", code="import numpy\nTOTAL = int(numpy.arange(5).sum())\n", requires=("numpy>=1",)
+    )
     make_wheel(folder, "tbfuture", "1.0", requires=("numpy>=99",))
     return folder
 
@@ -61,8 +63,11 @@ async def launched(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tu
 
 
 def installer(launcher: KernelLauncher, links: Path, **overrides: Any) -> PackageInstaller:
-    values: dict[str, Any] = {"allow": ("tbdemo", "tbfirst", "tbsecond", "tbnum", "tbfuture", "tbmissing"),
-                              "find_links": (str(links),), "no_index": True}
+    values: dict[str, Any] = {
+        "allow": ("tbdemo", "tbfirst", "tbsecond", "tbnum", "tbfuture", "tbmissing"),
+        "find_links": (str(links),),
+        "no_index": True,
+    }
     values.update(overrides)
     return PackageInstaller(PackageSettings(**values), python=launcher.python, target=launcher.packages_dir)
 
@@ -256,7 +261,7 @@ def _cmdline(process: psutil.Process) -> list[str]:
 def test_packages_folder_is_readable_by_everyone(launched: tuple[KernelPool, KernelLauncher]) -> None:
     # Sandboxed kernels may run as other uids: what was moved in must be world-readable.
     _, launcher = launched
-    for folder, dirs, files in os.walk(launcher.packages_dir):
+    for folder, _dirs, files in os.walk(launcher.packages_dir):
         if STAGING in Path(folder).parts:
             continue
         for name in files:
@@ -313,8 +318,13 @@ def _sdist(folder: Path, name: str, marker: Path) -> None:
 
 
 def test_the_installer_never_sees_the_bots_secrets() -> None:
-    bot = {"SLACK_BOT_TOKEN": "xoxb-canary", "OPENAI_API_KEY": "sk-canary", "PATH": "/usr/bin",
-           "HTTPS_PROXY": "http://proxy:3128", "UV_INDEX_URL": "https://mirror/simple"}
+    bot = {
+        "SLACK_BOT_TOKEN": "xoxb-canary",
+        "OPENAI_API_KEY": "sk-canary",
+        "PATH": "/usr/bin",
+        "HTTPS_PROXY": "http://proxy:3128",
+        "UV_INDEX_URL": "https://mirror/simple",
+    }
     env = installer_environment(bot)
     assert "SLACK_BOT_TOKEN" not in env and "OPENAI_API_KEY" not in env
     assert env["PATH"] == "/usr/bin" and env["HTTPS_PROXY"] and env["UV_INDEX_URL"]

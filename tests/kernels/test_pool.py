@@ -19,7 +19,9 @@ from tests.kernels.conftest import kernel_processes, kernel_settings
 @pytest_asyncio.fixture
 async def small_pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
     pool = build_pool(
-        kernel_settings(tmp_path, max_kernels=2, idle_timeout_s=0.3, reap_interval_s=0.1, queue_timeout_s=5, max_queue=2)
+        kernel_settings(
+            tmp_path, max_kernels=2, idle_timeout_s=0.3, reap_interval_s=0.1, queue_timeout_s=5, max_queue=2
+        )
     )
     yield pool
     await pool.shutdown_all()

@@ -16,11 +16,12 @@ from PIL import Image
 from kernels import KernelPool, KernelSession, Outcome, build_pool
 from kernels.launcher import KernelLauncher
 from kernels.oneshot import OneShot
-from tests.kernels.conftest import kernel_settings
 from tests.fakes.outputs import PeakRss
 from tests.fakes.uploads import huge_header_png, sparse_csv, zip_bomb_xlsx
+from tests.kernels.conftest import kernel_settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
 
 async def preview(session: KernelSession, name: str, timeout: float = 30) -> str | None:
     """What a one-shot sandboxed like ``session``'s kernel says about its workspace file

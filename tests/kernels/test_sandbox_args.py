@@ -23,21 +23,34 @@ HOST = HostLayout(
 LIMITS = ResourceLimits(memory_mb=512, cpu_seconds=60, max_processes=64, max_file_mb=10, max_open_files=256)
 
 
-def support(*, as_root: bool, tmpfs_size: bool = True, disable_userns: bool = True, host: HostLayout = HOST) -> BwrapSupport:
+def support(
+    *, as_root: bool, tmpfs_size: bool = True, disable_userns: bool = True, host: HostLayout = HOST
+) -> BwrapSupport:
     return BwrapSupport(
-        bwrap="/usr/bin/bwrap", prlimit="/usr/bin/prlimit",
-        setpriv="/usr/bin/setpriv" if as_root else None, mount="/usr/bin/mount" if as_root else None,
-        tmpfs_size=tmpfs_size, disable_userns=disable_userns, as_root=as_root, host=host,
-    )  # fmt: skip
+        bwrap="/usr/bin/bwrap",
+        prlimit="/usr/bin/prlimit",
+        setpriv="/usr/bin/setpriv" if as_root else None,
+        mount="/usr/bin/mount" if as_root else None,
+        tmpfs_size=tmpfs_size,
+        disable_userns=disable_userns,
+        as_root=as_root,
+        host=host,
+    )
 
 
 def plan(*, as_root: bool, data_dir: Path | None = None, network: bool = False) -> LaunchPlan:
     workspace = Path("/srv/ws/slack_C1_t1")
     return LaunchPlan(
-        kernel_id="k1", workspace=workspace, run_dir=Path("/tmp/threadbook-0/kernel-k1"), environment={},
-        limits=LIMITS, data_dir=data_dir, network=network, packages_dir=Path("/srv/packages"),
+        kernel_id="k1",
+        workspace=workspace,
+        run_dir=Path("/tmp/threadbook-0/kernel-k1"),
+        environment={},
+        limits=LIMITS,
+        data_dir=data_dir,
+        network=network,
+        packages_dir=Path("/srv/packages"),
         identity=identity_for(workspace, as_root=as_root),
-    )  # fmt: skip
+    )
 
 
 def pairs(argv: list[str], option: str) -> list[tuple[str, str]]:
@@ -71,7 +84,15 @@ def test_non_root_mode_is_a_user_namespace_with_a_read_only_root() -> None:
     argv = sandbox_args(support(as_root=False), plan(as_root=False))
     options = bwrap_options(argv)
     i = options.index("--unshare-user")
-    assert options[i : i + 7] == ["--unshare-user", "--uid", str(USERNS_UID), "--gid", str(USERNS_UID), "--cap-drop", "ALL"]
+    assert options[i : i + 7] == [
+        "--unshare-user",
+        "--uid",
+        str(USERNS_UID),
+        "--gid",
+        str(USERNS_UID),
+        "--cap-drop",
+        "ALL",
+    ]
     assert "--disable-userns" in options
     assert [options[i + 1] for i, arg in enumerate(options) if arg == "--remount-ro"] == ["/", "/dev"]
     assert "/usr/bin/setpriv" not in argv and "/bin/sh" not in argv

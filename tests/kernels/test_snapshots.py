@@ -100,9 +100,7 @@ async def test_variables_survive_a_cull(any_pool: KernelPool) -> None:
     assert "open file handle" in lost["fh"] and "fh" not in restored
     result = await again.execute(CHECK)
     assert result.ok, result.error
-    assert result.stdout.strip() == (
-        "20 30 True 2 True (1000, 2) 6.0 pandas {'north': 249500.0, 'south': 250000.0}"
-    )
+    assert result.stdout.strip() == ("20 30 True 2 True (1000, 2) 6.0 pandas {'north': 249500.0, 'south': 250000.0}")
     notice = again.restored.notice()
     assert "`df` (DataFrame 1,000×2)" in notice and "`fh` (it is an open file handle" in notice
 
@@ -135,7 +133,9 @@ async def test_a_variable_over_the_limit_is_left_out_by_name(tmp_path: Path) -> 
     pool = build_pool(kernel_settings(tmp_path, snapshot_max_mb=1))
     try:
         session = await pool.get_or_start("s:big")
-        await session.execute("import numpy as np\nbig = np.zeros(1_000_000)\nsmall = list(range(10))\nbytes_ = b'x' * 3_000_000")
+        await session.execute(
+            "import numpy as np\nbig = np.zeros(1_000_000)\nsmall = list(range(10))\nbytes_ = b'x' * 3_000_000"
+        )
         report = await session.save_state()
         assert report is not None and report.saved == 2 and report.bytes < 2**20  # np and small
         assert dict(report.lost).keys() == {"big", "bytes_"}
@@ -175,7 +175,9 @@ async def test_a_damaged_snapshot_is_reported_and_the_kernel_works(plain_pool: K
 
 async def test_a_snapshot_that_kills_its_kernel_is_discarded(plain_pool: KernelPool) -> None:
     session = await plain_pool.get_or_start("s:bomb")
-    await session.execute("import os\nclass Bomb:\n    def __reduce__(self):\n        return (os._exit, (3,))\nbomb = Bomb()")
+    await session.execute(
+        "import os\nclass Bomb:\n    def __reduce__(self):\n        return (os._exit, (3,))\nbomb = Bomb()"
+    )
     await plain_pool.shutdown("s:bomb")
     again = await plain_pool.get_or_start("s:bomb")
     assert again.restored is not None and again.restored.failure is not None
@@ -227,8 +229,15 @@ async def test_planted_links_are_not_followed(plain_pool: KernelPool, tmp_path: 
 
 
 def test_kernel_answers_about_snapshots_are_bounded_and_checked() -> None:
-    hostile = json.dumps({"found": True, "saved_at": 0, "seconds": 0.1,
-                          "restored": [["a\x1b[31m`b" + "x" * 500, "int"], "junk", [1, 2]], "lost": None})
+    hostile = json.dumps(
+        {
+            "found": True,
+            "saved_at": 0,
+            "seconds": 0.1,
+            "restored": [["a\x1b[31m`b" + "x" * 500, "int"], "junk", [1, 2]],
+            "lost": None,
+        }
+    )
     report = parse_restore(hostile)
     assert report is not None and report.failure is None and len(report.restored) == 1
     name, kind = report.restored[0]

@@ -64,12 +64,16 @@ async def test_metrics_move_after_one_real_turn(ops: Ops, llm: ScriptedOpenAI) -
     status_before = await ops.metrics()
     await chat.say("help", message_id="m-help")
     after_help = await ops.metrics()
-    assert value(after_help, "threadbook_turns_total", outcome="command") - value(
-        status_before, "threadbook_turns_total", outcome="command"
-    ) == 1
+    assert (
+        value(after_help, "threadbook_turns_total", outcome="command")
+        - value(status_before, "threadbook_turns_total", outcome="command")
+        == 1
+    )
 
 
-async def test_metrics_count_failed_model_requests_and_errored_code(ops: Ops, llm: ScriptedOpenAI, switch: Switch) -> None:
+async def test_metrics_count_failed_model_requests_and_errored_code(
+    ops: Ops, llm: ScriptedOpenAI, switch: Switch
+) -> None:
     before = await ops.metrics()
     llm.script(tool_call("1 / 0"), answer("Division by zero."))
     chat = MemoryChat(ops.core.dispatcher)
@@ -78,9 +82,21 @@ async def test_metrics_count_failed_model_requests_and_errored_code(ops: Ops, ll
     failed = await chat.say("again?", message_id="m-down")
     assert not failed.reply.ok
     after = await ops.metrics()
-    assert value(after, "threadbook_executions_total", outcome="error") - value(before, "threadbook_executions_total", outcome="error") == 1
-    assert value(after, "threadbook_turns_total", outcome="llm_error") - value(before, "threadbook_turns_total", outcome="llm_error") == 1
-    assert value(after, "threadbook_errors_total", kind="llm_connection") - value(before, "threadbook_errors_total", kind="llm_connection") == 1
+    assert (
+        value(after, "threadbook_executions_total", outcome="error")
+        - value(before, "threadbook_executions_total", outcome="error")
+        == 1
+    )
+    assert (
+        value(after, "threadbook_turns_total", outcome="llm_error")
+        - value(before, "threadbook_turns_total", outcome="llm_error")
+        == 1
+    )
+    assert (
+        value(after, "threadbook_errors_total", kind="llm_connection")
+        - value(before, "threadbook_errors_total", kind="llm_connection")
+        == 1
+    )
 
 
 async def test_readyz_follows_the_model_endpoint(ops: Ops, llm: ScriptedOpenAI, switch: Switch) -> None:
@@ -134,7 +150,9 @@ async def test_readyz_is_unready_while_stopping(ops: Ops) -> None:
 
 async def test_readyz_names_a_store_that_cannot_be_read(ops: Ops, tmp_path: Path) -> None:
     store = await Store.open(tmp_path / "other" / "threadbook.db")
-    readiness = Readiness(store=store, llm=ops.core.settings.llm, kernels=ops.core.settings.kernels, launcher=ops.core.pool.launcher)
+    readiness = Readiness(
+        store=store, llm=ops.core.settings.llm, kernels=ops.core.settings.kernels, launcher=ops.core.pool.launcher
+    )
     try:
         assert (await readiness.store_check()).ok
         await store.close()

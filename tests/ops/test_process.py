@@ -38,14 +38,23 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeSlack, ScriptedOpenAI
     port = free_port()
     async with FakeSlack(bot_token=BOT_TOKEN, app_token=APP_TOKEN) as slack, ScriptedOpenAI() as llm:
         config = tmp_path / "config.yaml"
-        config.write_text(yaml.safe_dump({
-            "llm": {"base_url": llm.base_url, "api_key": "k", "model": "fake-model", "max_retries": 0},
-            "slack": {"bot_token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": slack.api_url, "streaming": False},
-            "kernels": kernel_config(tmp_path),
-            "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
-            "ops": {"shutdown_grace_s": 3, "http_host": "127.0.0.1", "http_port": port},
-            "logging": {"format": "json"},
-        }))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "llm": {"base_url": llm.base_url, "api_key": "k", "model": "fake-model", "max_retries": 0},
+                    "slack": {
+                        "bot_token": BOT_TOKEN,
+                        "app_token": APP_TOKEN,
+                        "api_url": slack.api_url,
+                        "streaming": False,
+                    },
+                    "kernels": kernel_config(tmp_path),
+                    "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
+                    "ops": {"shutdown_grace_s": 3, "http_host": "127.0.0.1", "http_port": port},
+                    "logging": {"format": "json"},
+                }
+            )
+        )
         bots = BotProcesses(tmp_path, config)
         try:
             yield slack, llm, bots, f"http://127.0.0.1:{port}"
@@ -60,7 +69,9 @@ async def get(http: aiohttp.ClientSession, url: str) -> tuple[int, str]:
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
     }
 
 
@@ -97,7 +108,6 @@ async def test_the_bot_process_serves_ops_and_logs_json(
     turn = [line for line in lines if line.get("turn") == f"C_OPS:{event['ts']}"]
     assert turn and all(line["thread"] == f"slack:T1:C_OPS:{event['ts']}" for line in turn)
     assert any(line["logger"] == "bot.turn" for line in turn)
-
 
     # SIGTERM with a turn running: during the grace the replica is unready (no new events are
     # routed to it) and still alive; then it stops cleanly.

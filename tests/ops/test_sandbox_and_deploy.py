@@ -82,5 +82,8 @@ def test_ops_server_is_off_by_default_and_in_config_yaml(tmp_path: Path) -> None
     key = {"OPENAI_API_KEY": "k"}
     quiet = parse_settings(raw, env=key)
     assert (quiet.ops.http_host, quiet.ops.http_port, quiet.logging.format) == ("127.0.0.1", 0, "text")
-    on = parse_settings(raw, env={**key, "THREADBOOK_OPS_PORT": "9090", "THREADBOOK_OPS_HOST": "0.0.0.0", "THREADBOOK_LOG_FORMAT": "json"})
+    on = parse_settings(
+        raw,
+        env={**key, "THREADBOOK_OPS_PORT": "9090", "THREADBOOK_OPS_HOST": "0.0.0.0", "THREADBOOK_LOG_FORMAT": "json"},
+    )
     assert (on.ops.http_host, on.ops.http_port, on.logging.format) == ("0.0.0.0", 9090, "json")

@@ -27,7 +27,11 @@ from tests.fakes.bot_process import BotProcesses, eventually
 from tests.fakes.openai_server import ScriptedOpenAI, answer, delay, tool_call
 from tests.fakes.slack_server import FakeSlack, Message
 
-BOT_TOKEN, SIGNING_SECRET, LLM_KEY = "xoxb-replica-bot-secret-4711", "replica-signing-secret-4712", "sk-replica-llm-4713"
+BOT_TOKEN, SIGNING_SECRET, LLM_KEY = (
+    "xoxb-replica-bot-secret-4711",
+    "replica-signing-secret-4712",
+    "sk-replica-llm-4713",
+)
 TOKEN = re.compile(r"\b([a-z]+\d+-\d+)\b")
 TIMEOUT_S = 2.0  # storage.replica_timeout_s: a killed replica's threads move on after this long
 
@@ -89,20 +93,32 @@ class World:
 def write_config(folder: Path, shared: Path, *, slack: FakeSlack, llm: ScriptedOpenAI, pg_url: str, port: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "llm": {"base_url": llm.base_url, "api_key": LLM_KEY, "model": "fake-model", "max_retries": 0},
-        "slack": {"bot_token": BOT_TOKEN, "signing_secret": SIGNING_SECRET, "api_url": slack.api_url,
-                  "http_host": "127.0.0.1", "http_port": port},
-        "kernels": kernel_config(shared),  # one workspace root for both, as a shared volume would be
-        "storage": {"url": pg_url, "replica_timeout_s": TIMEOUT_S},
-        "ops": {"shutdown_grace_s": 10},
-    }))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "llm": {"base_url": llm.base_url, "api_key": LLM_KEY, "model": "fake-model", "max_retries": 0},
+                "slack": {
+                    "bot_token": BOT_TOKEN,
+                    "signing_secret": SIGNING_SECRET,
+                    "api_url": slack.api_url,
+                    "http_host": "127.0.0.1",
+                    "http_port": port,
+                },
+                "kernels": kernel_config(shared),  # one workspace root for both, as a shared volume would be
+                "storage": {"url": pg_url, "replica_timeout_s": TIMEOUT_S},
+                "ops": {"shutdown_grace_s": 10},
+            }
+        )
+    )
     return config
 
 
 @pytest_asyncio.fixture
 async def world(tmp_path: Path, pg_url: str) -> AsyncIterator[World]:
-    async with FakeSlack(bot_token=BOT_TOKEN, signing_secret=SIGNING_SECRET) as slack, ScriptedOpenAI(api_key=LLM_KEY) as llm:
+    async with (
+        FakeSlack(bot_token=BOT_TOKEN, signing_secret=SIGNING_SECRET) as slack,
+        ScriptedOpenAI(api_key=LLM_KEY) as llm,
+    ):
         llm.script(*[model] * 1000)
         replicas = []
         for name in ("a", "b"):

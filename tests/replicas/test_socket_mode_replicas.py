@@ -61,9 +61,13 @@ async def replicas(tmp_path: Path, pg_url: str) -> AsyncIterator[Replicas]:
         slack_settings = {"bot_token": slack.bot_token, "app_token": slack.app_token, "api_url": slack.api_url}
         cores = []
         for name in ("a", "b"):
-            settings = make_settings(tmp_path / name, llm_url=llm.base_url, slack=slack_settings,
-                                     storage={"url": pg_url, "replica_timeout_s": 3},
-                                     kernels={"workspace_root": str(tmp_path / "workspaces")})  # fmt: skip
+            settings = make_settings(
+                tmp_path / name,
+                llm_url=llm.base_url,
+                slack=slack_settings,
+                storage={"url": pg_url, "replica_timeout_s": 3},
+                kernels={"workspace_root": str(tmp_path / "workspaces")},
+            )
             core = await stack.enter_async_context(Core.open(settings))
             adapter = SlackAdapter(settings.slack, core.dispatcher)
             await adapter.start()

@@ -25,7 +25,6 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from kernels.settings import KernelSettings
 from kernels import KernelOptions, KernelPool, KernelSession, KernelStartError, build_pool
 from kernels.forkserver import ForkingLauncher, ForkProvisioner
 from kernels.interpreter import inspect_interpreter
@@ -33,6 +32,7 @@ from kernels.launch import ResourceLimits
 from kernels.sandbox.launcher import BwrapLauncher, BwrapProvisioner
 from kernels.sandbox.probe import probe
 from kernels.sandbox.support import detect_support
+from kernels.settings import KernelSettings
 from tests.conftest import KERNEL_PYTHON
 from tests.security.report import write_table
 
@@ -59,8 +59,10 @@ def _sandbox_skip_reason() -> str | None:
 
 SKIP_REASON = _sandbox_skip_reason()
 #: ``network: true`` tests skip only where slirp4netns is not installed (a failing probe fails them).
-NO_SLIRP = None if shutil.which("slirp4netns") else (
-    "slirp4netns is not installed (apt-get install slirp4netns): network: true kernels stay offline here"
+NO_SLIRP = (
+    None
+    if shutil.which("slirp4netns")
+    else ("slirp4netns is not installed (apt-get install slirp4netns): network: true kernels stay offline here")
 )
 
 
@@ -171,8 +173,13 @@ def read_key(key: BotKey) -> bytes:
     buffer = ctypes.create_string_buffer(256)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    size = libc.syscall(ctypes.c_long(key.syscalls[2]), ctypes.c_long(KEYCTL_READ), ctypes.c_long(key.serial),
-                        buffer, ctypes.c_long(256))
+    size = libc.syscall(
+        ctypes.c_long(key.syscalls[2]),
+        ctypes.c_long(KEYCTL_READ),
+        ctypes.c_long(key.serial),
+        buffer,
+        ctypes.c_long(256),
+    )
     if size < 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
@@ -328,8 +335,10 @@ async def net_attacker(
         # As root the probe must work where slirp4netns is installed; a normal user may lack
         # /dev/net/tun. Recorded for the table, as the kernel then stays offline (one warning).
         outcomes.source = _expected_source(sandbox_pool)
-        outcomes.record(f"`network: true` kernel: `{request.node.originalname}`",
-                        f"not run: network kernels stay offline here ({spawn.network_missing})")
+        outcomes.record(
+            f"`network: true` kernel: `{request.node.originalname}`",
+            f"not run: network kernels stay offline here ({spawn.network_missing})",
+        )
         pytest.skip(f"slirp4netns cannot give this bot's kernels network: {spawn.network_missing}")
     key = f"slack:C3:net-{request.node.name}"
     session = await sandbox_pool.get_or_start(key, KernelOptions(network=True))

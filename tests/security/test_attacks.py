@@ -99,41 +99,62 @@ async def listener() -> AsyncIterator[tuple[int, list[str]]]:
 
 async def test_secrets_in_environment(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
     assert os.environ["SLACK_BOT_TOKEN"] == CANARY  # the bot's own environment has them
-    data = report(await attack(attacker, neighbour, """
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            """
 print(json.dumps({'leaked': sorted(k for k, v in os.environ.items() if 'tb-canary' in v),
                   'names': sorted(os.environ)}))
-"""))
+""",
+        )
+    )
     assert data["leaked"] == [] and not {"SLACK_BOT_TOKEN", "OPENAI_API_KEY"} & set(data["names"])
-    outcomes.record("read tokens from `os.environ`", f"absent: the kernel gets an allow-listed environment "
-                    f"({len(data['names'])} variables, no token)")
+    outcomes.record(
+        "read tokens from `os.environ`",
+        f"absent: the kernel gets an allow-listed environment ({len(data['names'])} variables, no token)",
+    )
 
 
-async def test_secrets_in_proc_environ(
-    attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
-) -> None:
-    data = report(await attack(attacker, neighbour, """
+async def test_secrets_in_proc_environ(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            """
 pids = [p for p in os.listdir('/proc') if p.isdigit()]
 leaks = [p for p in pids if 'tb-canary' in attempt(lambda: open(f'/proc/{p}/environ', 'rb').read().decode(errors='replace'))]
 print(json.dumps({'pid1': attempt(lambda: open('/proc/1/environ', 'rb').read().decode(errors='replace')),
                   'visible': len(pids), 'leaks': leaks}))
-"""))
+""",
+        )
+    )
     assert data["leaks"] == [] and CANARY not in data["pid1"]
     assert data["visible"] < 10, "the kernel sees processes outside its pid namespace"
-    outcomes.record("read `/proc/1/environ` (and every `/proc/*/environ`)",
-                    f"{data['pid1'].split(':')[0]}; own pid namespace: {data['visible']} processes visible, no token")
+    outcomes.record(
+        "read `/proc/1/environ` (and every `/proc/*/environ`)",
+        f"{data['pid1'].split(':')[0]}; own pid namespace: {data['visible']} processes visible, no token",
+    )
 
 
 async def test_parent_environ(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
     bot_pid = os.getpid()
-    data = report(await attack(attacker, neighbour, f"""
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            f"""
 print(json.dumps({{'ppid': os.getppid(),
                   'parent': attempt(lambda: open(f'/proc/{{os.getppid()}}/environ', 'rb').read().decode(errors='replace')),
                   'bot': attempt(lambda: open('/proc/{bot_pid}/environ', 'rb').read().decode(errors='replace'))}}))
-"""))
+""",
+        )
+    )
     assert CANARY not in data["parent"] and CANARY not in data["bot"]
-    outcomes.record("read the parent's environ (`/proc/$PPID/environ`, the bot's host pid)",
-                    f"parent is the sandbox's init (pid {data['ppid']}): {data['parent'].split(':')[0]}; "
-                    f"bot's pid: {data['bot']}")
+    outcomes.record(
+        "read the parent's environ (`/proc/$PPID/environ`, the bot's host pid)",
+        f"parent is the sandbox's init (pid {data['ppid']}): {data['parent'].split(':')[0]}; bot's pid: {data['bot']}",
+    )
 
 
 async def test_bot_config_and_database(
@@ -141,7 +162,11 @@ async def test_bot_config_and_database(
 ) -> None:
     targets = {"config": host_files.config, "database": host_files.database}
     relative = {name: os.path.relpath(path, attacker.workspace.path) for name, path in targets.items()}
-    data = report(await attack(attacker, neighbour, f"""
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            f"""
 targets, relative = {json.dumps({k: str(v) for k, v in targets.items()})}, {json.dumps(relative)}
 out = {{}}
 for name, path in targets.items():
@@ -151,35 +176,45 @@ for name, path in targets.items():
     out[name + ' symlink'] = attempt(lambda: open(name + '-link', 'rb').read().decode(errors='replace'))
 out['repo config.yaml'] = attempt(lambda: open('/work/main/config.yaml').read())
 print(json.dumps(out))
-"""))
+""",
+        )
+    )
     assert all(CANARY not in value and value.startswith("FileNotFoundError") for value in data.values()), data
     for name in targets:  # the bot itself never follows a planted link either
         with pytest.raises(UnsafePathError):
             attacker.workspace.open_file(f"{name}-link")
-    outcomes.record("read the bot's config and SQLite DB (absolute path, `../` path, planted symlink)",
-                    "FileNotFoundError: not in the sandbox's file system; the bot refuses to follow the "
-                    "planted symlink (UnsafePathError)")
+    outcomes.record(
+        "read the bot's config and SQLite DB (absolute path, `../` path, planted symlink)",
+        "FileNotFoundError: not in the sandbox's file system; the bot refuses to follow the "
+        "planted symlink (UnsafePathError)",
+    )
 
 
-async def test_other_threads_workspace(
-    attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
-) -> None:
+async def test_other_threads_workspace(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
     target = neighbour.workspace.path / "secret.txt"
     assert target.read_text() == CANARY
     relative = os.path.relpath(target, attacker.workspace.path)
-    data = report(await attack(attacker, neighbour, f"""
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            f"""
 out = {{'absolute': attempt(lambda: open({str(target)!r}).read()),
        'relative': attempt(lambda: open({relative!r}).read()),
        'parent dir': attempt(lambda: os.listdir('..'))}}
 os.symlink({str(target)!r}, 'neighbour-link')
 out['symlink'] = attempt(lambda: open('neighbour-link').read())
 print(json.dumps(out))
-"""))
+""",
+        )
+    )
     assert all(CANARY not in value for value in data.values()), data
     assert data["absolute"].startswith("FileNotFoundError") and data["symlink"].startswith("FileNotFoundError")
     assert data["parent dir"] == "ok", data  # `/` inside the sandbox: no workspaces there
-    outcomes.record("read another thread's workspace (absolute path, `../` path, planted symlink)",
-                    f"absolute: {data['absolute']}; relative: {data['relative']}; symlink: {data['symlink']}")
+    outcomes.record(
+        "read another thread's workspace (absolute path, `../` path, planted symlink)",
+        f"absolute: {data['absolute']}; relative: {data['relative']}; symlink: {data['symlink']}",
+    )
 
 
 async def test_write_outside_workspace(
@@ -187,13 +222,19 @@ async def test_write_outside_workspace(
 ) -> None:
     marker = f"pwned-{os.getpid()}"
     targets = ["/usr", "/etc", "/", str(attacker.workspace.path.parent), "/data", "/root/.pyenv", "/work"]
-    data = report(await attack(attacker, neighbour, f"""
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            f"""
 out = {{t: attempt(lambda: open(os.path.join(t, {marker!r}), 'w').write('x')) for t in {targets!r}}}
 out['/tmp (private)'] = attempt(lambda: open('/tmp/{marker}', 'w').write('x'))
 out['data env'] = os.environ.get('THREADBOOK_DATA_DIR')
 out['data read'] = attempt(lambda: open('/data/sales.csv').read())
 print(json.dumps(out))
-"""))
+""",
+        )
+    )
     for target in targets:
         assert not data[target].startswith("ok"), (target, data[target])
         if not target.startswith("/data"):
@@ -202,9 +243,10 @@ print(json.dumps(out))
     assert data["data env"] == "/data" and data["data read"].startswith("ok: region")
     assert data["/tmp (private)"].startswith("ok")
     errors = sorted({value.split(" (")[-1].rstrip(")") for key, value in data.items() if key in targets})
-    outcomes.record("write outside the workspace (`/usr`, `/etc`, `/`, the workspaces folder, the channel's "
-                    "`/data`)", f"refused ({', '.join(errors)}); `/tmp` works but is a private tmpfs; "
-                    "`/data` is readable, read-only")
+    outcomes.record(
+        "write outside the workspace (`/usr`, `/etc`, `/`, the workspaces folder, the channel's `/data`)",
+        f"refused ({', '.join(errors)}); `/tmp` works but is a private tmpfs; `/data` is readable, read-only",
+    )
 
 
 async def test_connect_to_bot_port(
@@ -215,46 +257,70 @@ async def test_connect_to_bot_port(
         pass  # the port is really open on the host
     await asyncio.sleep(0.05)
     seen.clear()
-    data = report(await attack(attacker, neighbour, f"""
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            f"""
 import socket
 out = {{'127.0.0.1': attempt(lambda: socket.create_connection(('127.0.0.1', {port}), timeout=2).close()),
        'localhost': attempt(lambda: socket.create_connection(('localhost', {port}), timeout=2).close()),
        'interfaces': sorted(n for _, n in socket.if_nameindex())}}
 print(json.dumps(out))
-"""))
+""",
+        )
+    )
     assert data["127.0.0.1"].startswith("ConnectionRefusedError") and data["interfaces"] == ["lo"]
     assert not data["localhost"].startswith("ok")
     assert seen == [], "the kernel reached the bot's port"
-    outcomes.record("connect to the bot's port on 127.0.0.1", f"{data['127.0.0.1']}: own network namespace, "
-                    "only its own `lo`")
+    outcomes.record(
+        "connect to the bot's port on 127.0.0.1", f"{data['127.0.0.1']}: own network namespace, only its own `lo`"
+    )
 
 
 async def test_connect_outside(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
-    data = report(await attack(attacker, neighbour, """
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            """
 import socket, time
 start = time.monotonic()
 out = {'192.0.2.1:80': attempt(lambda: socket.create_connection(('192.0.2.1', 80), timeout=3).close())}
 out['seconds'] = time.monotonic() - start
 print(json.dumps(out))
-"""))
+""",
+        )
+    )
     assert data["192.0.2.1:80"] == "OSError (ENETUNREACH)" and data["seconds"] < 1
-    outcomes.record("connect to an outside address (192.0.2.1:80, TEST-NET)", "OSError (ENETUNREACH) at once: "
-                    "no route out of the network namespace")
+    outcomes.record(
+        "connect to an outside address (192.0.2.1:80, TEST-NET)",
+        "OSError (ENETUNREACH) at once: no route out of the network namespace",
+    )
 
 
 async def test_resolve_dns(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
-    data = report(await attack(attacker, neighbour, """
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            """
 import socket
 print(json.dumps({'example.com': attempt(lambda: socket.getaddrinfo('example.com', 443)),
                   'resolv.conf': os.path.exists('/etc/resolv.conf')}))
-"""))
+""",
+        )
+    )
     assert data["example.com"].startswith("gaierror") and not data["resolv.conf"]
     outcomes.record("resolve DNS (`example.com`)", f"{data['example.com']}: no resolver, no network")
 
 
 async def test_fork_bomb(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
     limit = attacker.settings.max_processes
-    result = await attack(attacker, neighbour, """
+    result = await attack(
+        attacker,
+        neighbour,
+        """
 import subprocess, time
 bomb = subprocess.Popen(['bash', '-c', ':(){ :|:& };:'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 peak = 0
@@ -262,16 +328,25 @@ for _ in range(15):
     time.sleep(0.1)
     peak = max(peak, sum(1 for p in os.listdir('/proc') if p.isdigit()))
 print(json.dumps({'peak': peak}))
-""", overlap=True)
+""",
+        overlap=True,
+    )
     data = report(result)
     assert 10 < data["peak"] <= limit, data
-    outcomes.record("fork bomb (`:(){ :|:& };:`)", f"capped by RLIMIT_NPROC (limit {limit} per kernel uid, "
-                    f"threads included); the pid namespace dies with the kernel")
+    outcomes.record(
+        "fork bomb (`:(){ :|:& };:`)",
+        f"capped by RLIMIT_NPROC (limit {limit} per kernel uid, "
+        f"threads included); the pid namespace dies with the kernel",
+    )
 
 
 async def test_memory_bomb(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
     limit = attacker.settings.memory_mb
-    data = report(await attack(attacker, neighbour, """
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            """
 chunks = []
 try:
     while True:
@@ -280,7 +355,11 @@ except MemoryError:
     got = len(chunks) * 32
 del chunks
 print(json.dumps({'mb': got}))
-""", overlap=True, timeout=20))
+""",
+            overlap=True,
+            timeout=20,
+        )
+    )
     assert data["mb"] < limit
     after = await attacker.execute("1+1")
     assert after.result == "2" and not after.kernel_restarted
@@ -303,8 +382,11 @@ def _without_cgroup(session: KernelSession, outcomes: Outcomes, attack_name: str
     if cgroups is not None and cgroups.enabled:
         return
     isolation = launcher.isolation
-    outcomes.record(attack_name, f"not contained: no cgroup can be made here; rlimits only, as the start-up log "
-                    f"and `status` say (`{isolation}`)")
+    outcomes.record(
+        attack_name,
+        f"not contained: no cgroup can be made here; rlimits only, as the start-up log "
+        f"and `status` say (`{isolation}`)",
+    )
     pytest.skip(f"no cgroup for this bot ({isolation})")
 
 
@@ -317,19 +399,23 @@ def _memory_file(session: KernelSession, v1: str, v2: str) -> int | None:
     return None
 
 
-async def test_memory_in_child_processes(
-    attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
-) -> None:
+async def test_memory_in_child_processes(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
     """Four children of 350 MiB each: each passes the per-process RLIMIT_DATA, together they
     are over ``memory_mb``; the kernel's memory cgroup holds the sum."""
     _without_cgroup(attacker, outcomes, "four child processes of 350 MiB each (together over `memory_mb`)")
     limit = attacker.settings.memory_mb
-    result = await attack(attacker, neighbour, """
+    result = await attack(
+        attacker,
+        neighbour,
+        """
 import subprocess, sys
 child = "b = bytearray(350 * 2**20); print('held', flush=True); import time; time.sleep(3)"
 procs = [subprocess.Popen([sys.executable, '-c', child], stdout=subprocess.PIPE, text=True) for _ in range(4)]
 print(json.dumps({'codes': [p.wait() for p in procs]}))
-""", overlap=True, timeout=30)
+""",
+        overlap=True,
+        timeout=30,
+    )
     data = report(result)
     peak = _memory_file(attacker, "memory.max_usage_in_bytes", "memory.peak")
     assert data["codes"].count(0) <= 1 and all(code in (0, -9) for code in data["codes"]), data
@@ -348,13 +434,18 @@ async def test_shared_memory_mapping(attacker: KernelSession, neighbour: KernelS
     """A 1.5 GiB shared anonymous mapping, touched: RLIMIT_DATA does not count shared memory,
     the memory cgroup does."""
     _without_cgroup(attacker, outcomes, "1.5 GiB shared `mmap` (`MAP_SHARED|MAP_ANONYMOUS`, touched)")
-    result = await attack(attacker, neighbour, """
+    result = await attack(
+        attacker,
+        neighbour,
+        """
 import mmap
 area = mmap.mmap(-1, 1536 * 2**20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
 for offset in range(0, len(area), 4096):
     area[offset] = 1
 print(json.dumps({'touched_mb': len(area) // 2**20}))
-""", timeout=30)
+""",
+        timeout=30,
+    )
     assert result.outcome is Outcome.DIED, (result.outcome, result.stdout[-500:])
     assert "stopped by its memory limit" in (result.notice or ""), result.notice
     after = await attacker.execute("1+1")
@@ -369,10 +460,17 @@ print(json.dumps({'touched_mb': len(area) // 2**20}))
 async def test_many_empty_files(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
     """300k empty files in the private tmpfs cost the host kernel memory per inode: capped."""
     if os.geteuid() != 0 and outcomes.source == "spawn":
-        outcomes.record("300k empty files in `/tmp` (and `/dev/shm`)", "not inode-capped: a spawned kernel's "
-                        "sandbox cannot remount its tmpfs as a normal user (size caps hold; forked kernels are capped)")
+        outcomes.record(
+            "300k empty files in `/tmp` (and `/dev/shm`)",
+            "not inode-capped: a spawned kernel's "
+            "sandbox cannot remount its tmpfs as a normal user (size caps hold; forked kernels are capped)",
+        )
         pytest.skip("no inode cap for kernels spawned by a non-root bot (docs/security.md)")
-    data = report(await attack(attacker, neighbour, """
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            """
 def fill(folder, count):
     made = 0
     try:
@@ -382,7 +480,11 @@ def fill(folder, count):
         return {'made': made, 'error': errno.errorcode[exc.errno], 'inodes': os.statvfs(folder).f_files}
     return {'made': count, 'error': None, 'inodes': os.statvfs(folder).f_files}
 print(json.dumps({'tmp': fill('/tmp', 300_000), 'shm': fill('/dev/shm', 300_000)}))
-""", overlap=True, timeout=60))
+""",
+            overlap=True,
+            timeout=60,
+        )
+    )
     memory = _memory_file(attacker, "memory.usage_in_bytes", "memory.current")
     for folder in ("tmp", "shm"):
         assert data[folder]["error"] == "ENOSPC" and data[folder]["made"] < data[folder]["inodes"], data
@@ -403,7 +505,11 @@ async def test_bot_session_keyring(
         pytest.skip("keyrings cannot be used on this machine (keyctl refused)")
     assert read_key(bot_key) == CANARY.encode()  # the bot itself can read it
     add_key, request_key, keyctl = bot_key.syscalls
-    data = report(await attack(attacker, neighbour, f"""
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            f"""
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -417,7 +523,9 @@ out = {{'read': call({keyctl}, 11, {bot_key.serial}, buffer, 256),
        'own keyring': call({keyctl}, 0, -3, 0)}}
 out['leaked'] = {CANARY!r}.encode() in buffer.raw
 print(json.dumps(out))
-"""))
+""",
+        )
+    )
     assert not data["leaked"] and data["read"] in ("EACCES", "ENOKEY"), data
     # A non-root bot's kernels share its uid on the host: the keyring may be *described*
     # (view permission of the same uid), never searched or read.
@@ -452,19 +560,26 @@ def state(pid):
 running = lambda: sorted(int(p) for p in os.listdir('/proc') if p.isdigit() and state(p) not in ('Z', 'gone'))
 """
     baseline = report(await attacker.execute(TRY + states + "print(json.dumps(running()))"))
-    result = await attacker.execute(TRY + states + """
+    result = await attacker.execute(
+        TRY
+        + states
+        + """
 import subprocess, sys
 spin = [sys.executable, '-c', 'while True: pass']
 pids = [subprocess.Popen(spin, start_new_session=True).pid for _ in range(3)]
 subprocess.run(['sh', '-c', 'setsid "$0" -c "while True: pass" </dev/null >/dev/null 2>&1 &', sys.executable])
 import time; time.sleep(0.3)
 print(json.dumps({'pids': pids, 'running': len(running())}))
-""")
+"""
+    )
     data = report(result)
     assert data["running"] >= len(baseline) + 4, data  # all four were spinning when the cell ended
     assert result.notice is not None and "4 background process(es)" in result.notice, result.notice
-    after = report(await attacker.execute(TRY + states + f"print(json.dumps({{'states': [state(p) for p in "
-                                          f"{data['pids']}], 'running': running()}}))"))
+    after = report(
+        await attacker.execute(
+            TRY + states + f"print(json.dumps({{'states': [state(p) for p in {data['pids']}], 'running': running()}}))"
+        )
+    )
     assert set(after["states"]) <= {"Z", "gone"} and after["running"] == baseline, after
     handle = attacker._handle
     assert handle is not None
@@ -474,7 +589,7 @@ print(json.dumps({'pids': pids, 'running': len(running())}))
     assert slowest < before * 1.5 + 0.05, (before, slowest)
     outcomes.record(
         "leave busy loops running after the cell (3 `setsid` children, 1 double-forked orphan)",
-        f"all 4 killed when the cell returned (\"{result.notice}\"); the neighbour's loop took "
+        f'all 4 killed when the cell returned ("{result.notice}"); the neighbour\'s loop took '
         f"{before * 1000:.0f} ms before and {slowest * 1000:.0f} ms after",
     )
 
@@ -494,19 +609,27 @@ async def test_oom_score(attacker: KernelSession, neighbour: KernelSession, outc
     sets_floor = bool(int(status["CapEff"], 16) >> CAP_SYS_RESOURCE & 1)
     bot_score = Path("/proc/self/oom_score_adj").read_text().strip()
     assert set(scores.values()) == {"1000"} and bot_score != "1000", (scores, bot_score)
-    data = report(await attack(attacker, neighbour, """
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            """
 def lower():
     with open('/proc/self/oom_score_adj', 'w') as handle:
         handle.write('0')
 print(json.dumps({'own': open('/proc/self/oom_score_adj').read().strip(), 'lower': attempt(lower)}))
-"""))
+""",
+        )
+    )
     assert data["own"] == "1000", data
     if sets_floor:
         assert data["lower"].startswith("PermissionError"), data
         lowering = f"writing 0 from inside: {data['lower']}"
     else:
-        lowering = (f"writing 0 from inside: {data['lower']} here, because the bot lacks CAP_SYS_RESOURCE (only a "
-                    "writer holding it makes 1000 a floor); the kernel still has its own memory limit")
+        lowering = (
+            f"writing 0 from inside: {data['lower']} here, because the bot lacks CAP_SYS_RESOURCE (only a "
+            "writer holding it makes 1000 a floor); the kernel still has its own memory limit"
+        )
     outcomes.record(
         "the kernel's OOM score (read on the host), and lowering it from inside",
         f"`oom_score_adj` 1000 for all {len(tree)} processes of the kernel (the bot: {bot_score}); {lowering}",
@@ -514,7 +637,11 @@ print(json.dumps({'own': open('/proc/self/oom_score_adj').read().strip(), 'lower
 
 
 async def test_fill_the_disk(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
-    data = report(await attack(attacker, neighbour, """
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            """
 def fill(folder, mb, per_file):
     block, written, names = b'0' * 2**20, 0, []
     try:
@@ -530,13 +657,19 @@ def fill(folder, mb, per_file):
             os.path.exists(name) and os.remove(name)
     return f"ok {written} MiB"
 print(json.dumps({'workspace': fill('.', 100, 100), 'tmp': fill('/tmp', 400, 8), 'shm': fill('/dev/shm', 400, 8)}))
-""", overlap=True, timeout=30))
+""",
+            overlap=True,
+            timeout=30,
+        )
+    )
     file_mb = attacker.settings.max_file_mb
     assert data["workspace"] == f"EFBIG after {file_mb} MiB", data
     assert data["tmp"].startswith("ENOSPC") and data["shm"].startswith("ENOSPC"), data
-    outcomes.record("fill the disk (one huge file; fill `/tmp` and `/dev/shm`)",
-                    f"workspace file: {data['workspace']} (RLIMIT_FSIZE); `/tmp`: {data['tmp']}; "
-                    f"`/dev/shm`: {data['shm']} (size-capped tmpfs)")
+    outcomes.record(
+        "fill the disk (one huge file; fill `/tmp` and `/dev/shm`)",
+        f"workspace file: {data['workspace']} (RLIMIT_FSIZE); `/tmp`: {data['tmp']}; "
+        f"`/dev/shm`: {data['shm']} (size-capped tmpfs)",
+    )
 
 
 async def test_spin_forever(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
@@ -544,13 +677,16 @@ async def test_spin_forever(attacker: KernelSession, neighbour: KernelSession, o
     assert result.outcome is Outcome.TIMEOUT_INTERRUPTED, result
     after = await attacker.execute("1+1")
     assert after.result == "2"
-    outcomes.record("spin forever (`while True: pass`)", "stopped at the execution timeout by a message-mode "
-                    "interrupt; variables kept")
+    outcomes.record(
+        "spin forever (`while True: pass`)",
+        "stopped at the execution timeout by a message-mode interrupt; variables kept",
+    )
 
 
 async def test_print_100_mb(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
-    result = await attacker.execute("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)",
-                                    timeout=60)
+    result = await attacker.execute(
+        "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1_000_000)", timeout=60
+    )
     answer = await neighbour.execute("1+1", timeout=10)
     assert answer.result == "2"
     assert result.truncated and len(result.stdout) <= 2 * attacker.settings.max_output_bytes
@@ -559,13 +695,17 @@ async def test_print_100_mb(attacker: KernelSession, neighbour: KernelSession, o
 
 async def test_kill_the_parent(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
     bot_pid = os.getpid()
-    result = await attack(attacker, neighbour, f"""
+    result = await attack(
+        attacker,
+        neighbour,
+        f"""
 import signal
 out = {{'ppid': os.getppid(), 'kill ppid': attempt(lambda: os.kill(os.getppid(), signal.SIGKILL)),
        'kill bot pid': attempt(lambda: os.kill({bot_pid}, signal.SIGKILL)),
        'kill -1': attempt(lambda: os.kill(-1, signal.SIGKILL))}}
 print(json.dumps(out))
-""")
+""",
+    )
     after = await attacker.execute("1+1")  # reaching this line means the bot (this process) survived
     assert after.result == "2"
     if result.outcome is Outcome.OK:
@@ -573,15 +713,21 @@ print(json.dumps(out))
         parent = data["kill ppid"]
         if parent == "ok":  # same uid as the kernel, but pid 1 of its namespace: the signal is dropped
             parent = "ok, ignored (the sandbox's init, pid 1 of the kernel's pid namespace, has no handler)"
-        observed = f"`kill -9 $PPID`: {parent}; the bot's pid: {data['kill bot pid']}; `kill -9 -1`: " \
-                   f"{data['kill -1']} (reaches only the sandbox's own processes)"
+        observed = (
+            f"`kill -9 $PPID`: {parent}; the bot's pid: {data['kill bot pid']}; `kill -9 -1`: "
+            f"{data['kill -1']} (reaches only the sandbox's own processes)"
+        )
     else:  # the sandbox's init ran as the kernel's own uid and took the kernel with it
         observed = f"the kernel killed its own sandbox ({result.outcome.value}); it was restarted"
     outcomes.record("kill the parent (`os.kill(os.getppid(), 9)`, the bot's pid, `kill -9 -1`)", observed)
 
 
 async def test_setuid_file(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
-    data = report(await attack(attacker, neighbour, """
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            """
 import shutil, subprocess
 shutil.copy('/usr/bin/id', 'suid-id')
 os.chmod('suid-id', 0o4755)
@@ -589,7 +735,9 @@ out = {'chown root': attempt(lambda: os.chown('suid-id', 0, 0)),
        'euid': subprocess.run(['./suid-id', '-u'], capture_output=True, text=True).stdout.strip(),
        'uid': os.getuid()}
 print(json.dumps(out))
-"""))
+""",
+        )
+    )
     host = (attacker.workspace.path / "suid-id").stat()
     # EINVAL: in a non-root bot's user namespace uid 0 is not even mapped.
     assert data["chown root"] in ("PermissionError (EPERM)", "OSError (EINVAL)"), data
@@ -597,15 +745,22 @@ print(json.dumps(out))
     assert host.st_uid != 0 and host.st_uid != os.getuid() or os.getuid() != 0
     assert host.st_mode & stat.S_ISUID  # the bit is set, but on a file owned by the kernel's uid
     chown = data["chown root"].split(" (")[-1].rstrip(")")
-    outcomes.record("create a setuid file", "allowed, but owned by the kernel's unprivileged uid, `chown root` → "
-                    f"{chown}, running it keeps the same uid (nosuid bind + no_new_privs)")
+    outcomes.record(
+        "create a setuid file",
+        "allowed, but owned by the kernel's unprivileged uid, `chown root` → "
+        f"{chown}, running it keeps the same uid (nosuid bind + no_new_privs)",
+    )
 
 
 async def test_escape_with_unshare_or_mount(
     attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
 ) -> None:
     marker = f"pwned-{os.getpid()}"
-    data = report(await attack(attacker, neighbour, f"""
+    data = report(
+        await attack(
+            attacker,
+            neighbour,
+            f"""
 import subprocess
 def run(*cmd):
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -617,16 +772,20 @@ out = {{'mount tmpfs': run('mount', '-t', 'tmpfs', 'none', '/workspace'),
        'CapEff': status['CapEff'].strip(), 'CapBnd': status['CapBnd'].strip(),
        'NoNewPrivs': status['NoNewPrivs'].strip()}}
 print(json.dumps(out))
-"""))
+""",
+        )
+    )
     assert not Path(f"/usr/{marker}").exists()
     assert data["CapEff"] == data["CapBnd"] == "0000000000000000" and data["NoNewPrivs"] == "1"
     assert data["mount tmpfs"].startswith("exit ") and not data["mount tmpfs"].startswith("exit 0")
     assert not data["unshare remount /usr rw"].startswith("exit 0")
     assert "config.yaml" not in data["unshare mount host root"]
-    outcomes.record("escape via `mount` / `unshare -Urm` (remount `/usr` rw, bind the real `/`)",
-                    f"no capabilities, no_new_privs; mount: {data['mount tmpfs'].split(': ', 1)[-1] or 'refused'}; "
-                    f"nested namespace: {data['unshare remount /usr rw'].split(': ', 1)[-1] or 'refused'}; "
-                    "`/` inside is the sandbox's own root")
+    outcomes.record(
+        "escape via `mount` / `unshare -Urm` (remount `/usr` rw, bind the real `/`)",
+        f"no capabilities, no_new_privs; mount: {data['mount tmpfs'].split(': ', 1)[-1] or 'refused'}; "
+        f"nested namespace: {data['unshare remount /usr rw'].split(': ', 1)[-1] or 'refused'}; "
+        "`/` inside is the sandbox's own root",
+    )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -671,14 +830,22 @@ async def test_network_kernel_reaches_not_the_bot(
     await asyncio.sleep(0.05)
     seen.clear()
     open_seen.clear()
-    data = report(await attack(net_attacker, neighbour, NET_FACTS + f"""
+    data = report(
+        await attack(
+            net_attacker,
+            neighbour,
+            NET_FACTS
+            + f"""
 connect = lambda host, port: attempt(lambda: socket.create_connection((host, port), timeout=2).close())
 facts['127.0.0.1'] = connect('127.0.0.1', {port})
 facts['10.0.2.2'] = connect('10.0.2.2', {port})
 facts['10.0.2.2 (0.0.0.0 port)'] = connect('10.0.2.2', {open_port})
 facts['host'] = {{address: connect(address, {open_port}) for address in {host_addresses!r}}}
 print(json.dumps(facts))
-""", timeout=15))
+""",
+            timeout=15,
+        )
+    )
     assert data["interfaces"] == ["lo", "tap0"] and data["address"] == f"ok: {GUEST}"
     assert data["gateway"] == f"tap0 via {GATEWAY}" and data["resolv.conf"] == f"ok: nameserver {DNS}\n"
     assert data["secrets"] == []
@@ -698,7 +865,11 @@ print(json.dumps(facts))
 async def test_network_kernel_cannot_lift_its_blocks(
     net_attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
 ) -> None:
-    data = report(await attack(net_attacker, neighbour, """
+    data = report(
+        await attack(
+            net_attacker,
+            neighbour,
+            """
 import shutil, subprocess
 ip = shutil.which('ip') or '/usr/sbin/ip'
 def run(*args):
@@ -709,9 +880,13 @@ before = rejects()
 out = {'route del': run('route', 'del', 'prohibit', '169.254.0.0/16'),
        'addr add': run('addr', 'add', '10.0.3.1/24', 'dev', 'tap0'), 'before': before, 'after': rejects()}
 print(json.dumps(out))
-"""))
+""",
+        )
+    )
     assert not data["route del"].startswith("exit 0") and not data["addr add"].startswith("exit 0"), data
     assert data["before"] == data["after"] == len(host_networks()), data
-    outcomes.record("`network: true` kernel: remove the blocking routes (`ip route del`, `ip addr add`)",
-                    f"refused ({data['route del']}): the kernel's uid has no CAP_NET_ADMIN; "
-                    f"all {data['after']} prohibit routes stay")
+    outcomes.record(
+        "`network: true` kernel: remove the blocking routes (`ip route del`, `ip addr add`)",
+        f"refused ({data['route del']}): the kernel's uid has no CAP_NET_ADMIN; "
+        f"all {data['after']} prohibit routes stay",
+    )

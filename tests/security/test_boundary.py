@@ -9,7 +9,6 @@ neighbour thread that must keep answering, and checks what the bot would send or
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator
 
@@ -23,7 +22,7 @@ from kernels import ExecutionResult, KernelPool, KernelSession, Outcome
 from kernels.launchers import oneshot_for
 from tests.fakes.outputs import PeakRss
 from tests.security.conftest import CANARY, HostFiles, Outcomes
-from tests.security.test_attacks import TRY, attack, report
+from tests.security.test_attacks import attack, report
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -64,14 +63,21 @@ async def _drain(pinned_outputs: Outputs) -> list[bytes]:
 async def test_changed_file_swapped_for_a_link_after_the_check(
     attacker: KernelSession, neighbour: KernelSession, host_files: HostFiles, outcomes: Outcomes
 ) -> None:
-    started = report(await attack(attacker, neighbour, SWAPPER + f"""
+    started = report(
+        await attack(
+            attacker,
+            neighbour,
+            SWAPPER
+            + f"""
 stop = threading.Event()
 for name in ('report.csv', 'chart.png'):
     open(name, 'w').write('plain data\\n')
 threading.Thread(target=_swap, args=(lambda: ['report.csv', 'chart.png'], {str(host_files.config)!r}, 30, stop),
                  daemon=True).start()
 print(json.dumps({{'swapping': True}}))
-"""))
+""",
+        )
+    )
     assert started == {"swapping": True}
     changed = ExecutionResult(changed_files=["report.csv", "chart.png"])
     sent = refused = 0
@@ -100,14 +106,25 @@ print(json.dumps({{'swapping': True}}))
 
 
 async def test_upload_renamed_over_by_a_link_while_the_bot_writes_it(
-    attacker: KernelSession, neighbour: KernelSession, host_files: HostFiles, outcomes: Outcomes, sandbox_pool: KernelPool
+    attacker: KernelSession,
+    neighbour: KernelSession,
+    host_files: HostFiles,
+    outcomes: Outcomes,
+    sandbox_pool: KernelPool,
 ) -> None:
-    report(await attack(attacker, neighbour, SWAPPER + f"""
+    report(
+        await attack(
+            attacker,
+            neighbour,
+            SWAPPER
+            + f"""
 stop = threading.Event()
 uploads = lambda: [n for n in os.listdir('.') if n.startswith('upload')]
 threading.Thread(target=_swap, args=(uploads, {str(host_files.config)!r}, 30, stop), daemon=True).start()
 print(json.dumps({{'watching': True}}))
-"""))
+""",
+        )
+    )
     csv = b"region,amount\n" + b"".join(b"north,%d\n" % i for i in range(2000))
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -178,8 +195,7 @@ os.kill(os.getpid(), 9)
         for session in extra:
             await sandbox_pool.shutdown(session.key)
     outcomes.record(
-        "replace kernel.log with a FIFO, a link to /dev/zero or a folder, then kill the kernel "
-        "(three threads at once)",
+        "replace kernel.log with a FIFO, a link to /dev/zero or a folder, then kill the kernel (three threads at once)",
         "contained: each thread got its death notice within seconds, the neighbour answered; the log is "
         "read through safefs (no FIFO, no link, last 2 KB only)",
     )
@@ -218,12 +234,18 @@ async def test_writing_past_the_workspace_quota_stops_the_kernel(
 ) -> None:
     quota = attacker.workspace.quota_bytes
     attempted = 3000 * 2**20
-    result = await attack(attacker, neighbour, """
+    result = await attack(
+        attacker,
+        neighbour,
+        """
 import os
 for i in range(3000):
     with open(f'fill-{i}.bin', 'wb') as f:
         f.write(b'x' * 2**20)
-""", timeout=60, overlap=True)
+""",
+        timeout=60,
+        overlap=True,
+    )
     used = await attacker.workspace.usage_bytes()
     assert result.outcome is Outcome.DIED, result
     assert "workspace quota" in (result.notice or "") and "the kernel was stopped" in (result.notice or "")
@@ -241,11 +263,15 @@ for i in range(3000):
 async def test_control_and_bidi_characters_in_file_names_are_shown_escaped(
     attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes
 ) -> None:
-    result = await attack(attacker, neighbour, """
+    result = await attack(
+        attacker,
+        neighbour,
+        """
 for name in ('a\\nsaved: passwd.csv', 'report\\u202egpj.exe', 'bell\\x07\\x1b[31m.txt'):
     open(name, 'w').write('x')
 print(json.dumps({}))
-""")
+""",
+    )
     report(result)
     outputs = Outputs()
     try:

@@ -121,15 +121,37 @@ async def test_auto_without_a_working_sandbox_refuses_to_start(tmp_path: Path, c
     path.write_text(yaml.safe_dump(config))
     bin_dir = _fake_bwrap(tmp_path / "bin")
     env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", command, "--config", str(path), "--out", str(tmp_path / "out"),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=tmp_path, env=env,
-    ) if command == "console" else await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", command, "--config", str(path),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=tmp_path, env=env,
-    )  # fmt: skip
+    process = (
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bot",
+            command,
+            "--config",
+            str(path),
+            "--out",
+            str(tmp_path / "out"),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=tmp_path,
+            env=env,
+        )
+        if command == "console"
+        else await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bot",
+            command,
+            "--config",
+            str(path),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=tmp_path,
+            env=env,
+        )
+    )
     out, err = await asyncio.wait_for(process.communicate(b"what is 1 + 1?\n"), 60)
     stderr = err.decode()
 
@@ -162,21 +184,41 @@ async def test_an_unsandboxed_kernel_cannot_read_the_bots_environment_or_memory(
             "llm": {"base_url": llm.base_url, "api_key": "${OPENAI_API_KEY}", "model": "fake-model", "max_retries": 0},
             "slack": {"bot_token": "${SLACK_BOT_TOKEN:-}", "app_token": "${SLACK_APP_TOKEN:-}"},
             "kernels": {
-                **kernel_config(layout.tmp), "workspace_root": str(layout.workspaces), "sandbox": "none",
-                "fork_server": False, "python": str(layout.venv / "bin" / "python"),
+                **kernel_config(layout.tmp),
+                "workspace_root": str(layout.workspaces),
+                "sandbox": "none",
+                "fork_server": False,
+                "python": str(layout.venv / "bin" / "python"),
             },
             "storage": {"path": str(layout.tmp / "tb.db")},
-        }  # fmt: skip
+        }
         path = layout.root / "config.yaml"
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o644)
-        env = _child_env(layout, OPENAI_API_KEY=canary, SLACK_BOT_TOKEN=canary, SLACK_APP_TOKEN=canary, DISCORD_BOT_TOKEN=canary)
-        argv = [*_drop(), str(layout.venv / "bin" / "python"), "-m", "bot", "console", "--config", str(path),
-                "--out", str(layout.tmp / "out")]
+        env = _child_env(
+            layout, OPENAI_API_KEY=canary, SLACK_BOT_TOKEN=canary, SLACK_APP_TOKEN=canary, DISCORD_BOT_TOKEN=canary
+        )
+        argv = [
+            *_drop(),
+            str(layout.venv / "bin" / "python"),
+            "-m",
+            "bot",
+            "console",
+            "--config",
+            str(path),
+            "--out",
+            str(layout.tmp / "out"),
+        ]
         child = subprocess.Popen(
-            argv, cwd=layout.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
-        )  # fmt: skip
+            argv,
+            cwd=layout.root,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             out, err = await asyncio.to_thread(child.communicate, "look around\n", 90)
         except subprocess.TimeoutExpired:

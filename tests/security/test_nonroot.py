@@ -145,7 +145,10 @@ def _skip_reason() -> str | None:
         return "bwrap or setpriv is missing"
     try:
         done = subprocess.run(
-            [*_drop(), bwrap, "--unshare-user", "--ro-bind", "/", "/", "true"], capture_output=True, text=True, timeout=10
+            [*_drop(), bwrap, "--unshare-user", "--ro-bind", "/", "/", "true"],
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"cannot probe unprivileged user namespaces: {exc}"
@@ -193,7 +196,7 @@ def _make_venv(venv: Path) -> None:
             except OSError:
                 shutil.copy2(source, target)
     shutil.copytree(REPO / "kernels" / "runtime" / "threadbook_kernel", site / "threadbook_kernel")  # kernel-side code
-    for folder, dirs, files in os.walk(venv):
+    for folder, dirs, _files in os.walk(venv):
         for name in dirs:
             os.chmod(os.path.join(folder, name), 0o755)
 
@@ -258,8 +261,16 @@ def _child_env(paths: Layout, **extra: str) -> dict[str, str]:
 def _run_child(paths: Layout, canary: str, *, fork_server: bool) -> dict[str, Any]:
     """Run :func:`child_main` as the unprivileged uid; its JSON report (killed on timeout)."""
     env = _child_env(paths, **{name: canary for name in SECRET_VARS})
-    argv = [*_drop(), str(paths.venv / "bin" / "python"), "-m", "tests.security.test_nonroot",
-            str(paths.root), canary, STRAY, "fork" if fork_server else "spawn"]
+    argv = [
+        *_drop(),
+        str(paths.venv / "bin" / "python"),
+        "-m",
+        "tests.security.test_nonroot",
+        str(paths.root),
+        canary,
+        STRAY,
+        "fork" if fork_server else "spawn",
+    ]
     child = subprocess.Popen(
         argv, cwd=paths.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -318,15 +329,27 @@ def test_unprivileged_bot_sandboxes_its_kernels(layout: Layout, source: str) -> 
         if report["disable_userns"]:
             assert inside["nested_userns"][0] != 0, f"nested user namespace allowed: {inside['nested_userns']}"
         else:
-            warnings.warn(f"{report['bwrap_version']} has no --disable-userns: nested user namespaces stay possible")
+            warnings.warn(
+                f"{report['bwrap_version']} has no --disable-userns: nested user namespaces stay possible", stacklevel=2
+            )
 
     # On the host: the kernels' files belong to the bot's own uid, no forbidden write landed,
     # and neither the child nor any kernel is left.
     for workspace in report["workspaces"]:
         made = Path(workspace) / "made-by-kernel.txt"
         assert layout.workspaces in made.parents and made.stat().st_uid == _host_uid()
-    strays = [p for p in (Path("/") / STRAY, Path("/usr") / STRAY, Path("/etc") / STRAY, layout.venv / STRAY,
-                          layout.data / STRAY, layout.workspaces / STRAY) if p.exists()]
+    strays = [
+        p
+        for p in (
+            Path("/") / STRAY,
+            Path("/usr") / STRAY,
+            Path("/etc") / STRAY,
+            layout.venv / STRAY,
+            layout.data / STRAY,
+            layout.workspaces / STRAY,
+        )
+        if p.exists()
+    ]
     assert not strays, f"a write from inside the sandbox landed on the host: {strays}"
     deadline = time.monotonic() + 5
     while (left := _leftovers(layout.root)) and time.monotonic() < deadline:
@@ -342,12 +365,25 @@ def test_attack_suite_as_unprivileged_bot(layout: Layout) -> None:
     made for this uid, recorded as such; the outcomes become the second table of
     docs/security.md."""
     rows_file = layout.tmp / "attack-rows.json"
-    argv = [*_drop(), str(layout.venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-            "--rootdir", str(REPO), "-c", str(REPO / "pyproject.toml"),
-            "tests/security/test_attacks.py", "tests/security/test_boundary.py"]
+    argv = [
+        *_drop(),
+        str(layout.venv / "bin" / "python"),
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(REPO),
+        "-c",
+        str(REPO / "pyproject.toml"),
+        "tests/security/test_attacks.py",
+        "tests/security/test_boundary.py",
+    ]
     env = _child_env(layout, **{ROWS_FILE_VAR: str(rows_file)})
-    child = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+    child = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = child.communicate(timeout=540)
     except subprocess.TimeoutExpired:
@@ -373,9 +409,18 @@ async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[s
 
     paths = Layout.under(root)
     settings = KernelSettings(
-        sandbox="bwrap", workspace_root=paths.workspaces, preload=(), exec_timeout_s=15, interrupt_grace_s=1,
-        max_kernels=4, memory_mb=512, max_processes=64, max_file_mb=10, fork_server=source == "fork",
-        python=Path(sys.executable), packages={"dir": paths.tmp / "packages"},
+        sandbox="bwrap",
+        workspace_root=paths.workspaces,
+        preload=(),
+        exec_timeout_s=15,
+        interrupt_grace_s=1,
+        max_kernels=4,
+        memory_mb=512,
+        max_processes=64,
+        max_file_mb=10,
+        fork_server=source == "fork",
+        python=Path(sys.executable),
+        packages={"dir": paths.tmp / "packages"},
     )
     logged: list[str] = []
     handler = logging.Handler()
@@ -387,12 +432,16 @@ async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[s
     assert isinstance(launcher, BwrapLauncher), type(launcher)
     version = subprocess.run([launcher.support.bwrap, "--version"], capture_output=True, text=True).stdout.strip()
     report: dict[str, Any] = {
-        "euid": os.geteuid(), "launcher": type(pool.launcher).__name__, "as_root": launcher.support.as_root,
+        "euid": os.geteuid(),
+        "launcher": type(pool.launcher).__name__,
+        "as_root": launcher.support.as_root,
         "uid_mode": "root + setpriv" if launcher.support.as_root else "user namespace",
-        "disable_userns": launcher.support.disable_userns, "tmpfs_size": launcher.support.tmpfs_size,
+        "disable_userns": launcher.support.disable_userns,
+        "tmpfs_size": launcher.support.tmpfs_size,
         "bwrap_version": version,
         "python_roots": [str(p) for p in launcher.support.host.python_dirs],
-        "isolation": launcher.isolation, "isolation_logged": [line for line in logged if "isolation" in line],
+        "isolation": launcher.isolation,
+        "isolation_logged": [line for line in logged if "isolation" in line],
     }
     await pool.start()
     try:
@@ -410,14 +459,28 @@ async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[s
         for session, other in zip(sessions, reversed(sessions)):
             assert other._handle is not None
             params = {
-                "canary": canary, "secret_vars": list(SECRET_VARS),
-                "other_workspace": str(other.workspace.path), "other_run_dir": str(other._handle.run_dir),
+                "canary": canary,
+                "secret_vars": list(SECRET_VARS),
+                "other_workspace": str(other.workspace.path),
+                "other_run_dir": str(other._handle.run_dir),
                 # The zygote binds the repo's kernels/ (zygote.py) for itself; each kernel
                 # detaches it, an empty mount point of the repo's path may stay.
-                "host_paths": [str(REPO / "pyproject.toml"), str(REPO / "kernels" / "zygote.py"),
-                               str(paths.workspaces), "/root/.pyenv"],
-                "forbidden_writes": [f"/{stray}", f"/usr/{stray}", f"/etc/{stray}", f"/dev/{stray}", f"/proc/{stray}", f"{paths.venv}/{stray}",
-                                     f"/data/{stray}", f"{paths.workspaces}/{stray}"],
+                "host_paths": [
+                    str(REPO / "pyproject.toml"),
+                    str(REPO / "kernels" / "zygote.py"),
+                    str(paths.workspaces),
+                    "/root/.pyenv",
+                ],
+                "forbidden_writes": [
+                    f"/{stray}",
+                    f"/usr/{stray}",
+                    f"/etc/{stray}",
+                    f"/dev/{stray}",
+                    f"/proc/{stray}",
+                    f"{paths.venv}/{stray}",
+                    f"/data/{stray}",
+                    f"{paths.workspaces}/{stray}",
+                ],
             }
             result = await session.execute(f"PARAMS = {params!r}\n{KERNEL_CHECKS}", timeout=15)
             assert result.ok, (result.outcome, result.error, result.stdout[-2000:])

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from kernels import KernelLauncher, KernelOptions
-from kernels import launchers
+from kernels import KernelLauncher, KernelOptions, launchers
 from kernels.launchers import UNSANDBOXED, sandbox_in_force, spawn_launcher
 from kernels.result import SandboxUnavailableError
 from kernels.sandbox.args import DATA
@@ -62,15 +61,24 @@ def test_a_sandbox_that_cannot_start_stops_start_up(
 def test_the_refusal_names_the_fix_for_what_is_missing() -> None:
     missing = refusal("auto", "bubblewrap not found (install the bubblewrap package)", container=False)
     assert "To fix: install bubblewrap (apt-get install bubblewrap" in missing
-    masked = refusal("auto", "bubblewrap cannot start a sandboxed kernel here: Can't mount proc on /newroot/proc: "
-                     "Operation not permitted", container=True)
+    masked = refusal(
+        "auto",
+        "bubblewrap cannot start a sandboxed kernel here: Can't mount proc on /newroot/proc: Operation not permitted",
+        container=True,
+    )
     assert "Can't mount proc" in masked and f"run the container with {CONTAINER_FLAGS}" in masked
     # Runtime flags cannot make up for a missing program: the image needs it.
-    image = refusal("bwrap", "setpriv (util-linux) not found: as root it is how the kernel drops to an unprivileged uid",
-                    container=True)
+    image = refusal(
+        "bwrap",
+        "setpriv (util-linux) not found: as root it is how the kernel drops to an unprivileged uid",
+        container=True,
+    )
     assert "To fix: install util-linux in the image" in image and "--security-opt" not in image
-    userns = refusal("auto", "bubblewrap cannot start a sandboxed kernel here: bwrap: No permissions to create new "
-                     "namespace", container=False)
+    userns = refusal(
+        "auto",
+        "bubblewrap cannot start a sandboxed kernel here: bwrap: No permissions to create new namespace",
+        container=False,
+    )
     assert "kernel.unprivileged_userns_clone=1" in userns and "apparmor_restrict_unprivileged_userns=0" in userns
 
 

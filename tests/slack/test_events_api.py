@@ -80,7 +80,9 @@ async def test_mention_with_csv_gets_chart_in_thread_and_follow_up_reuses_variab
     assert status_msg.deleted and status_msg.thread_ts == event["ts"]
     button = status_msg.blocks[1]["elements"][0]  # type: ignore[index]
     assert button["action_id"] == "threadbook_stop" and button["value"] == f"slack:T1:C_CSV:{event['ts']}"
-    assert any("Running step 1 (" in text and "s): `df = pd.read_csv('sales.csv')`" in text for text in status_msg.updates)
+    assert any(
+        "Running step 1 (" in text and "s): `df = pd.read_csv('sales.csv')`" in text for text in status_msg.updates
+    )
     edits = [c.at for c in slack.calls_to("chat.update") if c.args.get("ts") == status_msg.ts]
     assert all(later - earlier >= 0.9 for earlier, later in zip(edits, edits[1:]))
 

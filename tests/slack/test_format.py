@@ -31,9 +31,7 @@ def test_headings_bullets_quotes_and_escaping() -> None:
 
 def test_code_is_left_alone_except_escaping_and_language_tag() -> None:
     text = "Run `a<b and **c**`:\n\n```python\nif a < b:\n    print('**not bold**')\n```\nafter"
-    assert to_mrkdwn(text) == (
-        "Run `a&lt;b and **c**`:\n\n```\nif a &lt; b:\n    print('**not bold**')\n```\nafter"
-    )
+    assert to_mrkdwn(text) == ("Run `a&lt;b and **c**`:\n\n```\nif a &lt; b:\n    print('**not bold**')\n```\nafter")
 
 
 def test_tables_become_aligned_code_blocks() -> None:
@@ -96,7 +94,10 @@ def test_only_the_bots_own_mentions_are_tokens() -> None:
     assert mrkdwn("asked by ", Mention("user", "U0ASKER"), " in ", Mention("channel", "C0ROOM")).text == (
         "asked by <@U0ASKER> in <#C0ROOM>"
     )
-    assert mrkdwn("<@U0ASKER> <!channel> <!subteam^S1>").text == "&lt;@\u2060U0ASKER&gt; &lt;!channel&gt; &lt;!subteam^S1&gt;"
+    assert (
+        mrkdwn("<@U0ASKER> <!channel> <!subteam^S1>").text
+        == "&lt;@\u2060U0ASKER&gt; &lt;!channel&gt; &lt;!subteam^S1&gt;"
+    )
     with pytest.raises(ValueError):
         Mention("user", "!channel").token()
     with pytest.raises(ValueError):
@@ -115,7 +116,10 @@ def test_only_the_bots_own_mentions_are_tokens() -> None:
         ("[intranet.example.com](https://evil.example.net/)", "<https://evil.example.net/>"),
         ("[boss@example.com](mailto:thief@evil.net)", "<mailto:thief@evil.net>"),
         ("[example.com](https://www.example.com/)", "<https://www.example.com/|example.com>"),
-        ("[the docs](https://x.org/a) [mail me](mailto:a@b.org)", "<https://x.org/a|the docs> <mailto:a@b.org|mail me>"),
+        (
+            "[the docs](https://x.org/a) [mail me](mailto:a@b.org)",
+            "<https://x.org/a|the docs> <mailto:a@b.org|mail me>",
+        ),
         ("<https://evil.example.net|intranet.example.com>", "&lt;https://evil.example.net|intranet.example.com&gt;"),
         ("@here @channel, mail a@b.org", "@\u2060here @\u2060channel, mail a@b.org"),
     ],

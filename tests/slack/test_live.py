@@ -56,7 +56,9 @@ async def test_a_running_cell_shows_its_time_and_latest_lines_about_once_a_secon
     status = status_message(bot, "C_LIVE", event["ts"])
     running = [text for text in status.updates if text.startswith("Running step 1")]
     # The step is labelled with the model's own words (its first-line comment), not the import.
-    assert running and all(text.startswith("Running step 1 (") and "Count to fourteen slowly" in text for text in running)
+    assert running and all(
+        text.startswith("Running step 1 (") and "Count to fourteen slowly" in text for text in running
+    )
     # Several of the printed lines showed up before the cell ended, and the elapsed time moved on.
     seen = {int(n) for text in running for n in re.findall(r"line (\d+)", text)}
     assert len(seen) >= 4 and min(seen) < 7
@@ -93,7 +95,9 @@ async def test_slacks_own_stop_interrupts_the_cell_and_the_thread_goes_on(bot: B
     assert not any("finished" in text for text in bot.answers(event))
 
     # Variables kept, thread usable: the next question in the thread sees them.
-    bot.llm.script(tool_call("print(kept + 1)"), lambda request: answer("It is " + request["messages"][-1]["content"].strip()))
+    bot.llm.script(
+        tool_call("print(kept + 1)"), lambda request: answer("It is " + request["messages"][-1]["content"].strip())
+    )
     again = slack.message_event("C_STOP", f"<@{slack.bot_user_id}> and now?", thread_ts=event["ts"])
     await slack.post_event(bot.events_url, again)
     assert await bot.finished(again) == {"white_check_mark"}

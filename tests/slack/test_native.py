@@ -27,7 +27,9 @@ STREAM_INTERVAL_S = 1.2
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def bot(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bot]:
-    channels = {"slack:C_SALES": {"suggested_prompts": [{"title": "Revenue by region", "message": "Chart revenue by region."}]}}
+    channels = {
+        "slack:C_SALES": {"suggested_prompts": [{"title": "Revenue by region", "message": "Chart revenue by region."}]}
+    }
     async with running_bot(
         tmp_path_factory.mktemp("slack-native"), socket_mode=False, streaming=True, channels=channels
     ) as running:
@@ -157,19 +159,23 @@ async def test_an_assistant_thread_greets_offers_prompts_shows_status_and_answer
 
     other = slack.assistant_thread_started("D_PANEL", context_channel="C_ELSEWHERE")
     await slack.post_event(bot.events_url, other)
-    defaults = await slack.wait_for(lambda: slack.suggested_prompts.get(("D_PANEL", other["assistant_thread"]["thread_ts"])))
+    defaults = await slack.wait_for(
+        lambda: slack.suggested_prompts.get(("D_PANEL", other["assistant_thread"]["thread_ts"]))
+    )
     assert [p["title"] for p in defaults] == ["Summarise a CSV", "Chart a trend", "What can you do?"]
 
-    bot.llm.script(tool_call("import time; time.sleep(1.2)\n" + PLOT), answer("Revenue by region is charted.", pace_s=0.02))
-    question = slack.message_event(
-        "D_PANEL", "Chart revenue by region please", thread_ts=thread_ts, channel_type="im"
+    bot.llm.script(
+        tool_call("import time; time.sleep(1.2)\n" + PLOT), answer("Revenue by region is charted.", pace_s=0.02)
     )
+    question = slack.message_event("D_PANEL", "Chart revenue by region please", thread_ts=thread_ts, channel_type="im")
     await slack.post_event(bot.events_url, question)
     assert await bot.finished(question) == {"white_check_mark"}
     statuses = slack.statuses[("D_PANEL", thread_ts)]
     assert statuses[0] == "Thinking…" and statuses[-1] == ""  # shown while working, cleared after
     assert any(s.startswith("Running step 1") for s in statuses)
-    [first_status] = [c for c in slack.calls_to("assistant.threads.setStatus") if c.args.get("thread_ts") == thread_ts][:1]
+    [first_status] = [c for c in slack.calls_to("assistant.threads.setStatus") if c.args.get("thread_ts") == thread_ts][
+        :1
+    ]
     assert first_status.args["loading_messages"]
     assert slack.titles[("D_PANEL", thread_ts)] == "Chart revenue by region please"
     messages = live(slack, "D_PANEL", thread_ts)

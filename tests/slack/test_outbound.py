@@ -114,7 +114,11 @@ async def test_a_streamed_link_split_between_pieces_never_forms_a_mention(bot: B
     bot.slack.refuse_streaming = None if native else "not_allowed"
     try:
         since = len(bot.slack.calls)
-        text = "Look " + "at this " * 40 + "<!channel> and [the chart](!channel) and <https://evil.example.net|intranet.example.com>"
+        text = (
+            "Look "
+            + "at this " * 40
+            + "<!channel> and [the chart](!channel) and <https://evil.example.net|intranet.example.com>"
+        )
         bot.llm.script(answer(text, pace_s=0.03))
         await ask(bot, f"C_SPLIT_{native}", "go")
         assert offences(bot.slack, since) == []
@@ -136,9 +140,11 @@ async def test_echoes_of_a_question_in_schedules_and_runs_ping_no_one(bot: Bot) 
     [schedule] = await bot.core.store.schedules.of_thread(f"slack:T1:C_ECHO:{event['ts']}")
     assert schedule.next_run_at is not None
     scheduler = Scheduler(
-        book=bot.core.store.schedules, handle=bot.core.dispatcher.handle, reaches=[bot.adapter],
+        book=bot.core.store.schedules,
+        handle=bot.core.dispatcher.handle,
+        reaches=[bot.adapter],
         clock=lambda: schedule.next_run_at + 1,  # type: ignore[operator]
-    )  # fmt: skip
+    )
     await asyncio.gather(*await scheduler.tick())
     assert any(t.startswith("⏰ Scheduled run #1") and "heads up" in t for t in bot.answers(event))
     assert offences(bot.slack, since) == []
@@ -168,7 +174,6 @@ async def test_the_status_line_and_title_of_an_assistant_thread_ping_no_one(bot:
     await bot.slack.post_event(bot.events_url, message)
     await bot.finished(message)
     assert offences(bot.slack, since) == []
-
 
 
 @pytest.mark.parametrize("pace_s", [0.0, 0.02])

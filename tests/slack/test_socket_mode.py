@@ -72,7 +72,8 @@ async def test_stop_button_over_socket_mode(bot: Bot) -> None:
 
 
 @pytest.mark.parametrize(
-    ("bad", "named"), [({"bot_token": "xoxb-wrong"}, "SLACK_BOT_TOKEN"), ({"app_token": "xapp-wrong"}, "SLACK_APP_TOKEN")]
+    ("bad", "named"),
+    [({"bot_token": "xoxb-wrong"}, "SLACK_BOT_TOKEN"), ({"app_token": "xapp-wrong"}, "SLACK_APP_TOKEN")],
 )
 async def test_wrong_tokens_stop_start_up_with_one_clear_line(bot: Bot, bad: dict[str, str], named: str) -> None:
     good = {"bot_token": bot.slack.bot_token, "app_token": bot.slack.app_token, "api_url": bot.slack.api_url}
@@ -86,8 +87,9 @@ async def test_run_bot_exits_with_the_one_line_when_slack_refuses_the_token(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with FakeSlack() as slack:
-        settings = make_settings(tmp_path, slack={"bot_token": "xoxb-wrong", "app_token": slack.app_token,
-                                                  "api_url": slack.api_url})
+        settings = make_settings(
+            tmp_path, slack={"bot_token": "xoxb-wrong", "app_token": slack.app_token, "api_url": slack.api_url}
+        )
         with caplog.at_level(logging.ERROR, logger="bot.app"):
             assert await asyncio.wait_for(run_bot(settings), 30) == 2
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]

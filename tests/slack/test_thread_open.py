@@ -21,8 +21,11 @@ async def test_a_thread_is_open_until_slack_says_it_is_gone(tmp_path: Path) -> N
         slack.deleted_channels.add("C_DEL")
         slack.delete_thread("C_THREAD", threads["C_THREAD"]["ts"])
         assert {name: await bot.adapter.thread_open(k) for name, k in key.items()} == {
-            "C_OPEN": True, "C_ARCH": False, "C_DEL": False, "C_THREAD": False,
-        }  # fmt: skip
+            "C_OPEN": True,
+            "C_ARCH": False,
+            "C_DEL": False,
+            "C_THREAD": False,
+        }
         # A thread the bot never saw (a wrong ts) is gone too.
         assert not await bot.adapter.thread_open(ThreadKey("slack", "T1", "C_OPEN", "1.000001"))
         # Another platform's thread is not this adapter's to judge.

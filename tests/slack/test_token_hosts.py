@@ -38,9 +38,7 @@ async def test_a_file_link_to_another_host_gets_no_request_and_no_token(tmp_path
             assert await bot.finished(event) == {"white_check_mark"}
             texts = bot.answers(event)
             for name in ("q3.csv", "q4.csv"):
-                assert any(
-                    f"`{name}` was not added: its download link points outside Slack" in t for t in texts
-                ), texts
+                assert any(f"`{name}` was not added: its download link points outside Slack" in t for t in texts), texts
             assert not any("q5.csv" in t and "not added" in t for t in texts)
             assert slack.downloads == [(genuine["id"], True)]  # only Slack's own file was fetched
             prompt = next(m for m in bot.llm.requests[0]["messages"] if m["role"] == "user")["content"]

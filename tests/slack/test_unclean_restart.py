@@ -31,13 +31,17 @@ assert INTERRUPTED in INTERRUPTED_NOTICE and RESTARTED in RESTART_NOTICE
 async def world(tmp_path: Path) -> AsyncIterator[tuple[FakeSlack, ScriptedOpenAI, BotProcesses]]:
     async with FakeSlack(bot_token=BOT_TOKEN, app_token=APP_TOKEN) as slack, ScriptedOpenAI(api_key=LLM_KEY) as llm:
         config = tmp_path / "config.yaml"
-        config.write_text(yaml.safe_dump({
-            "llm": {"base_url": llm.base_url, "api_key": LLM_KEY, "model": "fake-model", "max_retries": 0},
-            "slack": {"bot_token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": slack.api_url},
-            "kernels": kernel_config(tmp_path),
-            "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
-            "ops": {"shutdown_grace_s": 1},  # the hanging turn is cut off at once
-        }))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "llm": {"base_url": llm.base_url, "api_key": LLM_KEY, "model": "fake-model", "max_retries": 0},
+                    "slack": {"bot_token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": slack.api_url},
+                    "kernels": kernel_config(tmp_path),
+                    "storage": {"path": str(tmp_path / "data" / "threadbook.db")},
+                    "ops": {"shutdown_grace_s": 1},  # the hanging turn is cut off at once
+                }
+            )
+        )
         bots = BotProcesses(tmp_path, config)
         try:
             yield slack, llm, bots
@@ -80,8 +84,10 @@ async def test_kill_9_mid_turn_then_restart_tells_the_thread_once(
 
     # A leftover for a platform this configuration does not run: kept, and a line to wait for.
     with sqlite3.connect(db) as raw:
-        raw.execute("INSERT INTO turns_in_flight (thread, message_id, run, started_at) VALUES ('discord:G1:C9:99', '99', 'dead-run', ?)",
-                    (time.time(),))
+        raw.execute(
+            "INSERT INTO turns_in_flight (thread, message_id, run, started_at) VALUES ('discord:G1:C9:99', '99', 'dead-run', ?)",
+            (time.time(),),
+        )
     raw.close()
 
     # Run 3: nobody is told again.

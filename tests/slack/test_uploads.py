@@ -50,7 +50,12 @@ async def test_a_100_mb_file_streams_to_slack_byte_identical_without_growing_mem
     [upload] = slack.uploads
     assert (upload.size, upload.sha256) == (MAX_UPLOAD_BYTES, digest)
     assert upload.length == upload.content_length == MAX_UPLOAD_BYTES  # declared up front, not chunked
-    assert (upload.filename, upload.title, upload.channel, upload.thread_ts) == ("big.bin", "big.bin", "C_BIG", THREAD_TS)
+    assert (upload.filename, upload.title, upload.channel, upload.thread_ts) == (
+        "big.bin",
+        "big.bin",
+        "C_BIG",
+        THREAD_TS,
+    )
     assert texts(slack, "C_BIG") == ["Here it is."]
     with capsys.disabled():
         print(f"\nslack upload of 100 MiB: peak RSS growth {memory.growth / 2**20:.1f} MiB")

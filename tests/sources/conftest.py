@@ -13,7 +13,6 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
-from bench.postgres import LocalPostgres
 from bot.sources.settings import SourceSettings
 
 #: The password the tests hunt for everywhere it must not be.
@@ -46,8 +45,10 @@ def pg_reader_url(pg_url: str) -> str:
         try:
             for statement in ORDERS_SQL:
                 await conn.execute(statement)
-            await conn.execute(f"DO $$ BEGIN CREATE ROLE reader LOGIN PASSWORD '{PASSWORD}'; "
-                               "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+            await conn.execute(
+                f"DO $$ BEGIN CREATE ROLE reader LOGIN PASSWORD '{PASSWORD}'; "
+                "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+            )
             await conn.execute("GRANT ALL ON orders TO reader")
         finally:
             await conn.close()

@@ -42,7 +42,9 @@ async def lite(sqlite_file: Path, source_settings: MakeSettings) -> AsyncIterato
 
 
 @pytest_asyncio.fixture(params=["pg", "lite"])
-async def either(request: pytest.FixtureRequest, source_settings: MakeSettings, tmp_path: Path) -> AsyncIterator[Source]:
+async def either(
+    request: pytest.FixtureRequest, source_settings: MakeSettings, tmp_path: Path
+) -> AsyncIterator[Source]:
     """Each kind of source in turn (PostgreSQL, then SQLite), named by ``source.dialect``."""
     if request.param == "pg":
         url = str(request.getfixturevalue("pg_reader_url"))
@@ -59,7 +61,9 @@ def sink_in(folder: Path, name: str = "out.parquet") -> tuple[ParquetSink, int]:
     return ParquetSink(fd, name, limit_bytes=50 * 2**20), fd
 
 
-async def fetch_table(source: Source, query: str, folder: Path, *, max_rows: int | None = None) -> tuple[pa.Table, bool]:
+async def fetch_table(
+    source: Source, query: str, folder: Path, *, max_rows: int | None = None
+) -> tuple[pa.Table, bool]:
     sink, fd = sink_in(folder)
     try:
         fetched = await source.fetch(query, sink, max_rows=max_rows)
@@ -84,14 +88,18 @@ async def test_postgres_rows_arrive_with_their_types(pg: Source, tmp_path: Path)
 
 
 async def test_sqlite_rows_arrive(lite: Source, tmp_path: Path) -> None:
-    table, _ = await fetch_table(lite, "SELECT customer, sum(amount) AS total FROM orders GROUP BY 1 ORDER BY 1", tmp_path)
+    table, _ = await fetch_table(
+        lite, "SELECT customer, sum(amount) AS total FROM orders GROUP BY 1 ORDER BY 1", tmp_path
+    )
     assert table.to_pylist() == [{"customer": "ada", "total": 42.5}, {"customer": "bob", "total": 7.25}]
 
 
 async def test_max_rows_cuts_the_result(either: Source, tmp_path: Path) -> None:
     source = either
-    series = "SELECT generate_series(1, 5000) AS n" if source.dialect == "postgresql" else (
-        "WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < 5000) SELECT n FROM s"
+    series = (
+        "SELECT generate_series(1, 5000) AS n"
+        if source.dialect == "postgresql"
+        else ("WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < 5000) SELECT n FROM s")
     )
     table, cut = await fetch_table(source, series, tmp_path, max_rows=1234)
     assert cut and table.num_rows == 1234 and table.column("n").to_pylist()[-1] == 1234
@@ -107,7 +115,9 @@ async def test_postgres_timeout_cancels_on_the_server(pg: Source, tmp_path: Path
     os.close(fd)
     conn = await asyncpg.connect(pg_url)
     try:  # nothing of the query is left running on the server
-        running = await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'")
+        running = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'"
+        )
     finally:
         await conn.close()
     assert running == 0
@@ -146,8 +156,11 @@ async def test_sqlite_timeout_interrupts_the_query(lite: Source, tmp_path: Path)
 async def test_postgres_session_is_read_only(pg: Source, tmp_path: Path, pg_url: str) -> None:
     # The parser's guard is bypassed here: the session alone must refuse the write.
     for index, write in enumerate(
-        ["DELETE FROM orders RETURNING id", "WITH d AS (DELETE FROM orders RETURNING id) SELECT * FROM d",
-         "SELECT 1; DELETE FROM orders"]  # the last: the extended protocol takes one statement only
+        [
+            "DELETE FROM orders RETURNING id",
+            "WITH d AS (DELETE FROM orders RETURNING id) SELECT * FROM d",
+            "SELECT 1; DELETE FROM orders",
+        ]  # the last: the extended protocol takes one statement only
     ):
         sink, fd = sink_in(tmp_path, f"{index}.parquet")
         with pytest.raises(QueryFailed, match="read-only transaction|multiple commands"):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from bot.sources.guard import QueryRefused, check_query
 from bot.sources.cell import loader_code
+from bot.sources.guard import QueryRefused, check_query
 from bot.sources.registry import Sources
 from bot.sources.scrub import scrub, secrets_of
 from bot.sources.settings import SourceSettings
@@ -72,8 +72,10 @@ def test_sqlite_pragma_and_attach_are_refused() -> None:
 
 def test_scrub_hides_the_url_and_the_password() -> None:
     url = make_url("postgresql://reader:s3cret-pass@db.internal:5432/shop")
-    text = 'connect to "postgresql://reader:s3cret-pass@db.internal:5432/shop" failed: password s3cret-pass; ' \
-           "reader:s3cret-pass@db.internal password=s3cret-pass"
+    text = (
+        'connect to "postgresql://reader:s3cret-pass@db.internal:5432/shop" failed: password s3cret-pass; '
+        "reader:s3cret-pass@db.internal password=s3cret-pass"
+    )
     cleaned = scrub(text, secrets_of(url))
     assert "s3cret-pass" not in cleaned and "postgresql://" not in cleaned and "db.internal:5432" not in cleaned
 

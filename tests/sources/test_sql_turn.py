@@ -100,7 +100,10 @@ async def test_sql_then_python_on_the_dataframe(any_core: Core, llm: ScriptedOpe
     assert "customer (string)" in loaded and "amount (double)" in loaded and "ada | 12.5" in loaded
     assert "CUT" not in loaded
     assert "{'ada': 42.5, 'bob': 7.25}" in out.reply.text
-    assert ("update", "🗄️ Querying `warehouse`: `SELECT customer, amount, placed FROM orders ORDER BY id`") in out.progress_log
+    assert (
+        "update",
+        "🗄️ Querying `warehouse`: `SELECT customer, amount, placed FROM orders ORDER BY id`",
+    ) in out.progress_log
     assert out.reply.files == ()  # the rows' file is not sent back as a file of the turn
     workspace = core.pool.workspaces.for_key(str(chat.key()))
     assert not [name for name in os.listdir(workspace.path / ".threadbook") if name.endswith(".parquet")]
@@ -110,7 +113,9 @@ async def test_sql_then_python_on_the_dataframe(any_core: Core, llm: ScriptedOpe
         notebook = nbformat.reads(reader.read().decode(), as_version=4)
     nbformat.validate(notebook)
     sources = [(c.cell_type, c.source) for c in notebook.cells]
-    at = next(i for i, (kind, text) in enumerate(sources) if kind == "markdown" and text.startswith("```sql\n%%sql → orders"))
+    at = next(
+        i for i, (kind, text) in enumerate(sources) if kind == "markdown" and text.startswith("```sql\n%%sql → orders")
+    )
     assert "SELECT customer, amount, placed FROM orders ORDER BY id" in sources[at][1]
     loader = notebook.cells[at + 1]
     assert loader.cell_type == "code" and "read_parquet" in loader.source
@@ -158,7 +163,9 @@ async def test_a_source_of_another_channel_is_refused_by_name(core: Core, llm: S
 
 async def test_max_rows_cut_on_sqlite_is_told(core: Core, llm: ScriptedOpenAI) -> None:
     chat = MemoryChat(core.dispatcher, channel="C3")
-    llm.script(sql_call("SELECT * FROM orders ORDER BY id", source="shop"), tool_call("print(len(result))"), echo_last_tool())
+    llm.script(
+        sql_call("SELECT * FROM orders ORDER BY id", source="shop"), tool_call("print(len(result))"), echo_last_tool()
+    )
     out = await chat.say("orders?")
     told = tool_results(llm.requests[1])[0]
     assert "2 rows × 5 columns" in told and "CUT at max_rows = 2" in told
@@ -234,7 +241,9 @@ async def _sleeping(pg_url: str) -> bool:
     conn = await asyncpg.connect(pg_url)
     try:
         return bool(
-            await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(4)%' AND state = 'active'")
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(4)%' AND state = 'active'"
+            )
         )
     finally:
         await conn.close()

@@ -111,8 +111,10 @@ async def test_a_hostile_workbook_leaves_the_bot_memory_flat(pool: KernelPool, o
     with PeakRss() as rss:
         text = await preview(oneshot, session.workspace, bomb.name, bomb.stat().st_size)
     growth = rss.growth / 2**20
-    print(f"bot peak RSS growth previewing a {human_size(bomb.stat().st_size)} workbook that unpacks to 600 MB: "
-          f"{growth:.2f} MiB (baseline {rss.baseline / 2**20:.0f} MiB)")
+    print(
+        f"bot peak RSS growth previewing a {human_size(bomb.stat().st_size)} workbook that unpacks to 600 MB: "
+        f"{growth:.2f} MiB (baseline {rss.baseline / 2**20:.0f} MiB)"
+    )
     assert growth < 10, f"the bot grew by {growth:.1f} MiB previewing a zip bomb"
     assert text.startswith("Excel workbook") and "rows not previewed" in text
     after = await session.execute("kept")

@@ -11,8 +11,8 @@ import nbformat
 from PIL import Image
 
 from bot.notebook import export_notebook
-from bot.transcript import result_to_outputs
 from bot.store import Store
+from bot.transcript import result_to_outputs
 from kernels.result import DisplayOutput, ErrorInfo, ExecutionResult, Outcome, StreamChunk
 
 KEY = "slack:T1:C1:1700000000.000100"

@@ -22,7 +22,10 @@ V2_THREAD = [
     {"role": "user", "content": "go"},
     {"role": "assistant", "content": "_Stopped on request after 1 code run._"},
     {"role": "user", "content": "more"},
-    {"role": "assistant", "content": "_Stopped after 8 code runs, the limit for one message. Reply “continue” to let me go on._"},
+    {
+        "role": "assistant",
+        "content": "_Stopped after 8 code runs, the limit for one message. Reply “continue” to let me go on._",
+    },
     {"role": "user", "content": "what is the language model?"},
     {"role": "assistant", "content": "The language model is a program; it has no state."},
 ]

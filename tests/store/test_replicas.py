@@ -76,7 +76,10 @@ async def test_a_silent_replicas_turns_are_taken_over_after_the_timeout(pg_url: 
 
 
 async def test_a_live_replica_keeps_its_turns_past_the_timeout(pg_url: str) -> None:
-    async with await Store.open(pg_url, replica_timeout_s=1.0) as a, await Store.open(pg_url, replica_timeout_s=1.0) as b:
+    async with (
+        await Store.open(pg_url, replica_timeout_s=1.0) as a,
+        await Store.open(pg_url, replica_timeout_s=1.0) as b,
+    ):
         await a.begin_turn(KEY, "m1")
         second = await b.begin_turn(KEY, "m2")
         deadline = time.monotonic() + 1.6

@@ -118,7 +118,9 @@ async def test_concurrent_writes_from_two_threads(store_target: Path | str) -> N
                 key, [{"role": "user", "content": f"{key} q{i}"}, {"role": "assistant", "content": f"{key} a{i}"}]
             )
             await store.add_cell(key, f"print({i})", ExecutionResult(streams=[StreamChunk("stdout", f"{i}\n")]))
-            await store.add_usage(await store.begin_usage(key, model="m", user_id="U1"), prompt_tokens=1, completion_tokens=2)
+            await store.add_usage(
+                await store.begin_usage(key, model="m", user_id="U1"), prompt_tokens=1, completion_tokens=2
+            )
 
     async with await Store.open(store_target) as store:
         await asyncio.gather(converse(store, KEY), converse(store, OTHER))

@@ -19,8 +19,11 @@ def test_quick_bench_writes_results_and_prints_the_table(tmp_path: Path) -> None
     output = tmp_path / "results.json"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--output", str(output)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,  # a smoke run; a loaded 2-core CI box is slow
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,  # a smoke run; a loaded 2-core CI box is slow
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     document = json.loads(output.read_text())
     assert document["quick"] is True

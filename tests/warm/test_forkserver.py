@@ -89,7 +89,9 @@ async def test_dead_fork_server_falls_back_to_spawn_and_comes_back(forking_pool:
     pids = [s.pid for s in forking_pool.sessions()]
     server_pid = launcher.server.pid
     await forking_pool.shutdown_all()
-    assert not any(pid is not None and psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids)
+    assert not any(
+        pid is not None and psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids
+    )
     assert server_pid is not None and not psutil.pid_exists(server_pid)
 
 
@@ -97,7 +99,9 @@ async def test_dead_fork_server_falls_back_to_spawn_and_comes_back(forking_pool:
 async def jailed_pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
     if os.geteuid() != 0 or SANDBOX_SKIP:
         pytest.skip(SANDBOX_SKIP or "the sandboxed fork server needs the bot to run as root")
-    pool = build_pool(kernel_settings(tmp_path, sandbox="bwrap", fork_server=True, preload=("numpy",), exec_timeout_s=5))
+    pool = build_pool(
+        kernel_settings(tmp_path, sandbox="bwrap", fork_server=True, preload=("numpy",), exec_timeout_s=5)
+    )
     await pool.start()
     assert isinstance(pool.launcher, ForkingLauncher) and pool.launcher.sandbox is not None
     assert pool.launcher.available

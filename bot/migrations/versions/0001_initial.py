@@ -23,11 +23,24 @@ def upgrade() -> None:
         sa.Column("last_seq", sa.Integer, nullable=False, server_default="0"),
     )
     for table, columns in (
-        ("messages", [sa.Column("role", sa.Text, nullable=False), sa.Column("content", sa.Text, nullable=False),
-                      sa.Column("user_id", sa.Text)]),
-        ("cells", [sa.Column("code", sa.Text, nullable=False), sa.Column("outputs", sa.Text, nullable=False),
-                   sa.Column("execution_count", sa.Integer), sa.Column("outcome", sa.Text, nullable=False),
-                   sa.Column("duration_s", sa.Float, nullable=False)]),
+        (
+            "messages",
+            [
+                sa.Column("role", sa.Text, nullable=False),
+                sa.Column("content", sa.Text, nullable=False),
+                sa.Column("user_id", sa.Text),
+            ],
+        ),
+        (
+            "cells",
+            [
+                sa.Column("code", sa.Text, nullable=False),
+                sa.Column("outputs", sa.Text, nullable=False),
+                sa.Column("execution_count", sa.Integer),
+                sa.Column("outcome", sa.Text, nullable=False),
+                sa.Column("duration_s", sa.Float, nullable=False),
+            ],
+        ),
     ):
         op.create_table(
             table,

@@ -52,7 +52,7 @@ def improve(data: dict[str, Any]) -> dict[str, Any]:
         return data
     try:
         return _improved(data)
-    except Exception as exc:  # noqa: BLE001 - a display must never fail because of us
+    except Exception as exc:
         return _with_note(data, "output", f"internal error: {type(exc).__name__}")
 
 
@@ -83,9 +83,9 @@ def _renderer(data: dict[str, Any]) -> tuple[str, Callable[[], bytes]] | None:
         return "Plotly figure", lambda: plotly_to_png(figure)
     for mime, spec in data.items():
         if isinstance(spec, dict) and _VEGALITE_MIME.match(mime):
-            return "Vega-Lite chart", lambda: vegalite_to_png(spec)
+            return "Vega-Lite chart", lambda spec=spec: vegalite_to_png(spec)
         if isinstance(spec, dict) and _VEGA_MIME.match(mime):
-            return "Vega chart", lambda: vega_to_png(spec)
+            return "Vega chart", lambda spec=spec: vega_to_png(spec)
     svg = data.get("image/svg+xml")
     if isinstance(svg, str):
         return "SVG image", lambda: svg_to_png(svg)
@@ -157,7 +157,7 @@ class _HookedLoader(importlib.abc.Loader):
         self.loader.exec_module(module)
         try:
             self.hook(module)
-        except Exception:  # noqa: BLE001, S110 - the user's import must succeed regardless
+        except Exception:
             pass
 
 

@@ -32,8 +32,7 @@ __all__ = ["render"]
 
 #: What a browser may load for the page: nothing from anywhere but the page itself.
 CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; "
-    "base-uri 'none'; form-action 'none'"
+    "default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; base-uri 'none'; form-action 'none'"
 )
 
 #: Which representation of an output is shown, best first. Widgets and JavaScript are left out
@@ -168,7 +167,9 @@ def _self_contained(html: str) -> str:
                 del element.attrs[name]
     head = soup.head
     if head is not None:
-        policy = soup.new_tag("meta", attrs={"http-equiv": "Content-Security-Policy", "content": CONTENT_SECURITY_POLICY})
+        policy = soup.new_tag(
+            "meta", attrs={"http-equiv": "Content-Security-Policy", "content": CONTENT_SECURITY_POLICY}
+        )
         head.insert(0, policy)
         charset = soup.new_tag("meta", attrs={"charset": "utf-8"})
         head.insert(0, charset)
@@ -228,6 +229,6 @@ def _main(argv: list[str]) -> dict[str, Any]:
 if __name__ == "__main__":
     try:
         result = _main(sys.argv[1:])
-    except Exception as exc:  # noqa: BLE001 - the parent reads one line of JSON, whatever happened
+    except Exception as exc:
         result = {"error": "failed", "detail": f"{type(exc).__name__}: {first_line(exc)}"}
     print(json.dumps(result))

@@ -21,11 +21,44 @@ MAX_TEXT_CHARS = 20_000
 #: Elements whose text is never shown (each needs its end tag; ``head``, whose end tag may be
 #: left out, is not one: its title, styles and scripts are skipped one by one).
 _SKIPPED = frozenset({"script", "style", "title", "template", "noscript", "svg", "math"})
-_BLOCKS = frozenset({
-    "address", "article", "aside", "blockquote", "br", "caption", "dd", "div", "dl", "dt", "figcaption",
-    "figure", "footer", "form", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "li", "main", "nav",
-    "ol", "p", "pre", "section", "table", "tbody", "tfoot", "thead", "ul",
-})  # fmt: skip
+_BLOCKS = frozenset(
+    {
+        "address",
+        "article",
+        "aside",
+        "blockquote",
+        "br",
+        "caption",
+        "dd",
+        "div",
+        "dl",
+        "dt",
+        "figcaption",
+        "figure",
+        "footer",
+        "form",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "header",
+        "hr",
+        "li",
+        "main",
+        "nav",
+        "ol",
+        "p",
+        "pre",
+        "section",
+        "table",
+        "tbody",
+        "tfoot",
+        "thead",
+        "ul",
+    }
+)
 _SPACES = re.compile(r"[ \t\r\f\v\n]+")
 
 

@@ -78,7 +78,7 @@ def preview(fd: int, name: str) -> str:
         with warnings.catch_warnings(), _open(fd) as (file, size):
             warnings.simplefilter("ignore")
             text = _preview(file, name, size)
-    except Exception as exc:  # noqa: BLE001 - a preview must never break the turn
+    except Exception as exc:
         text = f"{_kind(name)}; could not be read for a preview ({first_line(exc)})."
     if len(text) > MAX_PREVIEW_CHARS:
         text = text[:MAX_PREVIEW_CHARS].rstrip() + "\n… (preview cut)"

@@ -30,9 +30,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 __all__ = [
-    "MAX_SIDE", "RENDER_TIMEOUT_S", "RenderError", "plotly_to_png", "svg_to_png", "vega_to_png",
+    "MAX_SIDE",
+    "RENDER_TIMEOUT_S",
+    "RenderError",
+    "plotly_to_png",
+    "svg_to_png",
+    "vega_to_png",
     "vegalite_to_png",
-]  # fmt: skip
+]
 
 #: Longest side of a rendered PNG, in pixels; larger pictures are scaled down.
 MAX_SIDE = 4096
@@ -50,9 +55,15 @@ RENDER_TIMEOUT_S = 20.0
 _CHROMIUM_ARGS = (
     # Inside bubblewrap there are no user namespaces and no setuid helper for Chromium's own
     # sandbox, and one process keeps the kernel's process limit in reach.
-    "--no-sandbox", "--single-process", "--no-zygote", "--disable-gpu", "--disable-dev-shm-usage",
-    "--disable-breakpad", "--disable-crash-reporter", "--allow-file-access-from-files",
-)  # fmt: skip
+    "--no-sandbox",
+    "--single-process",
+    "--no-zygote",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-breakpad",
+    "--disable-crash-reporter",
+    "--allow-file-access-from-files",
+)
 _PLOTLY_SIZE = (700, 500)  # plotly's default figure size
 
 T = TypeVar("T")
@@ -101,9 +112,14 @@ def plotly_to_png(figure: dict[str, Any]) -> bytes:
     height = _number(layout.get("height")) or _PLOTLY_SIZE[1]
     scale = fit_scale(width, height)
     request = json.dumps(
-        {"data": {"data": figure.get("data", []), "layout": layout}, "format": "png",
-         "width": width, "height": height, "scale": scale}
-    )  # fmt: skip
+        {
+            "data": {"data": figure.get("data", []), "layout": layout},
+            "format": "png",
+            "width": width,
+            "height": height,
+            "scale": scale,
+        }
+    )
     if len(request) > MAX_SPEC_CHARS:
         raise RenderError(f"the figure is too large to render ({len(request):,} characters of JSON)")
     folder, plotlyjs = _kaleido_paths()
@@ -126,8 +142,17 @@ def fit_scale(width: float, height: float) -> float:
 
 _SVG_TAG = re.compile(r"<svg\b[^>]*>", re.IGNORECASE)
 _LENGTH = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z%]*)\s*$", re.IGNORECASE)
-_UNITS = {"": 1.0, "px": 1.0, "pt": 4 / 3, "pc": 16.0, "mm": 96 / 25.4, "cm": 96 / 2.54, "in": 96.0,
-          "em": 16.0, "ex": 8.0}  # fmt: skip
+_UNITS = {
+    "": 1.0,
+    "px": 1.0,
+    "pt": 4 / 3,
+    "pc": 16.0,
+    "mm": 96 / 25.4,
+    "cm": 96 / 2.54,
+    "in": 96.0,
+    "em": 16.0,
+    "ex": 8.0,
+}
 
 
 def svg_size(svg: str) -> tuple[float, float]:
@@ -192,7 +217,7 @@ def _bounded(render: Callable[[], T], what: str) -> T:
     def work() -> None:
         try:
             box["value"] = render()
-        except Exception as exc:  # noqa: BLE001 - reported as the render's failure
+        except Exception as exc:
             box["error"] = exc
 
     worker = threading.Thread(target=work, name="threadbook-render", daemon=True)
@@ -235,14 +260,25 @@ def _run_kaleido(args: list[str], folder: Path, request: str) -> dict[str, Any]:
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH")}
         library_path = os.pathsep.join(filter(None, [str(folder / "lib"), env.get("LD_LIBRARY_PATH")]))
         env.update(
-            HOME=home, XDG_CONFIG_HOME=home, XDG_CACHE_HOME=home, TMPDIR=home, LD_LIBRARY_PATH=library_path,
-            FONTCONFIG_PATH=str(folder / "etc" / "fonts"), XDG_DATA_HOME=str(folder / "xdg"),
-        )  # fmt: skip
+            HOME=home,
+            XDG_CONFIG_HOME=home,
+            XDG_CACHE_HOME=home,
+            TMPDIR=home,
+            LD_LIBRARY_PATH=library_path,
+            FONTCONFIG_PATH=str(folder / "etc" / "fonts"),
+            XDG_DATA_HOME=str(folder / "xdg"),
+        )
         with open(os.path.join(home, "stderr"), "w+b") as errors:
             proc = subprocess.Popen(
-                args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env, cwd=folder,
-                process_group=0, close_fds=True,
-            )  # fmt: skip
+                args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                env=env,
+                cwd=folder,
+                process_group=0,
+                close_fds=True,
+            )
             try:
                 out, _ = proc.communicate(request.encode(), timeout=RENDER_TIMEOUT_S)
             except subprocess.TimeoutExpired:

@@ -113,7 +113,7 @@ def save(max_bytes: int) -> dict[str, Any]:
                 except _Refused as exc:
                     lost.append([name, str(exc)])
                     continue
-                except Exception as exc:  # noqa: BLE001 - one variable that cannot be saved costs only itself
+                except Exception as exc:
                     lost.append([name, f"it cannot be saved ({first_line(exc)})"])
                     continue
                 used += size
@@ -157,7 +157,7 @@ def restore() -> dict[str, Any]:
     try:
         try:
             manifest = _read_manifest(snapshot)
-        except Exception as exc:  # noqa: BLE001 - a damaged snapshot is reported, never raised
+        except Exception as exc:
             return {"found": True, "error": first_line(exc)}
         restored: list[list[str]] = []
         lost: list[list[str]] = [[str(name), str(reason)] for name, reason in manifest.get("lost", [])]
@@ -165,7 +165,7 @@ def restore() -> dict[str, Any]:
             name = str(entry["name"])
             try:
                 value = _load(snapshot, entry, namespace)
-            except Exception as exc:  # noqa: BLE001 - one variable that cannot be loaded costs only itself
+            except Exception as exc:
                 lost.append([name, f"it could not be loaded ({first_line(exc)})"])
                 continue
             # Set at once: a later variable's pickle may name a class restored before it.
@@ -326,7 +326,7 @@ def _write(folder: int, name: str, value: Any, room: int) -> tuple[str, int]:
                 return "pickle", out.written
             except (_Refused, _TooLarge):
                 raise
-            except Exception:  # noqa: BLE001 - what the C pickler refuses (a lambda, a closure), dill may take
+            except Exception:
                 out.rewind()
                 _dill_dump(value, out)
                 return "dill", out.written
@@ -368,7 +368,11 @@ def _read_manifest(folder: int) -> dict[str, Any]:
     if len(data) > _MAX_MANIFEST_BYTES:
         raise ValueError("the snapshot's manifest is too large")
     manifest = json.loads(data)
-    if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT or not isinstance(manifest.get("entries"), list):
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != _FORMAT
+        or not isinstance(manifest.get("entries"), list)
+    ):
         raise ValueError("the snapshot's manifest is not one this kernel understands")
     return manifest
 
@@ -416,7 +420,7 @@ def _open_in(folder: int, name: str, mode: str) -> IO[Any]:
     def opener(path: str, base: int) -> int:
         return os.open(path, base | flags, 0o600, dir_fd=folder)
 
-    return open(name, mode, opener=opener)  # noqa: SIM115 - the caller closes it
+    return open(name, mode, opener=opener)
 
 
 def _existing(state: int, name: str) -> str | None:
