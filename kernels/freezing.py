@@ -24,6 +24,7 @@ import time
 import psutil
 
 from kernels.cgroups import FREEZE_TIMEOUT_S, KernelCgroup
+from kernels.leftovers import process_tree
 
 #: Looks for processes that appeared while the tree was being stopped.
 _STOP_ROUNDS = 20
@@ -70,13 +71,7 @@ def _members(cgroup: KernelCgroup | None, pid: int | None) -> list[psutil.Proces
             except psutil.Error:
                 continue
         return found
-    if pid is None:
-        return []
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
+    return process_tree(pid)
 
 
 def _signal_members(

@@ -27,7 +27,7 @@ def infrastructure(cgroup: KernelCgroup | None, pid: int | None) -> frozenset[in
     """(Blocking) the kernel's own processes now: its cgroup's members, else its process tree."""
     if cgroup is not None:
         return frozenset(cgroup.pids())
-    return frozenset(proc.pid for proc in _tree(pid))
+    return frozenset(proc.pid for proc in process_tree(pid))
 
 
 def stop(cgroup: KernelCgroup | None, pid: int | None, keep: frozenset[int]) -> int:
@@ -37,7 +37,7 @@ def stop(cgroup: KernelCgroup | None, pid: int | None, keep: frozenset[int]) -> 
     killed: set[int] = set()
     deadline = time.monotonic() + KILL_TIMEOUT_S
     while time.monotonic() < deadline:
-        targets = [proc for proc in _tree(pid) if proc.pid not in keep and _alive(proc)]
+        targets = [proc for proc in process_tree(pid) if proc.pid not in keep and _alive(proc)]
         if not targets:
             break
         for proc in targets:
@@ -50,7 +50,8 @@ def stop(cgroup: KernelCgroup | None, pid: int | None, keep: frozenset[int]) -> 
     return len(killed)
 
 
-def _tree(pid: int | None) -> list[psutil.Process]:
+def process_tree(pid: int | None) -> list[psutil.Process]:
+    """(Blocking) ``pid`` and all its descendants now (none when it is gone)."""
     if pid is None:
         return []
     try:
