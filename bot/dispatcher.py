@@ -3,8 +3,10 @@
 Order: ignore bots → allow-list → ignore unmentioned messages in threads the bot has no
 session for → drop duplicates (the claim is in the store, so across replicas too) → one turn at
 a time per thread, in order (others queue, and are told) → in-thread command or agent turn.
-Adapters call :meth:`Dispatcher.handle` and nothing else (plus :meth:`Dispatcher.stop` for a
-Stop button and :meth:`Dispatcher.feedback` for 👍/👎).
+Adapters call :meth:`Dispatcher.handle` for messages, :meth:`Dispatcher.stop` for a Stop
+button, :meth:`Dispatcher.feedback` for 👍/👎, and :meth:`Dispatcher.admits` where a platform
+must answer before any message exists (a Discord slash command is acknowledged or refused at
+once).
 
 The line of a thread's turns is in the store (``Store.begin_turn`` hands out tickets), so it
 holds across replicas: a turn waits until no earlier ticket of its thread is left, woken at
