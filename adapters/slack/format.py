@@ -22,7 +22,7 @@ from adapters.textsplit import split_markdown
 MESSAGE_LIMIT = 3_800
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+.#-]*)\s*$")
-_INLINE_CODE = re.compile(r"(`+)(.+?)\1")
+INLINE_CODE = re.compile(r"(`+)(.+?)\1")
 _LINK = re.compile(r"!?\[([^\]\n]+)\]\((\S+?)(?:\s+\"[^\"]*\")?\)")
 _AUTOLINK = re.compile(r"&lt;(https?://[^\s&|]+)&gt;")
 _BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
@@ -31,8 +31,24 @@ _STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
 _HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.+?)\s*#*\s*$")
 _BULLET = re.compile(r"^(\s*)[-*+]\s+(?=\S)")
 _HRULE = re.compile(r"^ {0,3}([-*_])(\s*\1){2,}\s*$")
-_PLACEHOLDER = "\x00{}\x00"
 _PLACEHOLDER_RE = re.compile("\x00(\\d+)\x00")
+
+
+class SetAside:
+    """Spans of one line set aside (code, finished links) while the rest is rewritten, then
+    put back untouched: no later rewrite can reach into them."""
+
+    def __init__(self) -> None:
+        self._kept: list[str] = []
+
+    def keep(self, text: str) -> str:
+        """A placeholder standing for ``text``."""
+        self._kept.append(text)
+        return f"\x00{len(self._kept) - 1}\x00"
+
+    def restore(self, line: str) -> str:
+        """``line`` with every placeholder replaced by what it stands for."""
+        return _PLACEHOLDER_RE.sub(lambda m: self._kept[int(m.group(1))], line)
 
 
 def to_mrkdwn(markdown: str) -> str:
@@ -94,16 +110,11 @@ def _line(line: str) -> str:
         quote, line = "> ", stripped[1:].lstrip()
     if _HRULE.match(line):
         return quote + "―" * 10
-    kept: list[str] = []
-
-    def keep(text: str) -> str:
-        kept.append(text)
-        return _PLACEHOLDER.format(len(kept) - 1)
-
-    line = _INLINE_CODE.sub(lambda m: keep("`" + escape(m.group(2).strip()) + "`"), line)
+    aside = SetAside()
+    line = INLINE_CODE.sub(lambda m: aside.keep("`" + escape(m.group(2).strip()) + "`"), line)
     line = escape(line)
-    line = _LINK.sub(lambda m: keep(_link(m.group(1), m.group(2))), line)
-    line = _AUTOLINK.sub(lambda m: keep(f"<{m.group(1)}>"), line)
+    line = _LINK.sub(lambda m: aside.keep(_link(m.group(1), m.group(2))), line)
+    line = _AUTOLINK.sub(lambda m: aside.keep(f"<{m.group(1)}>"), line)
     heading = _HEADING.match(line)
     if heading:
         line = "*" + _BOLD.sub(r"\2", heading.group(1)) + "*"
@@ -113,9 +124,7 @@ def _line(line: str) -> str:
         line = _ITALIC_STAR.sub(r"_\1_", line)
         line = _BOLD.sub(r"*\2*", line)
         line = _STRIKE.sub(r"~\1~", line)
-    line = quiet_mentions(line)
-    line = _PLACEHOLDER_RE.sub(lambda m: kept[int(m.group(1))], line)
-    return quote + line
+    return quote + aside.restore(quiet_mentions(line))
 
 
 def _link(label: str, target: str) -> str:

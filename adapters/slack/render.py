@@ -23,18 +23,15 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from adapters.slack.format import MESSAGE_LIMIT, to_chunks, to_mrkdwn
+from adapters.slack.format import INLINE_CODE, MESSAGE_LIMIT, SetAside, to_chunks, to_mrkdwn
 from adapters.slack.links import WORD_JOINER, allowed_target, disguised, quiet_mentions
 from adapters.textsplit import split_markdown
 
 _SLACK_ID = re.compile(r"^[A-Z][A-Z0-9_]{1,31}$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_INLINE_CODE = re.compile(r"(`+)(.+?)\1")
 _LINK = re.compile(r"(!?)\[([^\]\n]+)\]\(\s*(<[^>\n]*>|\S+?)(\s+\"[^\"\n]*\")?\s*\)")
 #: A reference definition (``[x]: target``) would make ``[x]`` a link to any target.
 _REFERENCE = re.compile(r"^( {0,3})\[([^\]\n]+)\]:")
-_PLACEHOLDER = "\x00{}\x00"
-_PLACEHOLDER_RE = re.compile("\x00(\\d+)\x00")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,17 +140,11 @@ def _no_angle_links(line: str) -> str:
 
 
 def _markdown_line(line: str) -> str:
-    kept: list[str] = []
-
-    def keep(text: str) -> str:
-        kept.append(text)
-        return _PLACEHOLDER.format(len(kept) - 1)
-
-    line = _INLINE_CODE.sub(lambda m: keep(m.group(0)), line)
+    aside = SetAside()
+    line = INLINE_CODE.sub(lambda m: aside.keep(m.group(0)), line)
     line = _REFERENCE.sub(lambda m: f"{m.group(1)}\\[{m.group(2)}\\]:", line)
-    line = _LINK.sub(lambda m: keep(_markdown_link(m.group(1), m.group(2), m.group(3))), line)
-    line = quiet_mentions(line)
-    return _PLACEHOLDER_RE.sub(lambda m: kept[int(m.group(1))], line)
+    line = _LINK.sub(lambda m: aside.keep(_markdown_link(m.group(1), m.group(2), m.group(3))), line)
+    return aside.restore(quiet_mentions(line))
 
 
 def _markdown_link(bang: str, label: str, target: str) -> str:
