@@ -26,9 +26,6 @@ import psutil
 from kernels.cgroups import FREEZE_TIMEOUT_S, KernelCgroup
 from kernels.leftovers import process_tree
 
-#: Looks for processes that appeared while the tree was being stopped.
-_STOP_ROUNDS = 20
-
 
 def freeze(cgroup: KernelCgroup | None, pid: int | None) -> bool:
     """(Blocking) freeze a kernel: its cgroup, else its process tree. True once frozen."""
@@ -80,7 +77,7 @@ def _signal_members(
     """Send ``signum`` to every member; with ``until_stopped``, again to members that are not
     stopped yet (one forked meanwhile), for at most :data:`FREEZE_TIMEOUT_S`."""
     deadline = time.monotonic() + FREEZE_TIMEOUT_S
-    for _ in range(_STOP_ROUNDS):
+    while True:
         pending = False
         for proc in _members(cgroup, pid):
             try:
@@ -93,4 +90,3 @@ def _signal_members(
         if not until_stopped or not pending or time.monotonic() > deadline:
             return not pending
         time.sleep(0.001)
-    return False

@@ -356,11 +356,13 @@ class GatewayKernelHandle:
         """The gateway keeps the kernel's log."""
         return ""
 
-    async def freeze(self) -> None:
+    async def freeze(self) -> bool:
         """Nothing: the gateway's kernel processes are not the bot's to stop (its pod's limits hold)."""
+        return True
 
-    def freeze_blocking(self) -> None:
+    def freeze_blocking(self) -> bool:
         """Nothing (see :meth:`freeze`)."""
+        return True
 
     async def thaw(self) -> None:
         """Nothing (see :meth:`freeze`)."""

@@ -208,12 +208,13 @@ class KernelHandle(Protocol):
         """Its memory use (PSS), when known."""
         ...
 
-    async def freeze(self) -> None:
+    async def freeze(self) -> bool:
         """Stop every process and thread of the kernel until :meth:`thaw` (its thread has no
-        turn); a no-op where the kernel is not the bot's to stop (a gateway's)."""
+        turn); True once all are stopped. A gateway's kernel is not the bot's to stop (its
+        pod's limits hold): True, with nothing done."""
         ...
 
-    def freeze_blocking(self) -> None:
+    def freeze_blocking(self) -> bool:
         """(Blocking, from any thread) :meth:`freeze`, for a watcher that must stop the kernel
         at once (:mod:`kernels.quota_probe`)."""
         ...

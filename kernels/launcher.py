@@ -374,13 +374,13 @@ class LocalKernelHandle:
         """PSS of the kernel's process tree, or None when unknown."""
         return await asyncio.to_thread(_tree_pss, self.pid)
 
-    async def freeze(self) -> None:
-        """Freeze the kernel's cgroup; without one, SIGSTOP its process tree."""
-        await asyncio.to_thread(self.freeze_blocking)
+    async def freeze(self) -> bool:
+        """Freeze the kernel's cgroup; without one, SIGSTOP its process tree. True once frozen."""
+        return await asyncio.to_thread(self.freeze_blocking)
 
-    def freeze_blocking(self) -> None:
+    def freeze_blocking(self) -> bool:
         """(Blocking, any thread) :meth:`freeze`."""
-        freezing.freeze(self.cgroup, self.pid)
+        return freezing.freeze(self.cgroup, self.pid)
 
     async def thaw(self) -> None:
         """Thaw the kernel's cgroup; without one, SIGCONT its process tree."""

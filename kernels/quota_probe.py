@@ -29,7 +29,7 @@ def _used_bytes(path: Path) -> int:
 class QuotaProbe:
     """Watches the file system holding a workspace from a thread while a kernel runs."""
 
-    def __init__(self, path: Path, room: int, on_trip: Callable[[], None]) -> None:
+    def __init__(self, path: Path, room: int, on_trip: Callable[[], object]) -> None:
         """(Blocking: one ``statvfs``) ``room``: bytes the quota leaves now; ``on_trip`` (the
         kernel's blocking freeze) is called once per trip, from the probe's thread, and has
         returned before :attr:`tripped` is set."""

@@ -197,12 +197,17 @@ class KernelSession:
         if handle is None or self._frozen or self._closed:
             return
         try:
-            await handle.freeze()
-            self._frozen = True
+            frozen = await handle.freeze()
             used = await handle.cpu_seconds()
         except Exception:
             log.warning("freezing the kernel of %s failed", self.key, exc_info=True)
+            frozen, used = False, None
+        if not frozen:  # fail closed: a kernel that cannot be frozen does not run between turns
+            log.warning("the kernel of %s could not be frozen between turns: stopping it", self.key)
+            self._note_death("it could not be frozen between turns, so it was stopped")
+            await self._lose_kernel()
             return
+        self._frozen = True
         if used is not None and self._cpu_read is not None:
             self._cpu_untaken = (self._cpu_untaken or 0.0) + max(0.0, used - self._cpu_read)
         self._cpu_read = used
