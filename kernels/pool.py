@@ -214,13 +214,13 @@ class KernelPool:
         if not await session.check_alive():
             await self._drop_dead(session)
 
-    async def _drop_dead(self, session: KernelSession) -> None:
+    async def _drop_dead(self, session: KernelSession) -> bool:
         """Take the session of a kernel that died out of the pool (unless a turn holds it:
-        the turn's next execution starts a fresh kernel and says so). The thread's next
-        session tells it what happened, if nobody did yet."""
+        the turn's next execution starts a fresh kernel and says so); whether it left. The
+        thread's next session tells it what happened, if nobody did yet."""
         key = session.key
         if self._sessions.get(key) is not session or session.busy or key in self._leases:
-            return
+            return False
         log.warning("the kernel of %s died: its session leaves the pool", key)
         del self._sessions[key]
         self._forget(session)
@@ -228,6 +228,7 @@ class KernelPool:
         if self.warm is not None:
             self.warm.kick()
         self._wake()
+        return True
 
     def _forget(self, session: KernelSession) -> None:
         """``session`` left the pool: its thread's next session hears that state was lost."""
@@ -266,12 +267,8 @@ class KernelPool:
             while True:
                 async with self._lock:
                     session = self._sessions.get(key)
-                    if session is not None and session.dead and not session.busy and key not in self._leases:
-                        log.info("the kernel of %s died since its last turn: a new session takes over", key)
-                        del self._sessions[key]
-                        self._forget(session)
-                        await session.shutdown()
-                        session = None
+                    if session is not None and session.dead and await self._drop_dead(session):
+                        session = None  # it died since its last turn: a new session takes over
                     if session is not None:
                         # Asking counts as use: the turn that asked runs code once the model answers;
                         # the idle clock restarts so the reaper or an LRU eviction does not take it meanwhile.

@@ -223,6 +223,10 @@ class KernelSession:
         if self.executions or self._inherited or self.restored is not None:
             self._died = why
 
+    async def _note_exit(self, handle: KernelHandle) -> None:
+        """:meth:`_note_death` with how ``handle``'s process ended."""
+        self._note_death(_exit_text(await handle.exit_code()))
+
     def _note_save_failure(self, why: str | None) -> None:
         """Remember a save's failure for the thread (once until a save works again)."""
         if why is None:
@@ -249,7 +253,7 @@ class KernelSession:
         if self._handle is not None:
             if self.executions:
                 self._lost_state = True
-            self._note_death(_exit_text(await self._handle.exit_code()))
+            await self._note_exit(self._handle)
             await self._discard_handle()
         if self._taken_over is not None:
             self._handle, self._taken_over = self._taken_over, None
@@ -323,7 +327,7 @@ class KernelSession:
                 return None
             if not await handle.is_alive():
                 log.warning("the kernel of %s died before its variables were saved", self.key)
-                self._note_death(_exit_text(await handle.exit_code()))
+                await self._note_exit(handle)
                 await self._lose_kernel()
                 return None
             budget = await asyncio.to_thread(self._snapshot_budget)
@@ -453,7 +457,7 @@ class KernelSession:
                 break
             if not await handle.is_alive():
                 log.warning("kernel of %s died during an evaluation", self.key)
-                self._note_death(_exit_text(await handle.exit_code()))
+                await self._note_exit(handle)
                 await self._lose_kernel()
                 return None
         if interrupted_at is not None:
@@ -480,7 +484,7 @@ class KernelSession:
                 return False
             if await handle.is_alive():
                 return True
-            self._note_death(_exit_text(await handle.exit_code()))
+            await self._note_exit(handle)
             await self._lose_kernel()
             return False
 
