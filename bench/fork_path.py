@@ -3,7 +3,7 @@ the first ``1 + 1`` when the fork server starts it (pool empty).
 
 The bot's side is timed by wrapping the steps of one start for the length of the scenario;
 the kernel's side comes from the moments the forked child keeps (``sys._threadbook_fork_trace``,
-see ``kernels/zygote.py``). Everything is wall-clock time, so the two sides line up.
+see ``kernels/fork/zygote.py``). Everything is wall-clock time, so the two sides line up.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import kernels.launcher as launcher_module
+import kernels.launch.local as launcher_module
 from bench.kernels import FIRST_CELL, Sandbox, open_pool
-from kernels.forkserver import ForkingLauncher, ForkServer
-from kernels.launcher import KernelLauncher, LocalKernelHandle
-from kernels.session import KernelSession
+from kernels.fork.server import ForkingLauncher, ForkServer
+from kernels.launch.local import KernelLauncher, LocalKernelHandle
+from kernels.session.session import KernelSession
 
 #: (step, from mark, to mark) in the order a start goes through them.
 STEPS = (

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kernels import KernelPool, build_pool
-from kernels.forkserver import ForkingLauncher
+from kernels.fork.server import ForkingLauncher
 from kernels.settings import KernelSettings, PackageSettings
 
 MODES = ("spawn", "pool", "fork", "gateway", "gateway-pool")

@@ -23,8 +23,8 @@ from typing import Any
 
 from bench.kernels import Sandbox, settings_for, summary, time_first_cell
 from kernels import KernelPool, build_launcher
-from kernels.forkserver import ForkingLauncher
-from kernels.warm_target import EVALUATE_EVERY_S, WarmTarget, available_memory
+from kernels.fork.server import ForkingLauncher
+from kernels.warm.target import EVALUATE_EVERY_S, WarmTarget, available_memory
 
 MODES = ("fixed", "auto")
 #: ``warm_pool`` of the ``fixed`` mode (the shipped config's).

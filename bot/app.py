@@ -30,7 +30,7 @@ from bot.sources.registry import Sources
 from bot.store import Store
 from bot.turn import TurnRunner
 from kernels import KernelPool, Reaper, build_launcher
-from kernels.launchers import oneshot_for, package_installer
+from kernels.build import oneshot_for, package_installer
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from bot.store import Store
 from bot.transcript import TimelineEntry
 from bot.usage import UsageReport
 from kernels import KernelPool
-from kernels.launchers import UNSANDBOXED, sandbox_in_force
+from kernels.build import UNSANDBOXED, sandbox_in_force
 from kernels.oneshot import OneShot, OneShotUnavailableError
 from kernels.result import UnsafePathError
 from kernels.units import human_age

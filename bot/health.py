@@ -44,8 +44,8 @@ from bot import metrics
 from bot.config import LLMSettings
 from bot.loopwatch import LoopWatchdog
 from bot.store import Store
-from kernels.launch import Launcher
-from kernels.launchers import UNSANDBOXED, sandbox_in_force
+from kernels.build import UNSANDBOXED, sandbox_in_force
+from kernels.launch.plan import Launcher
 from kernels.settings import KernelSettings
 
 log = logging.getLogger(__name__)

@@ -3,14 +3,14 @@
 The bottom layer: nothing here imports the bot or its adapters. The bot builds a pool with
 :func:`build_pool` (or :func:`build_launcher` and :class:`KernelPool`) from its
 :class:`KernelSettings`; kernels start through one seam, :class:`Launcher` carrying out a
-:class:`LaunchPlan` (:mod:`kernels.launch`).
+:class:`LaunchPlan` (:mod:`kernels.launch.plan`).
 """
 
 from __future__ import annotations
 
-from kernels.launch import KernelHandle, Launcher, LaunchPlan
-from kernels.launcher import KernelLauncher, LocalKernelHandle
-from kernels.launchers import build_launcher, build_pool
+from kernels.build import build_launcher, build_pool
+from kernels.launch.local import KernelLauncher, LocalKernelHandle
+from kernels.launch.plan import KernelHandle, Launcher, LaunchPlan
 from kernels.options import KernelOptions
 from kernels.packages import PackageInstaller, PackageOutcome
 from kernels.pool import KernelPool
@@ -28,7 +28,7 @@ from kernels.result import (
     StreamChunk,
     UnsafePathError,
 )
-from kernels.session import KernelSession
+from kernels.session.session import KernelSession
 from kernels.settings import KernelSettings
 from kernels.workspace import FileInfo, SavedFile, Workspace, WorkspaceManager, sanitize_name
 

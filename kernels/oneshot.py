@@ -21,7 +21,7 @@ launcher, from data the bot holds:
   process of it: its process tree, its process group, its cgroup, the sandbox's pid
   namespace); what it writes is read back through :mod:`kernels.safefs` with a size cap.
 
-Gateway deployments have no local kernel launcher: :func:`kernels.launchers.oneshot_for`
+Gateway deployments have no local kernel launcher: :func:`kernels.build.oneshot_for`
 builds one for the bot's machine when the kernel environment is there, else an
 :meth:`OneShot.unavailable` one whose every run raises :class:`OneShotUnavailableError`.
 """
@@ -43,9 +43,9 @@ from pathlib import Path
 import psutil
 
 from kernels import safefs
-from kernels.cgroups import KernelCgroup
-from kernels.launch import LaunchPlan
-from kernels.launcher import PACKAGES_ENV, KernelLauncher, child_setup
+from kernels.launch.cgroups import KernelCgroup
+from kernels.launch.local import PACKAGES_ENV, KernelLauncher, child_setup
+from kernels.launch.plan import LaunchPlan
 from kernels.options import KernelOptions
 from kernels.result import KernelError
 from kernels.sandbox.args import sandbox_args

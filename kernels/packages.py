@@ -36,7 +36,7 @@ from pathlib import Path
 from packaging.markers import UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 
-from kernels.interpreter import KernelPython
+from kernels.launch.interpreter import KernelPython
 from kernels.result import ErrorInfo
 from kernels.settings import PackageSettings
 

@@ -20,14 +20,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from kernels.launch import Launcher
+from kernels.launch.plan import Launcher
 from kernels.options import KernelOptions
 from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError
-from kernels.session import KernelSession
+from kernels.session.session import KernelSession
+from kernels.session.snapshots import SAVE_TIMEOUT_S
 from kernels.settings import KernelSettings
-from kernels.snapshots import SAVE_TIMEOUT_S
-from kernels.warm import HandOff, WarmKernel, WarmPool
-from kernels.warm_target import WarmTarget, available_memory
+from kernels.warm.pool import HandOff, WarmKernel, WarmPool
+from kernels.warm.target import WarmTarget, available_memory
 from kernels.workspace import WorkspaceManager
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class KernelPool:
         workspaces: WorkspaceManager | None = None,
         warm_target: WarmTarget | None = None,
     ) -> None:
-        """``launcher``: how kernels start (:func:`kernels.launchers.build_launcher`); the pool
+        """``launcher``: how kernels start (:func:`kernels.build.build_launcher`); the pool
         opens and closes it (:meth:`start`, :meth:`shutdown_all`). ``warm_target``: the
         target of ``warm_pool: auto`` (tests and benchmarks compress its windows); by
         default one with the standard windows and, for local kernels, the memory cap."""

@@ -74,7 +74,7 @@ class KernelSettings(BaseModel):
     #: Threads that may wait at once; None: 4 × ``max_kernels``.
     max_queue: int | None = Field(None, ge=0)
     #: Kernels started ahead for new threads: a fixed number (0: none), or ``auto``, which
-    #: follows the rate of new threads (:mod:`kernels.warm_target`).
+    #: follows the rate of new threads (:mod:`kernels.warm.target`).
     warm_pool: Annotated[int, Field(ge=0)] | Literal["auto"] = 0
     fork_server: bool = False  # fork new kernels from a pre-imported parent (sandboxed when the bot is root)
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
@@ -91,7 +91,7 @@ class KernelSettings(BaseModel):
     max_output_bytes: int = Field(100_000, ge=1000)
     preload: tuple[str, ...] = ("pandas", "numpy", "matplotlib")
     #: Save a thread's variables before its kernel stops (and after each turn while that is
-    #: cheap) and load them into its next kernel (:mod:`kernels.snapshots`).
+    #: cheap) and load them into its next kernel (:mod:`kernels.session.snapshots`).
     snapshot: bool = True
     #: The most one thread's snapshot may hold; a variable that does not fit is left out, by name.
     snapshot_max_mb: float = Field(512.0, gt=0)

@@ -2,11 +2,11 @@
 
 Each kernel runs as ``bwrap [namespaces, binds] -- [sh -c remount] prlimit [limits] -- [setpriv]
 -- python -m ipykernel_launcher``, in its own cgroup where the host allows one
-(:mod:`kernels.cgroups`; the bot's ``preexec_fn`` puts the bwrap process there):
+(:mod:`kernels.launch.cgroups`; the bot's ``preexec_fn`` puts the bwrap process there):
 
 * new pid, net, ipc, uts and cgroup namespaces; only ``lo`` exists, so there is no network
   and the bot's own ports on the host's 127.0.0.1 are unreachable (``network: true``
-  kernels also get slirp4netns's ``tap0``, see :mod:`kernels.slirp`);
+  kernels also get slirp4netns's ``tap0``, see :mod:`kernels.sandbox.slirp`);
 * read-only binds of ``/usr``, the Python installation and the virtualenv (at their own
   paths, parents created ``0755`` so an unprivileged uid can reach them), a few files from
   ``/etc`` and a generated ``/etc/passwd``; nothing else of the host is visible;
@@ -35,7 +35,7 @@ Who the kernel is depends on who runs the bot:
 
 ``sandbox: auto`` probes once (a real sandboxed Python start) and falls back to the plain
 launcher with one warning; ``sandbox: bwrap`` raises :class:`KernelStartError` instead.
-For ``network: true`` the same start-up probes slirp4netns (:mod:`kernels.slirp`); without
+For ``network: true`` the same start-up probes slirp4netns (:mod:`kernels.sandbox.slirp`); without
 it such kernels stay offline and the launcher warns once, saying what to install.
 
 The package, one concept per module:
@@ -46,5 +46,5 @@ The package, one concept per module:
 * :mod:`kernels.sandbox.launcher` - the provisioner and the launcher;
 * :mod:`kernels.sandbox.probe` - the start-up probes.
 
-Which launcher a deployment gets is chosen in :func:`kernels.launchers.build_launcher`.
+Which launcher a deployment gets is chosen in :func:`kernels.build.build_launcher`.
 """

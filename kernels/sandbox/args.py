@@ -2,7 +2,7 @@
 
 Nothing here touches the file system or starts a process: :func:`sandbox_args` turns a
 :class:`~kernels.sandbox.support.BwrapSupport` (with the host layout read at detection) and a
-:class:`~kernels.launch.LaunchPlan` into the ``bwrap ... --`` prefix of a kernel, and
+:class:`~kernels.launch.plan.LaunchPlan` into the ``bwrap ... --`` prefix of a kernel, and
 :func:`zygote_args` does the same for the fork server's zygote.
 """
 
@@ -12,8 +12,8 @@ import resource
 import shlex
 from pathlib import Path
 
-from kernels.forkjail import HOST_VIEW
-from kernels.launch import LaunchPlan, RLimits
+from kernels.fork.jail import HOST_VIEW
+from kernels.launch.plan import LaunchPlan, RLimits
 from kernels.sandbox.support import CA_CERTS, BwrapSupport
 
 WORKSPACE = Path("/workspace")
@@ -73,7 +73,7 @@ def sandbox_args(support: BwrapSupport, plan: LaunchPlan) -> list[str]:
 
     ``plan.identity`` is required. With ``plan.network`` the resolver files of the run dir
     (:func:`kernels.sandbox.identity.prepare_run_dir`) and the CA certificates are bound;
-    the network itself is attached from outside by :func:`kernels.slirp.attach`.
+    the network itself is attached from outside by :func:`kernels.sandbox.slirp.attach`.
     """
     identity = plan.identity
     if identity is None:
@@ -121,15 +121,15 @@ def zygote_args(support: BwrapSupport, *, run_dir: Path, code_dir: Path | None) 
 
     The kernels' system view, no network, its own ipc, uts and cgroup namespaces (the host's
     pid namespace, so kernels outlive a zygote that dies), root with its capabilities (each
-    forked child builds its own namespaces and drops them, see :mod:`kernels.forkjail`),
+    forked child builds its own namespaces and drops them, see :mod:`kernels.fork.jail`),
     ``/workspace``, ``/data`` and ``/packages`` as mount points, and the host's ``/`` read-only at
-    :data:`kernels.forkjail.HOST_VIEW` for the children to bind their own folders from (each
+    :data:`kernels.fork.jail.HOST_VIEW` for the children to bind their own folders from (each
     detaches it before any user code). ``code_dir``: where ``zygote.py`` lives when no Python
     folder already holds it (bound read-only; children detach it too).
 
     As a normal user, "root with its capabilities" is root of an unprivileged user namespace
     that maps only the bot's uid (``--unshare-user --uid 0 --cap-add ALL``): each child then
-    moves into a user namespace of its own as well (:func:`kernels.forkjail.enter_user_namespace`).
+    moves into a user namespace of its own as well (:func:`kernels.fork.jail.enter_user_namespace`).
     """
     args = _Args(support)
     if not support.as_root:

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 
 from kernels import safefs
-from kernels.launch import Identity, LaunchPlan
-from kernels.slirp import HOSTS, RESOLV_CONF
+from kernels.launch.plan import Identity, LaunchPlan
+from kernels.sandbox.slirp import HOSTS, RESOLV_CONF
 
 #: Kernel uids when the bot runs as root: a stable uid per workspace in this range.
 KERNEL_UID_BASE = 1_900_000_000

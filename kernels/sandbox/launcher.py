@@ -12,15 +12,15 @@ from typing import Any
 import psutil
 from jupyter_client.manager import AsyncKernelManager
 
-from kernels.interpreter import KernelPython
-from kernels.launch import Identity, LaunchPlan
-from kernels.launcher import KernelLauncher, ThreadbookProvisioner, kernel_environment
+from kernels.launch.interpreter import KernelPython
+from kernels.launch.local import KernelLauncher, ThreadbookProvisioner, kernel_environment
+from kernels.launch.plan import Identity, LaunchPlan
 from kernels.options import KernelOptions
 from kernels.sandbox.args import CACHE, DATA, PACKAGES, WORKSPACE, sandbox_args
 from kernels.sandbox.identity import identity_for
+from kernels.sandbox.slirp import Slirp, SlirpSupport, attach
 from kernels.sandbox.support import BwrapSupport
 from kernels.settings import KernelSettings
-from kernels.slirp import Slirp, SlirpSupport, attach
 
 log = logging.getLogger(__name__)
 

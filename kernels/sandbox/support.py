@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.interpreter import KernelPython
+from kernels.launch.interpreter import KernelPython
 from kernels.result import KernelStartError
 
 PROBE_TIMEOUT_S = 20.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bot.agent.prompt import PromptFile, build_system_prompt
-from kernels.snapshots import RestoreReport
+from kernels.session.snapshots import RestoreReport
 
 
 def test_default_prompt_states_the_workspace_rules() -> None:

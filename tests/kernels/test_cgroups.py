@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kernels.cgroups import (
+from kernels.launch.cgroups import (
     KERNEL_PREFIX,
     PARENT,
     Cgroups,

@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from kernels import KernelLauncher, KernelOptions, KernelPool, build_pool
-from kernels.cgroups import Cgroups, detected
-from kernels.forkserver import ForkingLauncher
+from kernels.fork.server import ForkingLauncher
+from kernels.launch.cgroups import Cgroups, detected
 from tests.kernels.conftest import kernel_settings
 
 #: Starts a child and a daemon that leaves the tree (setsid, double fork); prints their pids.

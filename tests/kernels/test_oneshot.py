@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kernels.gateway import GatewayLauncher
-from kernels.launchers import oneshot_for, spawn_launcher
+from kernels.build import oneshot_for, spawn_launcher
+from kernels.launch.gateway import GatewayLauncher
 from kernels.oneshot import ONESHOT_PREFIX, OneShot, OneShotUnavailableError
 from tests.kernels.conftest import kernel_settings
 from tests.security.conftest import SKIP_REASON

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import tracemalloc
 
-from kernels.output import OutputCollector
+from kernels.session.output import OutputCollector
 
 
 def test_streams_keep_order_and_merge_neighbours() -> None:

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelPool, Outcome, build_launcher
-from kernels.launcher import KernelLauncher
+from kernels.launch.local import KernelLauncher
 from kernels.packages import (
     STAGING,
     PackageInstaller,
@@ -102,7 +102,7 @@ def test_allow_list_compares_canonical_names(tmp_path: Path) -> None:
 
 
 def installer_for_names(settings: PackageSettings, folder: Path) -> PackageInstaller:
-    from kernels.interpreter import KernelPython
+    from kernels.launch.interpreter import KernelPython
 
     return PackageInstaller(settings, python=KernelPython(Path(sys.executable), (), (3, 11)), target=folder)
 

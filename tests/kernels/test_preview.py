@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from kernels import KernelPool, KernelSession, Outcome, build_pool
-from kernels.launcher import KernelLauncher
+from kernels.launch.local import KernelLauncher
 from kernels.oneshot import OneShot
 from tests.fakes.outputs import PeakRss
 from tests.fakes.uploads import huge_header_png, sparse_csv, zip_bomb_xlsx

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels.forkjail import HOST_VIEW
-from kernels.launch import Identity, LaunchPlan, ResourceLimits
+from kernels.fork.jail import HOST_VIEW
+from kernels.launch.plan import Identity, LaunchPlan, ResourceLimits
 from kernels.sandbox.args import DATA, PACKAGES, TMP_INODES, WORKSPACE, prlimit_options, sandbox_args, zygote_args
 from kernels.sandbox.identity import KERNEL_UID_BASE, USERNS_UID, identity_for
 from kernels.sandbox.support import CA_CERTS, BwrapSupport, HostLayout

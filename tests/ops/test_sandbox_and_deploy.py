@@ -9,7 +9,7 @@ import yaml
 
 from bot.config import parse_settings
 from bot.health import sandbox_check
-from kernels.launchers import build_launcher
+from kernels.build import build_launcher
 from kernels.result import KernelStartError, SandboxUnavailableError
 from kernels.settings import KernelSettings
 from tests.conftest import kernel_config

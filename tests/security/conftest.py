@@ -2,7 +2,7 @@
 
 The suite skips only when this machine cannot start the bubblewrap sandbox at all (the
 probe says why). Every attack runs twice: against spawned kernels (``bwrap`` per kernel)
-and against kernels forked by the sandboxed fork server (``kernels/forkjail.py``; every
+and against kernels forked by the sandboxed fork server (``kernels/fork/jail.py``; every
 kernel of that run must really be forked). Every attack test records its observed
 outcome; when the whole attack module ran and passed, the table in ``docs/security.md``
 is regenerated from them.
@@ -26,9 +26,9 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelOptions, KernelPool, KernelSession, KernelStartError, build_pool
-from kernels.forkserver import ForkingLauncher, ForkProvisioner
-from kernels.interpreter import inspect_interpreter
-from kernels.launch import ResourceLimits
+from kernels.fork.server import ForkingLauncher, ForkProvisioner
+from kernels.launch.interpreter import inspect_interpreter
+from kernels.launch.plan import ResourceLimits
 from kernels.sandbox.launcher import BwrapLauncher, BwrapProvisioner
 from kernels.sandbox.probe import probe
 from kernels.sandbox.support import detect_support

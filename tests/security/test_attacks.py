@@ -24,7 +24,7 @@ import pytest_asyncio
 
 from kernels import ExecutionResult, KernelSession, Outcome, UnsafePathError
 from kernels.sandbox.args import SHM_INODES, TMP_INODES
-from kernels.slirp import DNS, GATEWAY, GUEST, host_networks
+from kernels.sandbox.slirp import DNS, GATEWAY, GUEST, host_networks
 from tests.security.conftest import CANARY, BotKey, HostFiles, Outcomes, cgroup_folders, read_key
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

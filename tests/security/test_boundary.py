@@ -19,7 +19,7 @@ from bot.attachments import add_previews, ingest
 from bot.events import Attachment
 from bot.turn import Outputs, collect_outputs
 from kernels import ExecutionResult, KernelPool, KernelSession, Outcome
-from kernels.launchers import oneshot_for
+from kernels.build import oneshot_for
 from tests.fakes.outputs import PeakRss
 from tests.security.conftest import CANARY, HostFiles, Outcomes
 from tests.security.test_attacks import attack, report

@@ -403,7 +403,7 @@ async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[s
     ``sandbox: bwrap`` (``source`` fork: with the fork server), run :data:`KERNEL_CHECKS` in
     each, shut everything down."""
     from kernels import KernelOptions, build_pool
-    from kernels.forkserver import ForkingLauncher, ForkProvisioner
+    from kernels.fork.server import ForkingLauncher, ForkProvisioner
     from kernels.sandbox.launcher import BwrapLauncher
     from kernels.settings import KernelSettings
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from kernels import KernelLauncher, KernelOptions, launchers
-from kernels.launchers import UNSANDBOXED, sandbox_in_force, spawn_launcher
+from kernels import KernelLauncher, KernelOptions, build
+from kernels.build import UNSANDBOXED, sandbox_in_force, spawn_launcher
 from kernels.result import SandboxUnavailableError
 from kernels.sandbox.args import DATA
 from kernels.sandbox.launcher import BwrapLauncher
@@ -45,7 +45,7 @@ def test_a_sandbox_that_cannot_start_stops_start_up(
     tmp_path: Path, mode: str, container: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fail closed: no launcher at all, one line saying what is missing and what fixes it here."""
-    monkeypatch.setattr(launchers, "in_container", lambda: container)
+    monkeypatch.setattr(build, "in_container", lambda: container)
     with pytest.raises(SandboxUnavailableError) as refused:
         spawn_launcher(settings(tmp_path, mode), bwrap=MISSING)
     line = str(refused.value)

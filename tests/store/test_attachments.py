@@ -19,7 +19,7 @@ import pytest_asyncio
 from bot.attachments import SavedUpload, add_previews, describe_for_model, human_size, ingest, preview
 from bot.events import Attachment
 from kernels import KernelPool, build_pool
-from kernels.launcher import KernelLauncher
+from kernels.launch.local import KernelLauncher
 from kernels.oneshot import OneShot
 from kernels.workspace import Workspace, WorkspaceManager
 from tests.fakes.outputs import PeakRss

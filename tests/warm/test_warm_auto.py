@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernels import KernelPool, build_launcher
-from kernels.warm_target import MiB, WarmTarget
+from kernels.warm.target import MiB, WarmTarget
 from tests.kernels.conftest import kernel_processes, kernel_settings
 
 

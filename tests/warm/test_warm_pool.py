@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest_asyncio
 
 from kernels import KernelOptions, KernelPool, build_pool
-from kernels.warm import WARM_DIR
+from kernels.warm.pool import WARM_DIR
 from tests.kernels.conftest import kernel_processes, kernel_settings
 
 

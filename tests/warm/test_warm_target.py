@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bot.config import ConfigError, parse_settings
-from kernels.warm_target import MiB, WarmTarget, available_memory
+from kernels.warm.target import MiB, WarmTarget, available_memory
 
 
 class Clock:

@@ -19,7 +19,7 @@ new thread that finds no warm kernel ready first shrinks the warm pool before it
 another thread's idle kernel. Refills run one at a time, and each waits (a bounded time)
 until no thread's code is executing, so warming never competes with a running turn.
 
-The pool's size is fixed (``warm_pool: N``) or follows a :class:`~kernels.warm_target.WarmTarget`
+The pool's size is fixed (``warm_pool: N``) or follows a :class:`~kernels.warm.target.WarmTarget`
 (``warm_pool: auto``): then every new thread is an arrival, and the refill loop looks at the
 target whenever it is kicked and every few seconds, starting kernels up to it and, once it
 has stayed lower for a minute, discarding the oldest ready ones above it.
@@ -39,10 +39,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kernels import safefs
-from kernels.launch import KernelHandle, Launcher, LaunchPlan
+from kernels.launch.plan import KernelHandle, Launcher, LaunchPlan
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
-from kernels.warm_target import WarmTarget
+from kernels.warm.target import WarmTarget
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def adopt_folder(folder: Path, workspace: Path, owner: tuple[int, int] | None = 
 
 
 class HandOff:
-    """A one-shot :class:`~kernels.launch.Launcher` for one session: its first start adopts a
+    """A one-shot :class:`~kernels.launch.plan.Launcher` for one session: its first start adopts a
     warm kernel.
 
     Later starts of the same session (after a death or a restart) go to ``fallback``, as

@@ -1,8 +1,8 @@
 """The fork server's own program ("zygote"): import once, fork a fresh ipykernel per request.
 
-Run as ``python -P kernels/zygote.py PRELOAD_JSON LIFELINE_FD [jail]`` by
-:class:`kernels.forkserver.ForkServer`; it imports nothing from this project but its sibling
-``forkjail.py`` (standard library only), so a kernel's ``sys.modules`` holds only what a
+Run as ``python -P kernels/fork/zygote.py PRELOAD_JSON LIFELINE_FD [jail]`` by
+:class:`kernels.fork.server.ForkServer`; it imports nothing from this project but its sibling
+``jail.py`` (standard library only), so a kernel's ``sys.modules`` holds only what a
 spawned kernel would have plus the preloaded modules. Before it serves it imports what
 every kernel imports while it starts (:data:`KERNEL_IMPORTS`), resolves matplotlib's inline
 backend, and freezes its heap (``gc.freeze``): a child then only binds its sockets, builds
@@ -11,11 +11,11 @@ its shell and takes its identity.
 With ``jail`` (the sandboxed profile; the zygote then runs inside bubblewrap, see
 :func:`kernels.sandbox.args.zygote_args`) every request carries a ``"jail"`` object (uid, gid,
 host paths of the workspace, run dir and data dir, tmpfs sizes) and the child enters its own
-namespaces and uid before any user code (:mod:`kernels.forkjail`); the fork is answered only
+namespaces and uid before any user code (:mod:`kernels.fork.jail`); the fork is answered only
 once the kernel process has dropped its privileges, or with the error that stopped it.
 In both profiles every child joins a new session keyring and raises its ``oom_score_adj``
-before any user code (:func:`kernels.forkjail.isolate`); the bot moves it into the kernel's
-cgroup once the fork is answered (:mod:`kernels.cgroups`).
+before any user code (:func:`kernels.fork.jail.isolate`); the bot moves it into the kernel's
+cgroup once the fork is answered (:mod:`kernels.launch.cgroups`).
 
 Protocol: JSON lines. The zygote writes ``{"ready": pid, "threads": n}`` once its imports
 are done, then reads fork requests ``{"id", "argv", "cwd", "env", "log", "limits"}`` from
@@ -223,8 +223,8 @@ def _single_threaded() -> None:
 
 
 def _load_forkjail() -> Any:
-    """``forkjail.py`` next to this file, loaded by path (this program imports nothing of the project)."""
-    spec = importlib.util.spec_from_file_location("_threadbook_forkjail", Path(__file__).with_name("forkjail.py"))
+    """``jail.py`` next to this file, loaded by path (this program imports nothing of the project)."""
+    spec = importlib.util.spec_from_file_location("_threadbook_forkjail", Path(__file__).with_name("jail.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -248,7 +248,7 @@ def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int], jai
 
 
 class Jailer:
-    """Forks kernels into their own namespaces and uid (the sandboxed profile, :mod:`forkjail`)."""
+    """Forks kernels into their own namespaces and uid (the sandboxed profile, :mod:`kernels.fork.jail`)."""
 
     def __init__(self, jail: Any) -> None:
         self.jail = jail

@@ -1,7 +1,7 @@
 """How many warm kernels to keep when ``kernels.warm_pool`` is ``auto``.
 
 :class:`WarmTarget` is pure bookkeeping (no tasks, no kernels; time from an injectable
-monotonic clock), asked by :class:`kernels.warm.WarmPool`:
+monotonic clock), asked by :class:`kernels.warm.pool.WarmPool`:
 
 * **Demand.** Every new thread the warm pool could serve is an arrival (:meth:`record`),
   counted per minute. The demand is the busiest minute of the last hour: a burst of 20 new

@@ -1,7 +1,7 @@
 """Nothing of a thread runs between its turns: its kernel is frozen whenever it has no work.
 
 A kernel is thawed only for an execution, a snapshot save or restore, or its shutdown
-(:class:`kernels.session.KernelSession` does both around each of these), so a thread that a
+(:class:`kernels.session.session.KernelSession` does both around each of these), so a thread that a
 cell started, a process it left, or a spinning loop gets no CPU and writes nothing while the
 thread waits for its next message, and whatever it does while thawed is measured by the
 quota check and the CPU accounting of the execution running then.
@@ -23,8 +23,8 @@ import time
 
 import psutil
 
-from kernels.cgroups import FREEZE_TIMEOUT_S, KernelCgroup
-from kernels.leftovers import process_tree
+from kernels.launch.cgroups import FREEZE_TIMEOUT_S, KernelCgroup
+from kernels.launch.leftovers import process_tree
 
 
 def freeze(cgroup: KernelCgroup | None, pid: int | None) -> bool:

@@ -10,16 +10,16 @@ A plan says everything about one start - the thread's folder, where the kernel's
 log live, its complete environment, its limits, its network, its read-only data folder and
 who it runs as - so the kinds of launcher differ only in how they carry a plan out:
 
-* :class:`kernels.launcher.KernelLauncher` spawns a local ``ipykernel`` with ``jupyter_client``;
+* :class:`kernels.launch.local.KernelLauncher` spawns a local ``ipykernel`` with ``jupyter_client``;
 * :class:`kernels.sandbox.BwrapLauncher` spawns it inside bubblewrap (the plan then holds
   in-sandbox paths and the kernel's uid);
-* :class:`kernels.forkserver.ForkingLauncher` forks it from a pre-imported zygote, falling
+* :class:`kernels.fork.server.ForkingLauncher` forks it from a pre-imported zygote, falling
   back to its spawn launcher *with the same plan*;
-* :class:`kernels.warm.HandOff` gives a session a kernel started ahead of time;
+* :class:`kernels.warm.pool.HandOff` gives a session a kernel started ahead of time;
 * a remote launcher (a Jupyter gateway) implements the same five members.
 
 Which launcher a deployment gets, and what wraps what, is decided in one place:
-:func:`kernels.launchers.build_launcher`.
+:func:`kernels.build.build_launcher`.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ class KernelHandle(Protocol):
 
     def freeze_blocking(self) -> bool:
         """(Blocking, from any thread) :meth:`freeze`, for a watcher that must stop the kernel
-        at once (:mod:`kernels.quota_probe`)."""
+        at once (:mod:`kernels.session.quota_probe`)."""
         ...
 
     async def thaw(self) -> None:

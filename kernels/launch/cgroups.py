@@ -10,7 +10,7 @@ a process cap, and a CPU weight below the bot's.
   the bot first moves the processes of its own cgroup into the leaf ``<own>/threadbook-bot``.
 * **cgroup v1** where the ``memory``, ``pids`` and ``cpu`` hierarchies are mounted and the
   bot may create cgroups beneath its own cgroup of each (root).
-* nothing: the rlimits of :meth:`kernels.launch.ResourceLimits.rlimits` are the only limits.
+* nothing: the rlimits of :meth:`kernels.launch.plan.ResourceLimits.rlimits` are the only limits.
 
 Layout, per hierarchy: ``<own>/threadbook/kernel-<bot pid>-<kernel id>``. Each kernel gets
 ``memory.max`` (v1 ``memory.limit_in_bytes``, and ``memory.memsw.limit_in_bytes`` where swap

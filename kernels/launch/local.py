@@ -1,6 +1,6 @@
-"""Local kernels: carry out a :class:`~kernels.launch.LaunchPlan` with ``jupyter_client``.
+"""Local kernels: carry out a :class:`~kernels.launch.plan.LaunchPlan` with ``jupyter_client``.
 
-:class:`KernelLauncher` is the plain :class:`~kernels.launch.Launcher` (``sandbox: none``)
+:class:`KernelLauncher` is the plain :class:`~kernels.launch.plan.Launcher` (``sandbox: none``)
 and the base of the sandboxed and forked ones. :meth:`KernelLauncher.start` makes the plan's
 run dir, builds an ``AsyncKernelManager`` whose kernel spec comes from
 :meth:`KernelLauncher.kernel_spec` (argv, ``interrupt_mode``) and whose provisioner is made
@@ -15,14 +15,14 @@ dir to the plan's identity (sandboxed kernels), launches off the event loop in a
 (here: the rlimits; the sandbox sets them inside bwrap), and on kill takes down the whole
 group plus any descendant that left it.
 
-Limits without a sandbox: the rlimits of :meth:`kernels.launch.ResourceLimits.rlimits`;
+Limits without a sandbox: the rlimits of :meth:`kernels.launch.plan.ResourceLimits.rlimits`;
 ``RLIMIT_NPROC`` is ignored for root, so as root a fork bomb is bounded only by the execution
 timeout (interrupt, then kill of the whole process group); the sandbox (:mod:`kernels.sandbox`)
 gives each kernel its own pid namespace and uid. Where the host allows it, every kernel also
-gets its own cgroup (:mod:`kernels.cgroups`: memory for all its processes together, pids, CPU
+gets its own cgroup (:mod:`kernels.launch.cgroups`: memory for all its processes together, pids, CPU
 weight), entered in the child's ``preexec_fn`` before any of its code runs, together with
 ``oom_score_adj`` 1000 and a new session keyring (:func:`child_setup`); what a cell leaves
-running is killed after it (:mod:`kernels.leftovers`).
+running is killed after it (:mod:`kernels.launch.leftovers`).
 """
 
 from __future__ import annotations
@@ -48,15 +48,16 @@ from jupyter_client.launcher import launch_kernel
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
-from kernels import freezing, leftovers, safefs
-from kernels.cgroups import Cgroups, KernelCgroup
-from kernels.forkjail import KERNEL_OOM_SCORE_ADJ, PR_SET_DUMPABLE, join_session_keyring, prctl, set_oom_score_adj
-from kernels.interpreter import KernelPython, inspect_interpreter
-from kernels.launch import Identity, KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
+from kernels import safefs
+from kernels.fork.jail import KERNEL_OOM_SCORE_ADJ, PR_SET_DUMPABLE, join_session_keyring, prctl, set_oom_score_adj
+from kernels.launch import freezing, leftovers
+from kernels.launch.cgroups import Cgroups, KernelCgroup
+from kernels.launch.interpreter import KernelPython, inspect_interpreter
+from kernels.launch.plan import Identity, KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
 from kernels.options import KernelOptions
-from kernels.output import MAX_MESSAGE_BYTES
 from kernels.result import KernelStartError
 from kernels.sandbox.identity import prepare_run_dir
+from kernels.session.output import MAX_MESSAGE_BYTES
 from kernels.settings import KernelSettings
 
 MPL_INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
@@ -266,13 +267,13 @@ class _Manager(AsyncKernelManager):
 
 @dataclass
 class LocalKernelHandle:
-    """A started, ready local kernel (:class:`kernels.launch.KernelHandle`): its manager, a
+    """A started, ready local kernel (:class:`kernels.launch.plan.KernelHandle`): its manager, a
     connected client and its process."""
 
     manager: AsyncKernelManager
     client: AsyncKernelClient
     run_dir: Path
-    #: The kernel's own processes, recorded when it became ready (see :mod:`kernels.leftovers`).
+    #: The kernel's own processes, recorded when it became ready (see :mod:`kernels.launch.leftovers`).
     infrastructure: frozenset[int] = frozenset()
 
     @property
@@ -411,7 +412,7 @@ def _tree_pss(pid: int | None) -> int | None:
 
 
 class KernelLauncher:
-    """The plain :class:`~kernels.launch.Launcher`: local ipykernel processes with rlimits
+    """The plain :class:`~kernels.launch.plan.Launcher`: local ipykernel processes with rlimits
     and (where the host allows) a cgroup each. Subclasses change how a plan is carried out."""
 
     #: ipc sockets in the per-kernel run dir: no TCP port race when many kernels start at once.

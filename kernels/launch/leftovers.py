@@ -20,7 +20,7 @@ import time
 
 import psutil
 
-from kernels.cgroups import KILL_TIMEOUT_S, KernelCgroup
+from kernels.launch.cgroups import KILL_TIMEOUT_S, KernelCgroup
 
 
 def infrastructure(cgroup: KernelCgroup | None, pid: int | None) -> frozenset[int]:

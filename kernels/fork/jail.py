@@ -1,6 +1,6 @@
 """The sandboxed fork server's per-kernel jail, entered by a forked child before any user code.
 
-Loaded by ``kernels/zygote.py`` (by path: like the zygote it imports only the standard
+Loaded by ``kernels/fork/zygote.py`` (by path: like the zygote it imports only the standard
 library). The zygote itself runs inside one bubblewrap sandbox as root with its
 capabilities (it is trusted code and never runs user code): the kernels' read-only system
 view, no network, and the host's ``/`` read-only at :data:`HOST_VIEW`, from which a child

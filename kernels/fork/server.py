@@ -1,8 +1,8 @@
 """Fork-server kernels: a pre-imported parent forks fresh ipykernel processes on request.
 
-:class:`ForkServer` runs ``kernels/zygote.py`` (see its docstring for the protocol and the
+:class:`ForkServer` runs ``kernels/fork/zygote.py`` (see its docstring for the protocol and the
 fork-safety rules) and talks JSON lines over its stdin/stdout. :class:`ForkingLauncher` is a
-:class:`~kernels.launcher.KernelLauncher` whose provisioner asks the fork server for the
+:class:`~kernels.launch.local.KernelLauncher` whose provisioner asks the fork server for the
 process instead of spawning one; everything else (run dir, connection file, environment,
 readiness check, handle) is the launcher's own code, so a ``KernelSession`` behaves the same
 for forked and spawned kernels. The forked process is represented by :class:`ForkedProcess`,
@@ -14,7 +14,7 @@ Profiles (one fork server per launcher, see :meth:`ForkingLauncher.supports`):
 * unsandboxed (``sandbox: none``): kernels with the default options;
 * bubblewrap, bot running as root: the zygote runs inside one bwrap sandbox
   (:func:`kernels.sandbox.args.zygote_args`) and each child jails itself in its own
-  namespaces and per-workspace uid before any user code (``kernels/forkjail.py``); every
+  namespaces and per-workspace uid before any user code (``kernels/fork/jail.py``); every
   kernel without network is forked (``network: true`` kernels need slirp4netns: spawned);
 * bubblewrap, bot as a normal user (the Docker image): the zygote is root of an
   unprivileged user namespace, and each child builds the same jail, then moves into a user
@@ -43,9 +43,9 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from kernels.forkjail import KERNEL_OOM_SCORE_ADJ
-from kernels.launch import KernelHandle, LaunchPlan
-from kernels.launcher import KERNEL_SETUP, KernelLauncher, ThreadbookProvisioner, child_setup
+from kernels.fork.jail import KERNEL_OOM_SCORE_ADJ
+from kernels.launch.local import KERNEL_SETUP, KernelLauncher, ThreadbookProvisioner, child_setup
+from kernels.launch.plan import KernelHandle, LaunchPlan
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
 from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, WORKSPACE, zygote_args
@@ -64,7 +64,7 @@ RESTART_DELAYS_S = (1.0, 2.0, 5.0, 15.0, 30.0)
 RESTART_ATTEMPTS = 12
 #: Forked kernels started at once: a fork costs ~70 ms of CPU, most of a start is waiting for
 #: round trips, so four per core keep the cores busy through a burst (a spawn costs ~0.6 s
-#: of CPU: spawned starts keep ``kernels.launcher.START_SLOTS``).
+#: of CPU: spawned starts keep ``kernels.launch.local.START_SLOTS``).
 FORK_START_SLOTS = 4 * (os.cpu_count() or 1)
 
 
@@ -319,7 +319,7 @@ class ForkProvisioner(ThreadbookProvisioner):
     and kill as a spawned kernel's)."""
 
     def __init__(self, *, server: ForkServer, jail: dict[str, Any] | None, **kwargs: Any) -> None:
-        """``jail``: the sandboxed profile's namespaces and uid (see ``kernels/forkjail.py``)."""
+        """``jail``: the sandboxed profile's namespaces and uid (see ``kernels/fork/jail.py``)."""
         super().__init__(**kwargs)
         self.server = server
         self.jail = jail
@@ -365,7 +365,7 @@ def fork_argv(cmd: list[str], preload: list[str]) -> list[str]:
 
 
 def jail_for(plan: LaunchPlan, support: BwrapSupport) -> dict[str, Any]:
-    """(Resolves paths) the ``jail`` of a fork request: what ``kernels/forkjail.py`` builds
+    """(Resolves paths) the ``jail`` of a fork request: what ``kernels/fork/jail.py`` builds
     for ``plan``'s kernel."""
     assert plan.identity is not None, "a sandboxed plan has an identity"
     return {

@@ -6,7 +6,7 @@ for the execution count, and a watchdog (every 0.25 s) turns a dead process into
 On timeout the kernel is interrupted; if it is still busy ``interrupt_grace_s`` later
 (a long C call ignores SIGINT), it is replaced by a fresh kernel in the same workspace.
 When an execution ends, processes it left running are killed unless the channel allows
-background processes (:mod:`kernels.leftovers`); the result's notice says how many.
+background processes (:mod:`kernels.launch.leftovers`); the result's notice says how many.
 """
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ from dataclasses import replace
 from queue import Empty
 from typing import Any
 
-from kernels import safefs, snapshots
-from kernels.launch import KernelHandle, Launcher
+from kernels import safefs
+from kernels.launch.plan import KernelHandle, Launcher
 from kernels.options import KernelOptions
-from kernels.output import MAX_MESSAGE_BYTES, OutputCollector
-from kernels.quota_probe import QuotaProbe
 from kernels.result import ExecutionResult, KernelError, Outcome
 from kernels.safefs import MAX_WALK_ENTRIES
+from kernels.session import snapshots
+from kernels.session.output import MAX_MESSAGE_BYTES, OutputCollector
+from kernels.session.quota_probe import QuotaProbe
+from kernels.session.snapshots import RESTORE_TIMEOUT_S, SAVE_TIMEOUT_S, RestoreReport, SaveReport
 from kernels.settings import KernelSettings
-from kernels.snapshots import RESTORE_TIMEOUT_S, SAVE_TIMEOUT_S, RestoreReport, SaveReport
 from kernels.units import human_size
 from kernels.workspace import FileStamps, Workspace, changed_files
 
@@ -121,7 +122,7 @@ class KernelSession:
         #: Why the last save failed, until the thread is told; ``_save_failing`` until one works.
         self._save_failed: str | None = None
         self._save_failing = False
-        #: The current kernel is frozen (:mod:`kernels.freezing`): it is, whenever no work holds the session.
+        #: The current kernel is frozen (:mod:`kernels.launch.freezing`): it is, whenever no work holds the session.
         self._frozen = False
         #: CPU seconds of the current kernel at its last freeze (or start), and those used since
         #: the last :meth:`take_cpu_seconds` (None: this kernel's CPU time is not known).
@@ -136,7 +137,7 @@ class KernelSession:
 
     @property
     def remote_id(self) -> str | None:
-        """The current kernel's :attr:`~kernels.launch.KernelHandle.remote_id` (None: local, or none running)."""
+        """The current kernel's :attr:`~kernels.launch.plan.KernelHandle.remote_id` (None: local, or none running)."""
         return self._handle.remote_id if self._handle is not None else None
 
     @property
@@ -657,7 +658,7 @@ class KernelSession:
 
         This is the fallback the quota has where no size-limited file system holds the
         workspace: checked every watchdog tick while code runs, and at once when the file
-        system grew past the quota's room (:mod:`kernels.quota_probe`).
+        system grew past the quota's room (:mod:`kernels.session.quota_probe`).
         """
         return self._quota_notice(before, await asyncio.to_thread(self.workspace.scan))
 
