@@ -146,14 +146,14 @@ async def ask(core: Core, question: Question, uploads: dict[str, tuple[Path, int
             verdict = Verdict(
                 verdict.passed, f"turn did not finish normally ({first}); {verdict.detail}", verdict.answer_line
             )
-    prompt_tokens, completion_tokens = await core.store.usage(str(key))
+    prompt_tokens, completion_tokens = await core.store.usage.thread_tokens(key)
     outcome = Outcome(
         id=question.id,
         passed=verdict.passed,
         detail=verdict.detail,
         expected=question.check.describe(),
         answer_line=verdict.answer_line,
-        rounds=await core.store.cell_count(str(key)),
+        rounds=await core.store.transcripts.cell_count(key),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         seconds=seconds,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from adapters.base import Adapter, AdapterStartError
 from bot import metrics
+from bot.admission import Admission
 from bot.agent.loop import Agent
 from bot.budgets import Budgets, Clock
 from bot.commands import Commands
@@ -80,7 +81,7 @@ class Core:
             stack.push_async_callback(agent.close)
             # One installer for the process: its lock serialises every thread's installs.
             packages = package_installer(settings.kernels, launcher)
-            budgets = Budgets(settings, store, clock=clock)
+            budgets = Budgets(settings, store.usage, clock=clock)
             sources = Sources(settings.sources)
             stack.push_async_callback(sources.close)
             # The bot's own work (upload previews, export html) runs in fresh sandboxed one-shots.
@@ -96,7 +97,10 @@ class Core:
                 sources=sources,
             )
             commands = Commands(store=store, pool=pool, settings=settings, oneshot=oneshot, clock=clock)
-            dispatcher = Dispatcher(settings=settings, store=store, turns=turns, commands=commands, pool=pool)
+            admission = Admission(settings, store, budgets)
+            dispatcher = Dispatcher(
+                settings=settings, store=store, admission=admission, turns=turns, commands=commands, pool=pool
+            )
             yield cls(
                 settings=settings,
                 store=store,
@@ -164,20 +168,14 @@ async def tell_interrupted(store: Store, adapters: Sequence[ThreadReach]) -> int
     not enabled now) stay in the store for a later start. A thread that cannot be told is
     logged and skipped; nothing here raises. Returns the number of threads told.
     """
-    outboxes: dict[str, Outbox | None] = {}  # None: taken only to be dropped
-    left: set[str] = set()
+    outboxes: dict[ThreadKey, Outbox] = {}
+    left: set[ThreadKey] = set()
 
-    def reachable(thread: str) -> bool:
+    def reachable(thread: ThreadKey) -> bool:
         if thread in outboxes:
             return True
         try:
-            key = ThreadKey.parse(thread)
-        except ValueError:
-            log.warning("dropped an interrupted turn with a bad thread key %r", thread)
-            outboxes[thread] = None
-            return True
-        try:
-            outbox = next((o for a in adapters if (o := a.outbox_for(key)) is not None), None)
+            outbox = next((o for a in adapters if (o := a.outbox_for(thread)) is not None), None)
         except Exception:
             log.exception("could not find a way to reach %s; it stays for a later start", thread)
             outbox = None
@@ -188,15 +186,13 @@ async def tell_interrupted(store: Store, adapters: Sequence[ThreadReach]) -> int
         return True
 
     try:
-        turns = await store.take_interrupted_turns(reachable)
+        turns = await store.turns.take_interrupted(reachable)
     except Exception:
         log.exception("could not read the turns interrupted by the last stop")
         return 0
     told = 0
     for thread in dict.fromkeys(turn.thread for turn in turns):  # one notice per thread, oldest first
         outbox = outboxes[thread]
-        if outbox is None:
-            continue
         try:
             await outbox.notify(INTERRUPTED_NOTICE)
         except Exception:

@@ -1,7 +1,7 @@
 """Budgets (``limits`` in the config, a channel's own ``limits`` over them): whether a turn may
 start, and whether it may go on spending tokens.
 
-Everything is counted in the store (one row per turn: :meth:`bot.store.Store.begin_usage`), so
+Everything is counted in the store (one row per turn: :meth:`bot.store.UsageLedger.begin`), so
 budgets hold across restarts and replicas. Days are calendar days in UTC; the per-minute
 budget is a sliding minute. A refusal is one sentence saying what ran out and when it comes
 back. Turns running at the same time in other threads are not seen by each other's
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from bot.config import Limits, Settings
 from bot.events import InboundMessage
-from bot.store import Store, UsageRow
+from bot.store import UsageLedger, UsageRow
 
 DAY_S = 86_400
 MINUTE_S = 60.0
@@ -68,9 +68,9 @@ class TokenAllowance:
 class Budgets:
     """Applies the limits of a message's channel (see the module docstring)."""
 
-    def __init__(self, settings: Settings, store: Store, *, clock: Clock = time.time) -> None:
+    def __init__(self, settings: Settings, usage: UsageLedger, *, clock: Clock = time.time) -> None:
         self._settings = settings
-        self._store = store
+        self._usage = usage
         self.clock = clock
 
     def limits_for(self, message: InboundMessage) -> Limits:
@@ -85,13 +85,13 @@ class Budgets:
         today = day_start(now)
         resets_at = today + DAY_S
         user, channel = message.user_id, message.key.channel_key
-        mine = _total(await self._store.spent(since=today, user_id=user)) if _per_user(limits) else None
+        mine = _total(await self._usage.spent(since=today, user_id=user)) if _per_user(limits) else None
         theirs = (
-            _total(await self._store.spent(since=today, channel_key=channel)) if limits.tokens_per_channel_day else None
+            _total(await self._usage.spent(since=today, channel_key=channel)) if limits.tokens_per_channel_day else None
         )
         allowance = TokenAllowance(limits, mine.tokens if mine else 0, theirs.tokens if theirs else 0, resets_at)
         if limits.turns_per_user_minute:
-            recent = await self._store.turn_times(user_id=user, since=now - MINUTE_S)
+            recent = await self._usage.turn_times(user_id=user, since=now - MINUTE_S)
             if len(recent) >= limits.turns_per_user_minute:
                 wait = min(recent) + MINUTE_S - now
                 return (

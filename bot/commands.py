@@ -100,7 +100,7 @@ class Commands:
             "usage": self._usage,
             "usage all": self._usage_all,
         }
-        self._usage_report = UsageReport(store, settings.llm.prices)
+        self._usage_report = UsageReport(store.usage, store.feedback, settings.llm.prices)
         self._schedules = ScheduleCommands(book=store.schedules, settings=settings, clock=clock)
 
     async def try_run(self, message: InboundMessage, outbox: Outbox) -> bool:
@@ -119,7 +119,7 @@ class Commands:
         return True
 
     async def _usage(self, message: InboundMessage) -> Reply:
-        return Reply(text=await self._usage_report.mine(str(message.key), message.user_id, self._clock()))
+        return Reply(text=await self._usage_report.mine(message.key, message.user_id, self._clock()))
 
     async def _usage_all(self, message: InboundMessage) -> Reply:
         if not self._settings.access.is_admin(message.key.platform, message.user_id):
@@ -130,7 +130,7 @@ class Commands:
         return Reply(text=HELP_TEXT)
 
     async def _reset(self, message: InboundMessage) -> Reply:
-        key = str(message.key)
+        key = str(message.key)  # the kernel layer's name of the thread
         running = self._pool.get(key) is not None
         await self._pool.forget_state(key)  # a fresh start means fresh: the saved variables go too
         if not running:
@@ -149,8 +149,7 @@ class Commands:
         return Reply(text=f"Files in this thread ({len(files)}):\n" + "\n".join(lines))
 
     async def _export(self, message: InboundMessage) -> Reply:
-        key = str(message.key)
-        timeline = await self._store.timeline(key)
+        timeline = await self._store.transcripts.timeline(message.key)
         if not timeline:
             return Reply(text="Nothing to export yet.")
         title = f"Threadbook thread {message.key.channel}/{message.key.thread}"
@@ -175,8 +174,7 @@ class Commands:
         thread runs: no kernel is leased, so it works while every kernel is busy or the thread's
         budget is spent. The bot never parses the page.
         """
-        key = str(message.key)
-        timeline = await self._store.timeline(key)
+        timeline = await self._store.transcripts.timeline(message.key)
         if not timeline:
             return Reply(text="Nothing to export yet.")
         title = f"Threadbook thread {message.key.channel}/{message.key.thread}"
@@ -184,11 +182,11 @@ class Commands:
         try:
             page = await self._render(notebook)
         except OneShotUnavailableError as exc:
-            log.warning("export html of %s: %s", key, exc)
+            log.warning("export html of %s: %s", message.key, exc)
             return Reply(text=HTML_UNAVAILABLE_NOTICE, ok=False)
         except _RenderFailed as exc:
             if exc.reply.text == HTML_FAILED_NOTICE:
-                log.warning("export html of %s: %s", key, exc.detail[:300])
+                log.warning("export html of %s: %s", message.key, exc.detail[:300])
             return exc.reply
         name = f"threadbook-{message.key.thread.replace('.', '-')}.html"
         # The page is read into memory through a checked descriptor: adapters read these bytes.
@@ -227,11 +225,11 @@ class Commands:
         return page
 
     async def _status(self, message: InboundMessage) -> Reply:
-        key = str(message.key)
+        key = str(message.key)  # the kernel layer's name of the thread
         session = self._pool.get(key)
-        prompt_tokens, completion_tokens = await self._store.usage(key)
-        feedback = await self._store.feedback_counts(key)
-        cells = await self._store.cell_count(key)
+        prompt_tokens, completion_tokens = await self._store.usage.thread_tokens(message.key)
+        feedback = await self._store.feedback.counts(message.key)
+        cells = await self._store.transcripts.cell_count(message.key)
         if session is None:
             kernel = "no kernel running (one starts with the next question)"
         else:

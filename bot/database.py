@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -52,6 +53,10 @@ class Database:
     async def close(self) -> None:
         """Close every connection."""
         raise NotImplementedError
+
+    def upsert(self, table: sa.Table) -> postgresql.Insert | sqlite.Insert:
+        """An INSERT into ``table`` that can say ``ON CONFLICT`` (each dialect has its own)."""
+        return postgresql.insert(table) if self.dialect == "postgresql" else sqlite.insert(table)
 
 
 class _SQLite(Database):

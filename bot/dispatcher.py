@@ -1,14 +1,13 @@
-"""The cross-cutting rules for every inbound message, in one place.
+"""Every inbound message, end to end: the admission chain, the thread's line of turns, the turn.
 
-Order: ignore bots → allow-list → ignore unmentioned messages in threads the bot has no
-session for → drop duplicates (the claim is in the store, so across replicas too) → one turn at
-a time per thread, in order (others queue, and are told) → in-thread command or agent turn.
-Adapters call :meth:`Dispatcher.handle` for messages, :meth:`Dispatcher.stop` for a Stop
-button, :meth:`Dispatcher.feedback` for 👍/👎, and :meth:`Dispatcher.admits` where a platform
-must answer before any message exists (a Discord slash command is acknowledged or refused at
-once).
+Adapters call :meth:`Dispatcher.handle` for messages, :meth:`Dispatcher.may_open` where a
+platform must decide before any message exists (a Discord thread opened for a mention, a
+slash command acknowledged at once), :meth:`Dispatcher.stop` for a Stop button and
+:meth:`Dispatcher.feedback` for 👍/👎. Which messages become turns is :mod:`bot.admission`
+(author, mention, access, duplicate, then the queue, then the budget); this module runs that
+chain and the turn or in-thread command it admits.
 
-The line of a thread's turns is in the store (``Store.begin_turn`` hands out tickets), so it
+The line of a thread's turns is in the store (``Store.turns`` hands out tickets), so it
 holds across replicas: a turn waits until no earlier ticket of its thread is left, woken at
 once by a turn ending in this process and by polling for one ending on another replica. A
 queued or running turn stays marked in the store until it ends, so the turns of a process that
@@ -28,9 +27,10 @@ import logging
 from dataclasses import dataclass, field
 
 from bot import logs, metrics
+from bot.admission import Admission
 from bot.commands import Commands
 from bot.config import Settings
-from bot.events import InboundMessage, Outbox, ThreadKey
+from bot.events import InboundMessage, Outbox, Reply, ThreadKey
 from bot.hostpaths import HostPaths
 from bot.outgoing import hiding_paths
 from bot.store import QueuedTurn, Store
@@ -75,10 +75,18 @@ class Dispatcher:
     """Applies the bot's rules to each message and runs the resulting turn."""
 
     def __init__(
-        self, *, settings: Settings, store: Store, turns: TurnRunner, commands: Commands, pool: KernelPool
+        self,
+        *,
+        settings: Settings,
+        store: Store,
+        admission: Admission,
+        turns: TurnRunner,
+        commands: Commands,
+        pool: KernelPool,
     ) -> None:
         self._settings = settings
         self._store = store
+        self._admission = admission
         self._turns = turns
         self._commands = commands
         self._pool = pool
@@ -93,9 +101,9 @@ class Dispatcher:
         log_context = logs.enter_turn(message.key, message.message_id)  # every line logged for it names it
         try:
             async with slot.intake:
-                if not await self._accepts(message):
+                if not await self._admission.screen(message):
                     return
-                queued = await self._store.begin_turn(str(message.key), message.message_id)
+                queued = await self._store.turns.begin(message.key, message.message_id)
             await self._serialised(message, outbox, queued, slot)
         except asyncio.CancelledError:
             # The bot is shutting down mid-turn: say so, so nobody waits for an answer that never comes.
@@ -103,7 +111,7 @@ class Dispatcher:
                 await asyncio.shield(outbox.notify(RESTART_NOTICE))
                 # Told now, so the next start must not tell again; if the notice failed, the
                 # in-flight mark stays and the next start tells the thread instead.
-                await asyncio.shield(self._store.end_turn(str(message.key), message.message_id))
+                await asyncio.shield(self._store.turns.end(message.key, message.message_id))
             raise
         except Exception:
             log.exception("turn failed for %s message %s", message.key, message.message_id)
@@ -127,46 +135,23 @@ class Dispatcher:
         it. True if one was running."""
         if await self._turns.stop(key):
             return True
-        return self._store.shared and await self._store.request_stop(str(key))
+        return self._store.shared and await self._store.turns.request_stop(key)
 
     async def feedback(self, key: ThreadKey, turn_id: str, user_id: str, good: bool) -> None:
         """Store a 👍 (``good``) or 👎 click on the answer to message ``turn_id`` of thread ``key``."""
         try:
-            await self._store.add_feedback(str(key), turn_id, user_id, good=good)
+            await self._store.feedback.add(key, turn_id, user_id, good=good)
         except Exception:
             log.exception("could not store feedback on %s in %s", turn_id, key)
 
-    def admits(self, *, platform: str, channel: str, user_id: str) -> bool:
-        """The allow-list rule alone, for adapters that must decide before opening a thread."""
-        access = self._settings.access
-        if (
-            access.allow_channels
-            and f"{platform}:{channel}" not in access.allow_channels
-            and channel not in access.allow_channels
-        ):
-            log.info("ignored message in channel %s:%s: not in access.allow_channels", platform, channel)
-            return False
-        if access.allow_users and user_id not in access.allow_users:
-            log.info("ignored message from user %s: not in access.allow_users", user_id)
-            return False
-        return True
-
-    async def _accepts(self, message: InboundMessage) -> bool:
-        key = message.key
-        if message.is_bot:
-            return False
-        if not self.admits(platform=key.platform, channel=key.channel, user_id=message.user_id):
-            return False
-        if not message.mentioned and not message.is_dm and not await self._store.thread_exists(str(key)):
-            return False
-        if not await self._store.claim_message(f"{key.platform}:{message.message_id}"):
-            log.info("dropped duplicate delivery of %s in %s", message.message_id, key)
-            return False
-        return True  # the thread's row is made (or marked active) when its turn is queued
+    def may_open(self, *, platform: str, channel: str, user_id: str, is_bot: bool = False) -> bool:
+        """Whether a person may open a session here, for a platform that must decide before a
+        message exists (:meth:`bot.admission.Admission.may_open`)."""
+        return self._admission.may_open(platform=platform, channel=channel, user_id=user_id, is_bot=is_bot)
 
     async def _serialised(self, message: InboundMessage, outbox: Outbox, queued: QueuedTurn, slot: _ThreadSlot) -> None:
         """Wait for the queued turn's turn, run it; its mark in the store goes when it ends."""
-        key = str(message.key)
+        key = message.key
         try:
             if queued.ahead:  # else it is first in line already
                 await outbox.notify(QUEUED_NOTICE)
@@ -175,14 +160,14 @@ class Dispatcher:
         except asyncio.CancelledError:
             raise  # shutdown: handle() clears the mark once the restart notice is out
         except BaseException:
-            await self._store.end_turn(key, message.message_id)
+            await self._store.turns.end(key, message.message_id)
             raise
-        await self._store.end_turn(key, message.message_id)
+        await self._store.turns.end(key, message.message_id)
 
-    async def _wait_for_turn(self, key: str, ticket: int, slot: _ThreadSlot, outbox: Outbox) -> None:
+    async def _wait_for_turn(self, key: ThreadKey, ticket: int, slot: _ThreadSlot, outbox: Outbox) -> None:
         poll = POLL_SHARED_S if self._store.shared else POLL_ALONE_S
         while True:
-            check = await self._store.check_turn(key, ticket)
+            check = await self._store.turns.check(key, ticket)
             if check.interrupted:  # the turn ahead died with its replica: the thread hears it once
                 await outbox.notify(INTERRUPTED_NOTICE)
             if check.ready:
@@ -193,7 +178,6 @@ class Dispatcher:
     async def _run_turn(self, message: InboundMessage, outbox: Outbox) -> None:
         """Run the turn with this replica's kernel up to date, and leave the variables saved
         for the next replica when replicas share the store."""
-        key = str(message.key)
         await self._take_kernel(message.key)
         if not self._store.shared:
             await self._run(message, outbox)
@@ -203,21 +187,22 @@ class Dispatcher:
             await self._run(message, outbox)
         finally:
             watcher.cancel()
-        await self._pool.save(key)
-        session = self._pool.get(key)
-        await self._store.record_kernel(key, session.remote_id if session is not None else None)
+        kernel_key = str(message.key)  # the kernel layer's name of the thread
+        await self._pool.save(kernel_key)
+        session = self._pool.get(kernel_key)
+        await self._store.kernel_owners.record(message.key, session.remote_id if session is not None else None)
 
     async def _take_kernel(self, thread: ThreadKey) -> None:
         """Make this replica's kernel of the thread the one that holds its variables: when
         another replica served the thread since, drop ours (out of date); when that replica is
         gone, take over its gateway kernel if it still runs (variables live), else the next
         kernel restores the saved variables."""
-        key = str(thread)
         if not self._store.shared:
             return  # one process: any other owner was an earlier process, whose kernels are gone
-        owner = await self._store.claim_kernel(key)
-        if owner is None or owner.run == self._store.run:
+        owner = await self._store.kernel_owners.claim(thread)
+        if owner is None or owner.run == self._store.replicas.run:
             return
+        key = str(thread)  # the kernel layer's name of the thread
         if owner.gone and owner.remote_id is not None:
             options = kernel_options(self._settings, thread)
             if await self._pool.take_over(key, owner.remote_id, options):
@@ -230,7 +215,7 @@ class Dispatcher:
         while True:
             await asyncio.sleep(STOP_POLL_S)
             try:
-                if await self._store.stop_requested(str(message.key), message.message_id):
+                if await self._store.turns.stop_requested(message.key, message.message_id):
                     await self._turns.stop(message.key)
                     return
             except Exception:
@@ -241,4 +226,9 @@ class Dispatcher:
             if not message.attachments and await self._commands.try_run(message, outbox):
                 metrics.turn_outcome("command")
                 return
-            await self._turns.run(message, outbox)
+            check = await self._admission.budget(message)
+            if check.refusal is not None:
+                metrics.turn_outcome("refused")
+                await outbox.post(Reply(text=check.refusal, ok=False))
+                return
+            await self._turns.run(message, outbox, check.allowance)

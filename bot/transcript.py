@@ -49,7 +49,23 @@ class CellEntry:
     created_at: float
 
 
-#: What :meth:`bot.store.Store.timeline` returns and :func:`export_notebook` reads, in ``seq`` order.
+@dataclass(frozen=True, slots=True)
+class NewCell:
+    """An executed cell as the store records it (:meth:`NewCell.of` an execution result)."""
+
+    code: str
+    outputs: list[dict[str, Any]]
+    execution_count: int | None
+    outcome: str
+    duration_s: float
+
+    @classmethod
+    def of(cls, code: str, result: ExecutionResult) -> NewCell:
+        """The cell that ran ``code`` and produced ``result``."""
+        return cls(code, result_to_outputs(result), result.execution_count, result.outcome.value, result.duration_s)
+
+
+#: What :meth:`bot.store.Transcripts.timeline` returns and :func:`export_notebook` reads, in ``seq`` order.
 TimelineEntry = MessageEntry | CellEntry
 
 

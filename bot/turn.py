@@ -24,7 +24,8 @@ from bot.live import LiveCell
 from bot.safetext import shown
 from bot.sources.registry import Sources
 from bot.sources.tool import SqlTool
-from bot.store import NOTICE_ROLE, Store
+from bot.store import NOTICE_ROLE, Store, Transcripts
+from bot.transcript import NewCell
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace, safefs
 from kernels.oneshot import OneShot
 from kernels.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
@@ -113,8 +114,8 @@ class _RecordingRunner:
     """
 
     session: KernelSession
-    store: Store
-    key: str
+    transcripts: Transcripts
+    key: ThreadKey
     turn: _ActiveTurn
     packages: PackageInstaller | None = None
     progress: Progress | None = None
@@ -176,7 +177,7 @@ class _RecordingRunner:
         self.results.append(result)
         metrics.execution(result.outcome.value, result.duration_s)
         # Stored while the model reads the result (the store keeps the order of its writes).
-        self._writes.append(asyncio.create_task(self.store.add_cell(self.key, code, result)))
+        self._writes.append(asyncio.create_task(self.transcripts.add_cell(self.key, NewCell.of(code, result))))
         return result
 
     async def stored(self) -> None:
@@ -222,14 +223,10 @@ class TurnRunner:
             await turn.session.interrupt()
         return True
 
-    async def run(self, message: InboundMessage, outbox: Outbox) -> None:
-        """Run one turn for ``message`` and post its reply (or why a budget refuses it)."""
+    async def run(self, message: InboundMessage, outbox: Outbox, allowance: TokenAllowance) -> None:
+        """Run one admitted turn for ``message`` (its tokens checked against ``allowance`` as it
+        goes) and post its reply."""
         key = message.key
-        refusal, allowance = await self._budgets.admit(message)
-        if refusal is not None:
-            metrics.turn_outcome("refused")
-            await outbox.post(Reply(text=refusal, ok=False))
-            return
         workspace = self._pool.workspaces.for_key(str(key))
         intake = await ingest(
             message.attachments, workspace, max_bytes=int(self._settings.kernels.max_upload_mb * 2**20)
@@ -244,7 +241,7 @@ class TurnRunner:
             return
 
         model = self._settings.policy_for(key.channel_key).model or self._settings.llm.model
-        row = await self._store.begin_usage(str(key), model=model, user_id=message.user_id, at=self._budgets.clock())
+        row = await self._store.usage.begin(key, model=model, user_id=message.user_id, at=self._budgets.clock())
         turn = _ActiveTurn()
         self._active[key] = turn
         progress = outbox.progress()
@@ -314,7 +311,7 @@ class TurnRunner:
         """The agent loop against the thread's (leased) kernel, then the reply."""
         key = t.message.key
         t.active.session = session
-        kernel_is_fresh = session.fresh and await self._store.cell_count(str(key)) > 0
+        kernel_is_fresh = session.fresh and await self._store.transcripts.cell_count(key) > 0
         if t.uploads.saved:  # previews come from fresh sandboxed one-shots, never from here or the thread's kernel
             saved = await add_previews(t.uploads.saved, t.workspace, self._oneshot)
             t.user_content = f"{t.user_content}\n\n{describe_for_model(saved, t.uploads.refused)}".strip()
@@ -331,8 +328,8 @@ class TurnRunner:
         live = LiveCell(t.progress)
         runner = _RecordingRunner(
             session=session,
-            store=self._store,
-            key=str(key),
+            transcripts=self._store.transcripts,
+            key=key,
             turn=t.active,
             packages=self._packages,
             progress=t.progress,
@@ -358,7 +355,7 @@ class TurnRunner:
         started = time.time()
         try:
             result = await self._agent.run_turn(
-                history=await self._store.history(str(key)),
+                history=await self._store.transcripts.history(key),
                 user_content=t.user_content,
                 runner=runner,
                 system_prompt=system_prompt,
@@ -381,8 +378,8 @@ class TurnRunner:
         # Our own notes are stored as notices, which history() never returns to the model.
         if result.new_messages:
             notice = [{"role": NOTICE_ROLE, "content": result.notice}] if result.notice else []
-            await self._store.add_messages(str(key), [*result.new_messages, *notice], user_id=t.message.user_id)
-        await self._store.add_usage(
+            await self._store.transcripts.add_messages(key, [*result.new_messages, *notice], user_id=t.message.user_id)
+        await self._store.usage.add(
             t.usage_row,
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,

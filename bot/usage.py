@@ -9,13 +9,15 @@ price is named instead of guessed.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from bot.budgets import day_start
 from bot.config import ModelPrice
-from bot.store import Store, UsageRow
+from bot.events import ThreadKey
+from bot.store import FeedbackBook, UsageLedger, UsageRow
 
 TOP = 10
 
@@ -67,16 +69,19 @@ def add_up(rows: Iterable[UsageRow], prices: dict[str, ModelPrice]) -> Totals:
 class UsageReport:
     """Builds the texts of ``usage`` and ``usage all``."""
 
-    def __init__(self, store: Store, prices: dict[str, ModelPrice]) -> None:
-        self._store = store
+    def __init__(self, usage: UsageLedger, feedback: FeedbackBook, prices: dict[str, ModelPrice]) -> None:
+        self._usage = usage
+        self._feedback = feedback
         self._prices = prices
 
-    async def mine(self, thread: str, user_id: str, now: float) -> str:
+    async def mine(self, thread: ThreadKey, user_id: str, now: float) -> str:
         """The thread's and the person's usage, today and this month."""
         lines = ["**Usage** (UTC)"]
-        for title, kwargs in (("This thread", {"thread": thread}), ("You", {"user_id": user_id})):
-            today = add_up(await self._store.spent(since=day_start(now), **kwargs), self._prices)
-            month = add_up(await self._store.spent(since=month_start(now), **kwargs), self._prices)
+        of_thread = functools.partial(self._usage.spent, thread=thread)
+        of_person = functools.partial(self._usage.spent, user_id=user_id)
+        for title, spent in (("This thread", of_thread), ("You", of_person)):
+            today = add_up(await spent(since=day_start(now)), self._prices)
+            month = add_up(await spent(since=month_start(now)), self._prices)
             lines += [f"**{title}**", f"• today: {today.line()}", f"• this month: {month.line()}"]
         return "\n".join(lines)
 
@@ -90,7 +95,7 @@ class UsageReport:
         )
         for title, by in groupings:
             groups: dict[str, list[UsageRow]] = {}
-            for row in await self._store.usage_report(since=since, by=by):
+            for row in await self._usage.report(since=since, by=by):
                 groups.setdefault(row.group, []).append(row)
             totals = sorted(
                 ((add_up(rows, self._prices), group) for group, rows in groups.items()),
@@ -102,8 +107,8 @@ class UsageReport:
                 lines.append(f"… and {len(totals) - TOP} more")
             if not totals:
                 lines.append("• none yet")
-        everything = add_up(await self._store.spent(since=since), self._prices)
-        feedback = await self._store.feedback_counts(since=since)
+        everything = add_up(await self._usage.spent(since=since), self._prices)
+        feedback = await self._feedback.counts(since=since)
         lines += [
             f"**All together:** {everything.line()}",
             f"**Feedback on answers:** 👍 {feedback.good} · 👎 {feedback.bad}",

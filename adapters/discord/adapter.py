@@ -2,7 +2,7 @@
 
 - A mention in a guild text channel opens a public thread from that message (named from the
   question); the thread's id keys the session. Messages in the thread continue it without a
-  mention (the dispatcher knows the thread has a session); a mention inside an existing thread
+  mention (the core's admission chain knows the thread has a session); a mention inside an existing thread
   uses that thread; a DM channel is one session.
 - Bot and webhook authors (ourselves included) are dropped here; edits never reach us (only
   MESSAGE_CREATE is handled); replays after a gateway RESUME are dropped by the dispatcher's
@@ -37,7 +37,7 @@ import aiohttp
 import discord
 import yarl
 
-from adapters.base import AdapterStartError
+from adapters.base import AdapterStartError, PlatformAdapter
 from adapters.discord import endpoints
 from adapters.discord.feedback import THANKS, feedback_item, feedback_view
 from adapters.discord.inbound import (
@@ -55,7 +55,6 @@ from adapters.discord.inbound import (
 from adapters.discord.interactions import InteractionReplies
 from adapters.discord.outbox import STOPPED, Conversation, DiscordOutbox, StopView
 from adapters.discord.slash import CommandTree, build_tree
-from adapters.tasks import BackgroundTasks
 from bot.config import DiscordSettings
 from bot.events import Attachment, InboundMessage, ThreadKey
 from bot.safetext import shown
@@ -114,7 +113,7 @@ class _ShardedClient(discord.AutoShardedClient, _Client):
     """The same, running a set of shards (``discord.shard_count`` / ``discord.shard_ids``)."""
 
 
-class DiscordAdapter:
+class DiscordAdapter(PlatformAdapter):
     """Connects to Discord's gateway and serves one session per thread (or DM)."""
 
     def __init__(
@@ -125,14 +124,13 @@ class DiscordAdapter:
         guild_ready_timeout_s: float = 2.0,
         status_interval_s: float = 1.5,
     ) -> None:
+        super().__init__(dispatcher, label="Discord")
         self._settings = settings
-        self._dispatcher = dispatcher
         self._guild_ready_timeout_s = guild_ready_timeout_s
         self._status_interval_s = status_interval_s
         self._client: _Client | None = None
         self._connection: asyncio.Task[None] | None = None
         self._cdn: aiohttp.ClientSession | None = None
-        self._tasks = BackgroundTasks(log, "Discord")
         self._undo_endpoints: Callable[[], None] | None = None
         self._stopping = False
         self._tree: CommandTree | None = None
@@ -207,14 +205,11 @@ class DiscordAdapter:
             ) from None
         raise DiscordStartError(f"the Discord gateway connection ended before READY: {error!r}") from None
 
-    async def stop(self, grace_s: float = 0.0) -> None:
-        """Take no new messages; give running turns ``grace_s`` to finish (the connection stays
-        up so they can answer), cancel the rest (each tells its thread), disconnect, restore
-        discord.py's endpoints."""
-        self._stopping = True
-        if grace_s > 0 and not await self._tasks.drain(grace_s):
-            log.warning("Discord: %d turn(s) still running after %.0f s; cutting them off", len(self._tasks), grace_s)
-        await self._tasks.cancel_all()
+    async def _stop_intake(self) -> None:
+        self._stopping = True  # the connection stays up so running turns can answer
+
+    async def _disconnect(self) -> None:
+        """Disconnect and restore discord.py's endpoints."""
         if self._client is not None:
             await self._client.close()
         if self._connection is not None:
@@ -224,6 +219,10 @@ class DiscordAdapter:
         if self._undo_endpoints is not None:
             self._undo_endpoints()
             self._undo_endpoints = None
+
+    def _may_open(self, channel: str, user: discord.abc.User) -> bool:
+        """The core's admission rules for a session opened before any message exists."""
+        return self._dispatcher.may_open(platform=PLATFORM, channel=channel, user_id=str(user.id), is_bot=user.bot)
 
     def _thread_id(self, key: ThreadKey) -> int | None:
         """The Discord channel id of the thread (or DM) of ``key``; None for another platform or before start."""
@@ -373,7 +372,7 @@ class DiscordAdapter:
                 await replies.say(HELP_OUTSIDE_SESSION if text == "help" else OUTSIDE_SESSION)
                 return
             key = session_key(channel)
-            if not self._dispatcher.admits(platform=PLATFORM, channel=key.channel, user_id=str(interaction.user.id)):
+            if not self._may_open(key.channel, interaction.user):
                 await replies.say(NOT_ALLOWED)
                 return
             await self._dispatcher.handle(self._interaction_message(interaction, key, text), replies)
@@ -394,7 +393,7 @@ class DiscordAdapter:
                 return
             future_key = session_key(channel) if not isinstance(channel, discord.TextChannel) else None
             allow_channel = future_key.channel if future_key is not None else str(channel.id)
-            if not self._dispatcher.admits(platform=PLATFORM, channel=allow_channel, user_id=str(interaction.user.id)):
+            if not self._may_open(allow_channel, interaction.user):
                 answered = await self._edit_answer(interaction, NOT_ALLOWED)
                 return
             asked = f"❓ **{interaction.user.display_name}** asked: {_cut(question.strip(), _ASKED_LIMIT)}"
@@ -505,7 +504,7 @@ class DiscordAdapter:
         me = self.client.user
         if not isinstance(channel, discord.TextChannel) or me is None or not is_mentioned(message, me.id):
             return None
-        if not self._dispatcher.admits(platform="discord", channel=str(channel.id), user_id=str(message.author.id)):
+        if not self._may_open(str(channel.id), message.author):
             return None  # no thread for someone the allow-list keeps out
         name = thread_name(strip_mention(message.content, me.id), [a.filename for a in message.attachments])
         try:

@@ -6,10 +6,10 @@ events. Bolt's ``Assistant`` middleware serves Slack's AI-app surface: a new ass
 gets the greeting and suggested prompts (``slack.assistant``, or the viewed channel's
 ``suggested_prompts``), and its messages are turns like any thread's, with Slack's status line
 and a title from the first question. Each listener only translates: it builds an :class:`~bot.events.InboundMessage`
-plus a :class:`SlackOutbox` and starts ``dispatcher.handle`` as a tracked task, so Slack is
-acknowledged at once. All other rules (other bots, allow-list, duplicates, queueing) are the
-dispatcher's.
-"""
+plus a :class:`SlackOutbox` and hands them to the core (:meth:`PlatformAdapter.dispatch`, a
+tracked task), so Slack is acknowledged at once. Whether a message becomes a turn (other bots,
+mentions and ``slack.reply_without_mention``, allow-list, duplicates, queueing, budgets) is the
+core's one admission chain (``bot.admission``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.middleware.assistant.async_assistant import AsyncAssistant
 
-from adapters.base import AdapterStartError
+from adapters.base import AdapterStartError, PlatformAdapter
 from adapters.slack.api import Failure, call, make_client
 from adapters.slack.files import FileDownloader
 from adapters.slack.inbound import to_inbound
@@ -42,7 +42,6 @@ from adapters.slack.outbox import (
 from adapters.slack.render import mrkdwn, plain
 from adapters.slack.sessions import AgentSessions
 from adapters.slack.stream import StreamingSupport
-from adapters.tasks import BackgroundTasks
 from bot.config import ChannelPolicy, SlackSettings, SuggestedPrompt
 from bot.events import ThreadKey
 
@@ -61,15 +60,15 @@ class SlackStartError(AdapterStartError):
     """Slack refused the configured credentials at start-up."""
 
 
-class SlackAdapter:
+class SlackAdapter(PlatformAdapter):
     """Runs the Slack side of Threadbook (see the module docstring)."""
 
     def __init__(
         self, settings: SlackSettings, dispatcher: Dispatcher, *, channels: Mapping[str, ChannelPolicy] | None = None
     ) -> None:
         """``channels``: the per-channel policies (for their assistant ``suggested_prompts``)."""
+        super().__init__(dispatcher, label="Slack")
         self._settings = settings
-        self._dispatcher = dispatcher
         self._channels = dict(channels or {})
         self._streaming = StreamingSupport() if settings.streaming else None
         self._untitled: dict[str, None] = {}
@@ -77,7 +76,6 @@ class SlackAdapter:
         self._client = make_client(self._token, settings.api_url)
         self._timezones = TimezoneBook(self._client)
         self._sessions = AgentSessions(self._client)
-        self._tasks = BackgroundTasks(log, "Slack")
         self._team_id = ""
         self._bot_user_id = ""
         #: One connection pool for Web API calls and file downloads (slack_sdk opens a new
@@ -122,18 +120,15 @@ class SlackAdapter:
             await self.stop()
             raise
 
-    async def stop(self, grace_s: float = 0.0) -> None:
-        """Stop receiving; give running turns ``grace_s`` to finish, cancel the rest (each tells
-        its thread), close connections."""
+    async def _stop_intake(self) -> None:
         if self._socket is not None:
             await self._socket.close_async()
             self._socket = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if grace_s > 0 and not await self._tasks.drain(grace_s):
-            log.warning("Slack: %d turn(s) still running after %.0f s; cutting them off", len(self._tasks), grace_s)
-        await self._tasks.cancel_all()
+
+    async def _disconnect(self) -> None:
         if self._http is not None:
             await self._http.close()
             self._http = self._client.session = None
@@ -150,10 +145,6 @@ class SlackAdapter:
         """False when Slack says ``key``'s channel or thread is gone or archived (see
         :func:`adapters.slack.lookups.thread_open`)."""
         return key.platform != "slack" or await thread_open(self._client, key)
-
-    async def wait_idle(self) -> None:
-        """Wait until every turn started so far has finished (for tests and graceful shutdown)."""
-        await self._tasks.drain()
 
     def _build_app(self) -> AsyncApp:
         app = AsyncApp(
@@ -220,8 +211,6 @@ class SlackAdapter:
         )
         if message is None:
             return
-        if not (message.mentioned or message.is_dm or self._settings.reply_without_mention):
-            return
         if message.user_id and not message.is_bot:
             user_id = message.user_id
             message = dataclasses.replace(message, timezone=lambda: self._timezones.of(user_id))
@@ -236,7 +225,7 @@ class SlackAdapter:
             sessions=self._sessions,
             question=message.text,
         )
-        self._tasks.spawn(self._dispatcher.handle(message, outbox), name=f"slack turn {message.message_id}")
+        self.dispatch(message, outbox, name=f"slack turn {message.message_id}")
 
     async def _on_assistant_thread_started(self, event: Mapping[str, Any]) -> None:
         """A new assistant thread: greet, offer prompts, and name it after its first question."""

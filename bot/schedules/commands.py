@@ -12,8 +12,8 @@ from bot.budgets import Clock
 from bot.config import Settings
 from bot.events import InboundMessage, Reply
 from bot.safetext import shown
-from bot.schedules.book import NewSchedule, Schedule, ScheduleBook, TooManySchedules
 from bot.schedules.when import WhenError, parse_schedule
+from bot.store import NewSchedule, Schedule, ScheduleBook, TooManySchedules
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class ScheduleCommands:
             return f"⚠️ Not scheduled: {exc}. `schedule help` shows how to write it."
         limit = self._settings.schedules.max_per_thread
         new = NewSchedule(
-            thread=str(message.key),
+            thread=message.key,
             creator=message.user_id,
             creator_name=message.user_name,
             question=parsed.question,
@@ -106,7 +106,7 @@ class ScheduleCommands:
         )
 
     async def _list(self, message: InboundMessage) -> str:
-        found = await self._book.of_thread(str(message.key))
+        found = await self._book.of_thread(message.key)
         if not found:
             return "This thread has no schedules. " + SCHEDULE_HELP
         return f"Schedules of this thread ({len(found)}):\n" + "\n".join(_line(s) for s in found)
@@ -116,7 +116,7 @@ class ScheduleCommands:
         if match is None:
             return "Say which one: `unschedule N`, with N from `schedules`."
         number = int(match[1])
-        key = str(message.key)
+        key = message.key
         schedule = next((s for s in await self._book.of_thread(key) if s.number == number), None)
         if schedule is None:
             return f"There is no schedule #{number} in this thread; `schedules` lists them."

@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from bot import metrics
 from bot.budgets import Clock
-from bot.events import InboundMessage, Outbox, ThreadKey, ThreadReach
+from bot.events import InboundMessage, Outbox, ThreadReach
 from bot.safetext import shown
-from bot.schedules.book import Schedule, ScheduleBook
 from bot.schedules.when import When, WhenError
+from bot.store import Schedule, ScheduleBook
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +116,7 @@ class Scheduler:
 
     def _reach(self, schedule: Schedule) -> ThreadReach | None:
         """The adapter that reaches the schedule's thread; None (logged once) when none here does."""
-        try:
-            key = ThreadKey.parse(schedule.thread)
-            reach = next((r for r in self._reaches if r.outbox_for(key) is not None), None)
-        except ValueError:
-            reach = None
+        reach = next((r for r in self._reaches if r.outbox_for(schedule.thread) is not None), None)
         if reach is None and schedule.id not in self._unreachable:
             self._unreachable.add(schedule.id)
             log.info(
@@ -131,7 +127,7 @@ class Scheduler:
         return reach
 
     async def _run(self, schedule: Schedule, reach: ThreadReach, slot: float) -> None:
-        key = ThreadKey.parse(schedule.thread)
+        key = schedule.thread
         try:
             if not await reach.thread_open(key):
                 log.warning("schedule #%d of %s disabled: %s", schedule.number, schedule.thread, THREAD_GONE)

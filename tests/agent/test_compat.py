@@ -196,15 +196,15 @@ async def core(tmp_path: Path, strict: ScriptedOpenAI) -> AsyncIterator[Core]:
 
 async def test_thread_stays_usable_after_a_500(strict: ScriptedOpenAI, core: Core) -> None:
     chat = MemoryChat(core.dispatcher)
-    key = str(chat.key())
+    key = chat.key()
     strict.script(tool_call("x = 41 + 1\nprint(x)"), answer("x is 42."))
     assert (await chat.say("compute x")).reply.text == "x is 42."
-    stored = await core.store.history(key)
+    stored = await core.store.transcripts.history(key)
 
     strict.script(tool_call("print(x)"), error(500), error(500))
     failed = (await chat.say("print x again", mentioned=False)).reply
     assert not failed.ok and "HTTP 500" in failed.text
-    assert await core.store.history(key) == stored  # nothing of the failed turn, not even its question
+    assert await core.store.transcripts.history(key) == stored  # nothing of the failed turn, not even its question
 
     strict.script(answer("hello again"))
     assert (await chat.say("hi", mentioned=False)).reply.text == "hello again"
@@ -217,7 +217,7 @@ async def test_notices_are_stored_but_never_replayed(strict: ScriptedOpenAI, cor
     strict.script(answer("Sales grew, and the reason is", finish_reason="length"))
     reply = (await chat.say("why did sales grow?")).reply
     assert reply.text.endswith("(answer cut off at the length limit)_")
-    timeline = await core.store.timeline(str(chat.key()))
+    timeline = await core.store.transcripts.timeline(chat.key())
     assert [e.role for e in timeline] == ["user", "assistant", "notice"]  # type: ignore[union-attr]
 
     strict.script(answer("ok"))
@@ -249,4 +249,4 @@ async def test_attached_file_question_is_nudged_once(strict: ScriptedOpenAI, cor
     csv = bytes_attachment("sales.csv", b"month,amount\nJan,100\nFeb,200\n")
     reply = (await chat.say("look at this", attachments=[csv])).reply
     assert "300" in reply.text and NUDGE in json.dumps(strict.requests[1]["messages"])
-    assert NUDGE not in json.dumps(await core.store.history(str(chat.key())))
+    assert NUDGE not in json.dumps(await core.store.transcripts.history(chat.key()))

@@ -11,6 +11,7 @@ import asyncio
 import io
 import logging
 import sqlite3
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ import pytest
 import pytest_asyncio
 
 from adapters.console import ConsoleAdapter
+from bot.admission import Admission
 from bot.app import tell_interrupted
+from bot.budgets import Budgets, TokenAllowance
 from bot.commands import Commands
 from bot.dispatcher import FAILURE_NOTICE, INTERRUPTED_NOTICE, QUEUED_NOTICE, RESTART_NOTICE, Dispatcher
 from bot.events import InboundMessage, Outbox, Reply, ThreadKey
@@ -37,7 +40,7 @@ class HeldTurns:
         self.fail = False
         self._release = asyncio.Event()
 
-    async def run(self, message: InboundMessage, outbox: Outbox) -> None:
+    async def run(self, message: InboundMessage, outbox: Outbox, allowance: TokenAllowance) -> None:
         self.running.append(message)
         await self._release.wait()
         if self.fail:
@@ -104,13 +107,15 @@ def turns() -> HeldTurns:
 def chat(tmp_path: Path, store: Store, turns: HeldTurns) -> MemoryChat:
     settings = make_settings(tmp_path)
     commands = Commands(store=store, pool=None, settings=settings, oneshot=OneShot.unavailable("not needed"))  # type: ignore[arg-type]  # help needs no pool
+    admission = Admission(settings, store, Budgets(settings, store.usage))
     dispatcher = Dispatcher(
         settings=settings,
         store=store,
-        turns=turns,
-        commands=commands,  # type: ignore[arg-type]
-        pool=None,
-    )  # type: ignore[arg-type]  # one process, SQLite: the pool is never asked
+        admission=admission,
+        turns=turns,  # type: ignore[arg-type]
+        commands=commands,
+        pool=None,  # type: ignore[arg-type]  # one process, SQLite: the pool is never asked
+    )
     return MemoryChat(dispatcher)
 
 
@@ -170,7 +175,7 @@ async def test_a_graceful_shutdown_tells_the_thread_once_and_the_next_start_does
     assert outbox.notices == [RESTART_NOTICE]
     assert marks(db_path) == []
     async with await Store.open(db_path) as next_start:
-        assert await next_start.take_interrupted_turns() == []
+        assert await next_start.turns.take_interrupted() == []
 
 
 async def test_a_shutdown_notice_that_fails_leaves_the_turn_for_the_next_start(
@@ -184,7 +189,7 @@ async def test_a_shutdown_notice_that_fails_leaves_the_turn_for_the_next_start(
         await turn
     assert marks(db_path) == [(str(message.key), message.message_id)]
     async with await Store.open(db_path) as next_start:
-        assert [t.message_id for t in await next_start.take_interrupted_turns()] == [message.message_id]
+        assert [t.message_id for t in await next_start.turns.take_interrupted()] == [message.message_id]
 
 
 async def test_start_up_tells_each_reachable_thread_once_and_keeps_the_rest(
@@ -194,11 +199,16 @@ async def test_start_up_tells_each_reachable_thread_once_and_keeps_the_rest(
     unreachable_now = ThreadKey("discord", "G1", "C2", "99")
     refuses = ThreadKey("slack", "T1", "C3", "3.0")
     async with await Store.open(db_path) as killed:  # closed without ending: what kill -9 leaves
-        await killed.begin_turn(str(told_twice), "m1")
-        await killed.begin_turn(str(unreachable_now), "m2")
-        await killed.begin_turn(str(refuses), "m3")
-        await killed.begin_turn(str(told_twice), "m4")  # a second message of the same thread
-        await killed.begin_turn("not a thread key", "m5")
+        await killed.turns.begin(told_twice, "m1")
+        await killed.turns.begin(unreachable_now, "m2")
+        await killed.turns.begin(refuses, "m3")
+        await killed.turns.begin(told_twice, "m4")  # a second message of the same thread
+    with sqlite3.connect(db_path) as raw:  # a row no key of this version writes
+        raw.execute(
+            "INSERT INTO turns_in_flight (thread, message_id, run, started_at) VALUES (?, ?, ?, ?)",
+            ("not a thread key", "m5", "gone", time.time()),
+        )
+    raw.close()
 
     slack = Reach("slack", broken=frozenset({str(refuses)}))
     async with await Store.open(db_path) as store:
@@ -222,8 +232,8 @@ async def test_start_up_tells_each_reachable_thread_once_and_keeps_the_rest(
 
 async def test_a_resumed_console_thread_hears_about_its_interrupted_turn(db_path: Path) -> None:
     async with await Store.open(db_path) as killed:
-        await killed.begin_turn("console:local:console:demo", "m1")
-        await killed.begin_turn("console:local:console:other", "m2")
+        await killed.turns.begin(ThreadKey("console", "local", "console", "demo"), "m1")
+        await killed.turns.begin(ThreadKey("console", "local", "console", "other"), "m2")
 
     async with await Store.open(db_path) as store:
         stdout = io.StringIO()

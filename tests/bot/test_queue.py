@@ -121,5 +121,5 @@ async def test_queue_timeout_full_queue_and_stop_while_waiting(tmp_path: Path, l
         first = await asyncio.wait_for(busy, 20)
         assert [r.text for r in first.replies] == ["It printed 1."]
         for thread in ("late", "full", "stopper"):  # nothing half-done: no history, no kernel
-            assert await core.store.history(str(chat.key(thread))) == []
+            assert await core.store.transcripts.history(chat.key(thread)) == []
             assert core.pool.get(str(chat.key(thread))) is None

@@ -17,11 +17,10 @@ import pytest
 
 from bot.app import Core
 from bot.events import ThreadKey
-from bot.schedules.book import NewSchedule
 from bot.schedules.commands import is_schedule_command
 from bot.schedules.runner import THREAD_GONE, Scheduler
 from bot.schedules.when import WhenError, parse_schedule
-from bot.store import Store
+from bot.store import NewSchedule, Store
 from bot.turn import SCHEDULED_RUN_NOTE
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat, MemoryOutbox
@@ -201,7 +200,7 @@ async def test_a_gone_thread_stops_its_schedule(tmp_path: Path, llm: ScriptedOpe
         clock.now += 3600
         assert await tick(scheduler_of(core, reach, clock)) == 1
         assert reach.runs(chat.key()) == [] and llm.requests == []
-        (schedule,) = await core.store.schedules.of_thread(str(chat.key()))
+        (schedule,) = await core.store.schedules.of_thread(chat.key())
         assert (schedule.enabled, schedule.disabled_reason, schedule.next_run_at) == (False, THREAD_GONE, None)
         clock.now += 3600
         assert await tick(scheduler_of(core, reach, clock)) == 0
@@ -210,7 +209,7 @@ async def test_a_gone_thread_stops_its_schedule(tmp_path: Path, llm: ScriptedOpe
 async def test_two_schedulers_on_one_store_run_a_slot_once(store_target: Path | str) -> None:
     async with await Store.open(store_target) as first, await Store.open(store_target) as second:
         new = NewSchedule(
-            thread="test:W1:C1:t1",
+            thread=ThreadKey("test", "W1", "C1", "t1"),
             creator="U1",
             creator_name="u1",
             question="q",
@@ -333,4 +332,4 @@ async def test_a_refused_schedule_is_one_line_naming_why(tmp_path: Path, llm: Sc
             assert refused.startswith("⚠️ Not scheduled: ") and reason in refused and "\n" not in refused
             assert "`schedules` lists" not in refused  # the help paragraph only on request
         assert (await chat.say("schedule help")).reply.text.startswith("To ask a question again at set times")
-        assert await core.store.schedules.of_thread(str(chat.key())) == []
+        assert await core.store.schedules.of_thread(chat.key()) == []

@@ -13,6 +13,7 @@ import pytest
 from adapters.discord import DiscordAdapter
 from bot.app import Core
 from bot.config import ConfigError, parse_settings
+from bot.events import ThreadKey
 from tests.conftest import make_settings
 from tests.fakes.discord_server import CHANNEL_ID, GUILD_ID, SECOND_CHANNEL_ID, SECOND_GUILD_ID, FakeDiscord
 from tests.fakes.openai_server import ScriptedOpenAI, answer
@@ -55,10 +56,15 @@ async def test_two_replicas_each_answer_the_guilds_of_their_shard(tmp_path: Path
         assert await answered_in(fake, first) == ["answer to g1"]
         assert await answered_in(fake, second) == ["answer to g2"]
         # Each message reached one replica only: the one whose shard holds its guild.
-        asked = [await core.store.thread_exists(f"discord:{GUILD_ID}:{CHANNEL_ID}:{first['id']}") for core in replicas]
+        asked = [
+            await core.store.threads.exists(ThreadKey("discord", str(GUILD_ID), str(CHANNEL_ID), str(first["id"])))
+            for core in replicas
+        ]
         assert asked == [False, True]
         asked = [
-            await core.store.thread_exists(f"discord:{SECOND_GUILD_ID}:{SECOND_CHANNEL_ID}:{second['id']}")
+            await core.store.threads.exists(
+                ThreadKey("discord", str(SECOND_GUILD_ID), str(SECOND_CHANNEL_ID), str(second["id"]))
+            )
             for core in replicas
         ]
         assert asked == [True, False]

@@ -57,8 +57,8 @@ async def test_a_dead_replicas_gateway_kernel_is_taken_over_live(
 
         # Replica a dies: its heartbeat stops, and nothing of it touches the thread again
         # (its kernel stays on the gateway, as a killed process leaves it).
-        assert a.store._heartbeat is not None
-        a.store._heartbeat.cancel()
+        assert a.store.replicas._heartbeat is not None
+        a.store.replicas._heartbeat.cancel()
         b = await stack.enter_async_context(Core.open(settings_for(tmp_path, "b", llm, gateway, pg_url)))
         await asyncio.sleep(1.2)  # past storage.replica_timeout_s
         llm.script(tool_call("fh.write(' and more'); fh.flush(); print('OUT', fh.closed)"), echo_tool_output)

@@ -45,13 +45,18 @@ class Bot:
 
 @asynccontextmanager
 async def running_bot(
-    tmp_path: Path, *, socket_mode: bool, streaming: bool = False, **config: Any
+    tmp_path: Path,
+    *,
+    socket_mode: bool,
+    streaming: bool = False,
+    slack_config: dict[str, Any] | None = None,
+    **config: Any,
 ) -> AsyncIterator[Bot]:
     """Start fake Slack, scripted model, Core and the Slack adapter; stop them in reverse.
 
     Answers are posted whole unless ``streaming`` (tests/slack/test_streaming.py covers that
     path; the rest check the text, parts and uploads of whole answers, also its fallback).
-    ``config``: more settings sections (``channels=...``).
+    ``slack_config``: more ``slack:`` keys; ``config``: more settings sections (``channels=...``).
     """
     async with FakeSlack() as slack, ScriptedOpenAI() as llm:
         slack_settings: dict[str, Any] = {
@@ -61,6 +66,7 @@ async def running_bot(
             "http_host": "127.0.0.1",
             "http_port": 0,
             "streaming": streaming,
+            **(slack_config or {}),
         }
         if socket_mode:
             slack_settings["app_token"] = slack.app_token

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from bot.events import ThreadKey
 from bot.store import FeedbackCounts
 from tests.fakes.openai_server import answer, tool_call
 from tests.fakes.slack_server import FakeSlack, Message
@@ -115,14 +116,14 @@ async def test_a_feedback_click_is_stored_with_its_turn(bot: Bot) -> None:
     await slack.post_event(bot.events_url, event)
     assert await bot.finished(event) == {"white_check_mark"}
     [answered] = [m for m in live(slack, "C_FEEDBACK", event["ts"]) if "Forty-two" in m.text]
-    key = f"slack:T1:C_FEEDBACK:{event['ts']}"
+    key = ThreadKey("slack", "T1", "C_FEEDBACK", event["ts"])
     status, _ = await slack.post_interactive(bot.events_url, slack.feedback_action(answered, positive=True, user="U7"))
     assert status == 200
     status, _ = await slack.post_interactive(bot.events_url, slack.feedback_action(answered, positive=False, user="U8"))
     assert status == 200
     await bot.adapter.wait_idle()
     store = bot.core.store
-    assert await store.feedback_counts(key) == FeedbackCounts(good=1, bad=1)
+    assert await store.feedback.counts(key) == FeedbackCounts(good=1, bad=1)
     # A click names its turn: the question's message.
     value = feedback_of(answered)[0]["elements"][0]["positive_button"]["value"]
     assert value.endswith(f"|C_FEEDBACK:{event['ts']}")

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from bot.events import ThreadKey
 from bot.schedules.runner import Scheduler
 from tests.fakes.openai_server import answer, tool_call
 from tests.fakes.slack_server import Call, FakeSlack
@@ -137,7 +138,7 @@ async def test_echoes_of_a_question_in_schedules_and_runs_ping_no_one(bot: Bot) 
     refused = await ask(bot, "C_ECHO", "unschedule 1", thread_ts=event["ts"], user="U2")
     assert "boss" in bot.answers(refused)[-1]
     bot.llm.script(answer("North leads."))
-    [schedule] = await bot.core.store.schedules.of_thread(f"slack:T1:C_ECHO:{event['ts']}")
+    [schedule] = await bot.core.store.schedules.of_thread(ThreadKey("slack", "T1", "C_ECHO", event["ts"]))
     assert schedule.next_run_at is not None
     scheduler = Scheduler(
         book=bot.core.store.schedules,

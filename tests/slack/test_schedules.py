@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+from bot.events import ThreadKey
 from bot.schedules.runner import THREAD_GONE, Scheduler
 from tests.fakes.openai_server import answer, tool_call
 from tests.slack.conftest import Bot, running_bot
@@ -55,7 +56,7 @@ async def test_a_schedule_posts_its_answer_and_chart_into_its_thread(tmp_path: P
         posted = len(slack.messages)
         assert await run_due(bot, time.time() + 2 * WEEK_S) == 1
         assert len(slack.messages) == posted  # nothing posted
-        [schedule] = await bot.core.store.schedules.of_thread(f"slack:T1:C_SCHED:{event['ts']}")
+        [schedule] = await bot.core.store.schedules.of_thread(ThreadKey("slack", "T1", "C_SCHED", event["ts"]))
         assert schedule.disabled_reason == THREAD_GONE
 
 

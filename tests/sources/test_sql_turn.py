@@ -233,7 +233,7 @@ async def test_stop_cancels_a_running_query_on_the_server(core: Core, llm: Scrip
     told = tool_results(llm.requests[1])[0]
     assert told.startswith("Not run: the user pressed Stop")
     assert not await _sleeping(pg_url)  # cancelled on the server, not left to finish
-    assert await core.store.cell_count(str(chat.key())) == 0  # neither the loading cell nor the python after it
+    assert await core.store.transcripts.cell_count(chat.key()) == 0  # neither the loading cell nor the python after it
     assert "Stopped on request" in out.reply.text
 
 
@@ -254,4 +254,4 @@ async def test_query_time_counts_in_the_kernel_seconds_budget(core: Core, llm: S
     llm.script(sql_call("SELECT 1 AS one FROM pg_sleep(1.5)"), answer("slept"))
     await chat.say("sleep in the database")
     # The loading cell costs the kernel milliseconds; the query at least 1.5 s.
-    assert sum(row.kernel_s for row in await core.store.spent(since=0, user_id="U1")) >= 1.5
+    assert sum(row.kernel_s for row in await core.store.usage.spent(since=0, user_id="U1")) >= 1.5

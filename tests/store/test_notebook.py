@@ -10,12 +10,13 @@ from pathlib import Path
 import nbformat
 from PIL import Image
 
+from bot.events import ThreadKey
 from bot.notebook import export_notebook
 from bot.store import Store
-from bot.transcript import result_to_outputs
+from bot.transcript import NewCell, result_to_outputs
 from kernels.result import DisplayOutput, ErrorInfo, ExecutionResult, Outcome, StreamChunk
 
-KEY = "slack:T1:C1:1700000000.000100"
+KEY = ThreadKey.parse("slack:T1:C1:1700000000.000100")
 
 
 def _png(width: int = 32, height: int = 16) -> bytes:
@@ -73,12 +74,12 @@ async def test_export_of_a_stored_thread_is_a_valid_notebook_with_the_image(stor
         duration_s=0.3,
     )
     async with await Store.open(store_target) as store:
-        await store.add_messages(KEY, [{"role": "user", "content": "plot sales.csv"}], user_id="U42")
-        await store.add_messages(
+        await store.transcripts.add_messages(KEY, [{"role": "user", "content": "plot sales.csv"}], user_id="U42")
+        await store.transcripts.add_messages(
             KEY, [{"role": "assistant", "content": "Let me plot it.", "tool_calls": [_call("c1", plot_code)]}]
         )
-        await store.add_cell(KEY, plot_code, plotted)
-        await store.add_messages(
+        await store.transcripts.add_cell(KEY, NewCell.of(plot_code, plotted))
+        await store.transcripts.add_messages(
             KEY,
             [
                 {"role": "tool", "tool_call_id": "c1", "content": "stdout: rows: 3\n[1 image]"},
@@ -87,7 +88,7 @@ async def test_export_of_a_stored_thread_is_a_valid_notebook_with_the_image(stor
                 {"role": "assistant", "content": "Here is the chart."},
             ],
         )
-        timeline = await store.timeline(KEY)
+        timeline = await store.transcripts.timeline(KEY)
 
     data = export_notebook(timeline, title="Thread in #sales")
     notebook = nbformat.reads(data.decode("utf-8"), as_version=4)
@@ -122,8 +123,8 @@ async def test_a_turns_cells_follow_its_question_as_stored_by_a_real_turn(store_
     # in the store, yet the notebook reads question → code → answer, turn after turn.
     async with await Store.open(store_target) as store:
         for turn, code in enumerate(("x = 1", "x + 1"), start=1):
-            await store.add_cell(KEY, code, ExecutionResult(execution_count=turn))
-            await store.add_messages(
+            await store.transcripts.add_cell(KEY, NewCell.of(code, ExecutionResult(execution_count=turn)))
+            await store.transcripts.add_messages(
                 KEY,
                 [
                     {"role": "user", "content": f"question {turn}"},
@@ -134,11 +135,11 @@ async def test_a_turns_cells_follow_its_question_as_stored_by_a_real_turn(store_
                 user_id="U1",
             )
         fenced = "```python\nprint(3)\n```"
-        await store.add_cell(KEY, "print(3)", ExecutionResult(execution_count=3))
-        await store.add_messages(
+        await store.transcripts.add_cell(KEY, NewCell.of("print(3)", ExecutionResult(execution_count=3)))
+        await store.transcripts.add_messages(
             KEY, [{"role": "user", "content": "question 3"}, {"role": "assistant", "content": fenced}], user_id="U1"
         )
-        timeline = await store.timeline(KEY)
+        timeline = await store.transcripts.timeline(KEY)
     notebook = nbformat.reads(export_notebook(timeline, title="t").decode(), as_version=4)
     assert [(cell.cell_type, cell.source) for cell in notebook.cells][1:] == [
         ("markdown", "**U1:**\n\nquestion 1"),

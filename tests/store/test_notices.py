@@ -6,10 +6,11 @@ import json
 import sqlite3
 from pathlib import Path
 
+from bot.events import ThreadKey
 from bot.migrations.legacy import MIGRATIONS as _MIGRATIONS
 from bot.store import NOTICE_ROLE, SCHEMA_VERSION, Store
 
-KEY = "slack:T1:C1:1700000000.000100"
+KEY = ThreadKey.parse("slack:T1:C1:1700000000.000100")
 CALL = {"id": "c1", "type": "function", "function": {"name": "python", "arguments": '{"code": "1"}'}}
 #: A thread as schema 2 stored it after a failed model request: the error sentence as the model's words.
 V2_THREAD = [
@@ -40,21 +41,28 @@ def make_v2_database(path: Path) -> None:
         raw.execute("PRAGMA user_version = 2")
         raw.execute(
             "INSERT INTO threads (key, channel_key, created_at, last_active_at, last_seq) VALUES (?, ?, 1, 1, ?)",
-            (KEY, "slack:C1", len(V2_THREAD)),
+            (str(KEY), "slack:C1", len(V2_THREAD)),
         )
         raw.executemany(
             "INSERT INTO messages (thread, seq, role, content, user_id, created_at) VALUES (?, ?, ?, ?, NULL, 1)",
-            [(KEY, seq, m["role"], json.dumps(m)) for seq, m in enumerate(V2_THREAD, start=1)],
+            [(str(KEY), seq, m["role"], json.dumps(m)) for seq, m in enumerate(V2_THREAD, start=1)],
         )
     raw.close()
 
 
 async def test_notices_are_in_the_timeline_not_the_history(store_target: Path | str) -> None:
     async with await Store.open(store_target) as store:
-        await store.add_messages(KEY, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}])
-        await store.add_messages(KEY, [{"role": NOTICE_ROLE, "content": "_(answer cut off at the length limit)_"}])
-        assert await store.history(KEY) == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
-        timeline = await store.timeline(KEY)
+        await store.transcripts.add_messages(
+            KEY, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+        )
+        await store.transcripts.add_messages(
+            KEY, [{"role": NOTICE_ROLE, "content": "_(answer cut off at the length limit)_"}]
+        )
+        assert await store.transcripts.history(KEY) == [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+        ]
+        timeline = await store.transcripts.timeline(KEY)
         assert [e.message["role"] for e in timeline] == ["user", "assistant", "notice"]  # type: ignore[union-attr]
 
 
@@ -63,9 +71,9 @@ async def test_schema_3_turns_stored_notices_into_notices_in_place(tmp_path: Pat
     make_v2_database(path)
     async with await Store.open(path) as store:
         assert await store.schema_version() == SCHEMA_VERSION
-        history = await store.history(KEY)
+        history = await store.transcripts.history(KEY)
         assert [m["content"] for m in history if m["role"] == "assistant" and not m.get("tool_calls")] == [
             "The language model is a program; it has no state."
         ]
         assert len(history) == len(V2_THREAD) - 4
-        assert len(await store.timeline(KEY)) == len(V2_THREAD)  # nothing deleted
+        assert len(await store.transcripts.timeline(KEY)) == len(V2_THREAD)  # nothing deleted

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from bot.events import ThreadKey
 from bot.store import SCHEMA_VERSION, Store, UsageRow
 
-A = "slack:T1:C1:1.1"
-B = "slack:T1:C1:2.2"
-C = "discord:G1:C9:7"
+A = ThreadKey.parse("slack:T1:C1:1.1")
+B = ThreadKey.parse("slack:T1:C1:2.2")
+C = ThreadKey.parse("discord:G1:C9:7")
 
 
 async def test_spent_and_reports(store_target: Path | str) -> None:
@@ -24,18 +25,18 @@ async def test_spent_and_reports(store_target: Path | str) -> None:
             (B, "U1", "m2", 300.0, (30, 3), 0.0),
             (C, "U1", "m1", 400.0, (40, 4), 2.0),
         ):
-            row = await store.begin_usage(key, model=model, user_id=user, at=at)
-            await store.add_usage(row, prompt_tokens=tokens[0], completion_tokens=tokens[1], kernel_s=kernel_s)
-        mine = sorted(await store.spent(since=0, user_id="U1"), key=lambda r: r.model)
+            row = await store.usage.begin(key, model=model, user_id=user, at=at)
+            await store.usage.add(row, prompt_tokens=tokens[0], completion_tokens=tokens[1], kernel_s=kernel_s)
+        mine = sorted(await store.usage.spent(since=0, user_id="U1"), key=lambda r: r.model)
         assert mine == [UsageRow("", "m1", 50, 5, 2.5, 2), UsageRow("", "m2", 30, 3, 0.0, 1)]
-        assert await store.spent(since=250, channel_key="slack:C1") == [UsageRow("", "m2", 30, 3, 0.0, 1)]
-        assert await store.spent(since=0, thread=C) == [UsageRow("", "m1", 40, 4, 2.0, 1)]
-        by_channel = {(r.group, r.model): r.tokens for r in await store.usage_report(since=0, by="channel_key")}
+        assert await store.usage.spent(since=250, channel_key="slack:C1") == [UsageRow("", "m2", 30, 3, 0.0, 1)]
+        assert await store.usage.spent(since=0, thread=C) == [UsageRow("", "m1", 40, 4, 2.0, 1)]
+        by_channel = {(r.group, r.model): r.tokens for r in await store.usage.report(since=0, by="channel_key")}
         assert by_channel == {("slack:C1", "m1"): 33, ("slack:C1", "m2"): 33, ("discord:C9", "m1"): 44}
-        by_user = {(r.group, r.model): r.turns for r in await store.usage_report(since=150, by="user_id")}
+        by_user = {(r.group, r.model): r.turns for r in await store.usage.report(since=150, by="user_id")}
         assert by_user == {("U2", "m1"): 1, ("U1", "m2"): 1, ("U1", "m1"): 1}
-        assert sorted(await store.turn_times(user_id="U1", since=250)) == [300.0, 400.0]
-        assert await store.usage(A) == (30, 3)
+        assert sorted(await store.usage.turn_times(user_id="U1", since=250)) == [300.0, 400.0]
+        assert await store.usage.thread_tokens(A) == (30, 3)
 
 
 async def test_rows_from_before_get_their_channel(tmp_path: Path) -> None:
@@ -51,11 +52,11 @@ async def test_rows_from_before_get_their_channel(tmp_path: Path) -> None:
             raw.execute(f"ALTER TABLE usage DROP COLUMN {column}")
         raw.execute("UPDATE alembic_version SET version_num = '0003'")
         raw.execute(
-            "INSERT INTO usage (thread, model, prompt_tokens, completion_tokens, at) VALUES (?, 'm', 5, 6, 1.0)", (A,)
+            "INSERT INTO usage (thread, model, prompt_tokens, completion_tokens, at) VALUES (?, 'm', 5, 6, 1.0)", (str(A),)
         )
     raw.close()
     async with await Store.open(path) as store:
-        assert await store.spent(since=0, channel_key="slack:C1") == [UsageRow("", "m", 5, 6, 0.0, 1)]
+        assert await store.usage.spent(since=0, channel_key="slack:C1") == [UsageRow("", "m", 5, 6, 0.0, 1)]
         assert await store.schema_version() == SCHEMA_VERSION
     engine = sa.create_engine(f"sqlite:///{path}")
     with engine.connect() as conn:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
 from bot.database import Database
+from bot.events import ThreadKey
 from bot.schema import schedules
 
 
@@ -23,7 +24,7 @@ class Schedule:
     """One stored schedule."""
 
     id: int
-    thread: str
+    thread: ThreadKey
     number: int
     creator: str
     creator_name: str
@@ -47,7 +48,7 @@ class Schedule:
 class NewSchedule:
     """What ``schedule`` asks to store."""
 
-    thread: str
+    thread: ThreadKey
     creator: str
     creator_name: str
     question: str
@@ -63,7 +64,8 @@ class TooManySchedules(Exception):
 
 
 def _schedule(row: Row[tuple[object, ...]]) -> Schedule:
-    return Schedule(**row._mapping)
+    fields = dict(row._mapping)
+    return Schedule(**{**fields, "thread": ThreadKey.parse(str(fields["thread"]))})
 
 
 class ScheduleBook:
@@ -77,24 +79,24 @@ class ScheduleBook:
         thread already holds ``max_per_thread`` schedules that run."""
 
         def write(conn: Connection) -> Schedule:
-            of_thread = sa.select(sa.func.count()).select_from(schedules).where(schedules.c.thread == new.thread)
+            of_thread = sa.select(sa.func.count()).select_from(schedules).where(schedules.c.thread == str(new.thread))
             running = conn.scalar(of_thread.where(schedules.c.disabled_reason.is_(None))) or 0
             if running >= max_per_thread:
                 raise TooManySchedules
-            last = conn.scalar(sa.select(sa.func.max(schedules.c.number)).where(schedules.c.thread == new.thread))
+            last = conn.scalar(sa.select(sa.func.max(schedules.c.number)).where(schedules.c.thread == str(new.thread)))
             statement = sa.insert(schedules).values(number=(last or 0) + 1, **_fields(new)).returning(*schedules.c)
             return _schedule(conn.execute(statement).one())
 
         return await self._db.write(write)
 
-    async def of_thread(self, thread: str) -> list[Schedule]:
+    async def of_thread(self, thread: ThreadKey) -> list[Schedule]:
         """The thread's schedules, by number."""
-        statement = sa.select(schedules).where(schedules.c.thread == thread).order_by(schedules.c.number)
+        statement = sa.select(schedules).where(schedules.c.thread == str(thread)).order_by(schedules.c.number)
         return await self._db.read(lambda conn: [_schedule(row) for row in conn.execute(statement)])
 
-    async def remove(self, thread: str, number: int) -> bool:
+    async def remove(self, thread: ThreadKey, number: int) -> bool:
         """Delete schedule ``number`` of ``thread``; False when there is none."""
-        statement = sa.delete(schedules).where(schedules.c.thread == thread, schedules.c.number == number)
+        statement = sa.delete(schedules).where(schedules.c.thread == str(thread), schedules.c.number == number)
         return await self._db.write(lambda conn: conn.execute(statement).rowcount > 0)
 
     async def due(self, now: float, *, skip: Collection[int] = (), limit: int = 50) -> list[Schedule]:
@@ -131,4 +133,5 @@ class ScheduleBook:
 
 
 def _fields(new: NewSchedule) -> dict[str, object]:
-    return {name: getattr(new, name) for name in NewSchedule.__dataclass_fields__}
+    fields = {name: getattr(new, name) for name in NewSchedule.__dataclass_fields__}
+    return {**fields, "thread": str(new.thread)}

@@ -1,0 +1,65 @@
+"""The threads the bot has seen: one row each, with the counters the other tables share (the
+``seq`` that orders a thread's messages and cells, the last turn ticket handed out)."""
+
+from __future__ import annotations
+
+import time
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from bot.database import Database
+from bot.events import ThreadKey
+from bot.schema import threads
+
+
+class Threads:
+    """Which threads exist, and when each was last active."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def touch(self, key: ThreadKey) -> None:
+        """Create the thread if new and mark it active now."""
+        now = time.time()
+        insert = self._db.upsert(threads).values(
+            key=str(key), channel_key=key.channel_key, created_at=now, last_active_at=now
+        )
+        statement = insert.on_conflict_do_update(
+            index_elements=[threads.c.key],
+            set_={"channel_key": insert.excluded.channel_key, "last_active_at": insert.excluded.last_active_at},
+        )
+        await self._db.write(lambda conn: conn.execute(statement))
+
+    async def exists(self, key: ThreadKey) -> bool:
+        """True when the thread has been seen before (touched or written to)."""
+        statement = sa.select(threads.c.key).where(threads.c.key == str(key))
+        return await self._db.read(lambda conn: conn.execute(statement).first() is not None)
+
+
+def ensure_thread(db: Database, conn: Connection, key: ThreadKey, now: float) -> None:
+    """Create the thread's row in ``conn``'s transaction unless it exists."""
+    conn.execute(
+        db.upsert(threads)
+        .values(key=str(key), channel_key=key.channel_key, created_at=now, last_active_at=now)
+        .on_conflict_do_nothing(index_elements=[threads.c.key])
+    )
+
+
+def take_counter(
+    db: Database, conn: Connection, key: ThreadKey, counter: sa.Column[int], count: int, now: float
+) -> int:
+    """Add ``count`` to the thread's ``counter`` (creating the thread) and mark it active, in
+    ``conn``'s transaction; returns the counter's new value. The row stays locked until the
+    transaction ends, so numbers are handed out in the order transactions commit."""
+    take = (
+        sa.update(threads)
+        .where(threads.c.key == str(key))
+        .values({counter: counter + count, threads.c.last_active_at: now})
+        .returning(counter)
+    )
+    value = conn.execute(take).scalar()
+    if value is None:  # a new thread
+        ensure_thread(db, conn, key, now)
+        value = conn.execute(take).scalar_one()
+    return int(value)

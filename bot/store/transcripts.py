@@ -1,0 +1,118 @@
+"""A thread's transcript: its OpenAI-format messages (what survives a restart and is replayed to
+the model) and its executed cells (what ``export`` rebuilds as a notebook), interleaved by the
+thread's one ``seq`` counter."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from bot.database import Database
+from bot.events import ThreadKey
+from bot.schema import cells, messages, threads
+from bot.store.threads import take_counter
+from bot.transcript import CellEntry, MessageEntry, NewCell, TimelineEntry
+
+#: The ``role`` of stored notices: shown in the timeline, never replayed to the model.
+NOTICE_ROLE = "notice"
+
+
+class Transcripts:
+    """Messages and cells, per thread."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def add_messages(
+        self, key: ThreadKey, messages_: Sequence[dict[str, Any]], *, user_id: str | None = None
+    ) -> None:
+        """Append OpenAI-format messages (in order, in one transaction)."""
+        if not messages_:
+            return
+        now = time.time()
+        rows = [
+            {"role": str(m.get("role", "")), "content": json.dumps(m), "user_id": user_id, "created_at": now}
+            for m in messages_
+        ]
+
+        def write(conn: Connection) -> None:
+            first = self._reserve_seq(conn, key, len(rows), now)
+            conn.execute(
+                sa.insert(messages), [{**row, "thread": str(key), "seq": first + i} for i, row in enumerate(rows)]
+            )
+
+        await self._db.write(write)
+
+    async def history(self, key: ThreadKey) -> list[dict[str, Any]]:
+        """The thread's OpenAI-format messages, oldest first (notices left out)."""
+        statement = (
+            sa.select(messages.c.content)
+            .where(messages.c.thread == str(key), messages.c.role != NOTICE_ROLE)
+            .order_by(messages.c.seq)
+        )
+        rows = await self._db.read(lambda conn: conn.execute(statement).scalars().all())
+        return [json.loads(content) for content in rows]
+
+    async def add_cell(self, key: ThreadKey, cell: NewCell) -> None:
+        """Record an executed cell (its outputs already nbformat v4)."""
+        now = time.time()
+        row = {
+            "thread": str(key),
+            "code": cell.code,
+            "outputs": json.dumps(cell.outputs),
+            "execution_count": cell.execution_count,
+            "outcome": cell.outcome,
+            "duration_s": cell.duration_s,
+            "created_at": now,
+        }
+
+        def write(conn: Connection) -> None:
+            conn.execute(sa.insert(cells).values(**row, seq=self._reserve_seq(conn, key, 1, now)))
+
+        await self._db.write(write)
+
+    async def cell_count(self, key: ThreadKey) -> int:
+        """How many cells the thread has executed."""
+        statement = sa.select(sa.func.count()).select_from(cells).where(cells.c.thread == str(key))
+        count: int | None = await self._db.read(lambda conn: conn.scalar(statement))
+        return int(count or 0)
+
+    async def timeline(self, key: ThreadKey) -> list[TimelineEntry]:
+        """Messages and cells of the thread interleaved in the order they were written."""
+        thread = str(key)
+
+        def read(conn: Connection) -> list[TimelineEntry]:
+            entries: list[TimelineEntry] = [
+                MessageEntry(seq, json.loads(content), user_id, created)
+                for seq, content, user_id, created in conn.execute(
+                    sa.select(messages.c.seq, messages.c.content, messages.c.user_id, messages.c.created_at).where(
+                        messages.c.thread == thread
+                    )
+                )
+            ]
+            entries += [
+                CellEntry(seq, code, json.loads(outputs), count, outcome, duration, created)
+                for seq, code, outputs, count, outcome, duration, created in conn.execute(
+                    sa.select(
+                        cells.c.seq,
+                        cells.c.code,
+                        cells.c.outputs,
+                        cells.c.execution_count,
+                        cells.c.outcome,
+                        cells.c.duration_s,
+                        cells.c.created_at,
+                    ).where(cells.c.thread == thread)
+                )
+            ]
+            return entries
+
+        return sorted(await self._db.read(read), key=lambda entry: entry.seq)
+
+    def _reserve_seq(self, conn: Connection, key: ThreadKey, count: int, now: float) -> int:
+        """Take ``count`` consecutive seq numbers of the thread (creating it); returns the first."""
+        return take_counter(self._db, conn, key, threads.c.last_seq, count, now) - count + 1
