@@ -1,71 +1,42 @@
-"""One thread's kernel: nbclient-style execution, timeouts, interrupts, death and restart.
+"""One thread's kernel: its executions, timeouts, interrupts, death and restart.
 
-An execution follows nbclient's ``async_execute_cell``: only iopub messages whose parent
-``msg_id`` is ours count, the execution ends on ``status: idle``, the shell reply is read
-for the execution count, and a watchdog (every 0.25 s) turns a dead process into ``Outcome.DIED``.
-On timeout the kernel is interrupted; if it is still busy ``interrupt_grace_s`` later
-(a long C call ignores SIGINT), it is replaced by a fresh kernel in the same workspace.
-When an execution ends, processes it left running are killed unless the channel allows
-background processes (:mod:`kernels.launch.leftovers`); the result's notice says how many.
+An execution (:mod:`kernels.session.execution`) follows nbclient's ``async_execute_cell``:
+only iopub messages whose parent ``msg_id`` is ours count, the execution ends on ``status:
+idle``, the shell reply is read for the execution count, and a watchdog (every 0.25 s) turns
+a dead process into ``Outcome.DIED``. On timeout the kernel is interrupted; if it is still
+busy ``interrupt_grace_s`` later (a long C call ignores SIGINT), the session replaces it by a
+fresh kernel in the same workspace. When an execution ends, processes it left running are
+killed unless the channel allows background processes (:mod:`kernels.launch.leftovers`); the
+result's notice says how many. The thread's variables are saved and restored through
+:class:`~kernels.session.snapshots.Snapshots`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
-from queue import Empty
-from typing import Any
 
-from kernels import safefs
 from kernels.launch.plan import KernelHandle, Launcher
 from kernels.options import KernelOptions
 from kernels.result import ExecutionResult, KernelError, Outcome
-from kernels.safefs import MAX_WALK_ENTRIES
-from kernels.session import snapshots
-from kernels.session.output import MAX_MESSAGE_BYTES, OutputCollector
-from kernels.session.quota_probe import QuotaProbe
-from kernels.session.snapshots import RESTORE_TIMEOUT_S, SAVE_TIMEOUT_S, RestoreReport, SaveReport
+from kernels.session.execution import WATCHDOG_INTERVAL_S, Execution, interrupt_quietly, joined
+from kernels.session.snapshots import RestoreReport, SaveReport, Snapshots
 from kernels.settings import KernelSettings
-from kernels.units import human_size
 from kernels.workspace import FileStamps, Workspace, changed_files
 
 log = logging.getLogger(__name__)
 
-#: How often a running execution checks that the kernel lives and its workspace is within quota.
-WATCHDOG_INTERVAL_S = 0.25
-#: How soon a running execution notices that the quota probe tripped (and froze the kernel).
-TRIP_LOOK_S = 0.05
-SHELL_REPLY_TIMEOUT_S = 2.0
-INTERRUPTED_REPLY_TIMEOUT_S = 0.25
-#: After the shell reply, how long iopub may stay silent before the execution counts as done
-#: (iopub lost messages: the socket dropped one over ``MAX_MESSAGE_BYTES`` and reconnected).
-IOPUB_GRACE_S = 1.0
-QUOTA_NOTICE = (
-    "This code wrote past the thread's workspace quota ({used}; the limit is {quota}): the kernel was stopped. "
-    "Variables were lost; files in the workspace remain. Delete or shrink files to free space before writing more."
-)
-LOST_OUTPUT_NOTICE = (
-    f"Some output of this execution was lost: a single output over {MAX_MESSAGE_BYTES // 2**20} MB is refused."
-)
 LOST_STATE_NOTICE = "The kernel was restarted: variables from before were lost; files in the workspace remain."
-#: The after-turn save is skipped once a save took longer than this (a namespace of GiBs); the
-#: save when the kernel stops still runs.
-QUICK_SAVE_S = 2.0
 LEFTOVERS_NOTICE = "{count} background process(es) left by this code were stopped."
 #: What the thread is told, once, when its kernel stopped without being asked to (``{why}``).
 KERNEL_LOST_THREAD_NOTICE = (
     "⚠️ This thread's kernel stopped ({why}): variables since the last save are lost; files in the "
     "workspace are kept, and a fresh kernel takes over."
-)
-#: What the thread is told, once until a save works again, when its variables cannot be saved.
-SAVE_FAILED_THREAD_NOTICE = (
-    "⚠️ This thread's variables could not be saved ({why}): they are lost if its kernel stops. "
-    "Files in the workspace are kept."
 )
 
 
@@ -101,27 +72,19 @@ class KernelSession:
         self.last_activity = time.monotonic()
         #: "new" | "starting" | "idle" | "busy" | "dead" | "stopped"
         self.state = "new"
+        #: The thread's snapshot: loaded into each new kernel, the kernel's variables saved into it.
+        self.snapshots = Snapshots(key, workspace, settings)
         self._handle: KernelHandle | None = None
         self._lock = asyncio.Lock()
         self._lost_state = lost_state
-        self._stop_requested_at: float | None = None
-        #: The kernel has announced the current cell (``execute_input``): SIGINT reaches it.
-        self._cell_running = False
+        #: The execution running now (the Stop button reaches it).
+        self._execution: Execution | None = None
         self._closed = False
-        #: What the current kernel got back from the thread's snapshot (None: there was none).
-        self.restored: RestoreReport | None = None
-        #: The last save of this session's variables.
-        self.last_save: SaveReport | None = None
-        #: Code ran since the last save.
-        self._unsaved = False
         self._taken_over = taken_over
         #: The current kernel was taken over with the thread's variables in it.
         self._inherited = False
         #: Why a kernel of the thread stopped unasked, until the thread is told.
         self._died = died
-        #: Why the last save failed, until the thread is told; ``_save_failing`` until one works.
-        self._save_failed: str | None = None
-        self._save_failing = False
         #: The current kernel is frozen (:mod:`kernels.launch.freezing`): it is, whenever no work holds the session.
         self._frozen = False
         #: CPU seconds of the current kernel at its last freeze (or start), and those used since
@@ -146,9 +109,9 @@ class KernelSession:
         return self._lock.locked() or self.state in ("busy", "starting")
 
     @property
-    def unsaved(self) -> bool:
-        """Code ran since the variables were last saved."""
-        return self._unsaved
+    def restored(self) -> RestoreReport | None:
+        """What the current kernel got back from the thread's snapshot (None: there was none)."""
+        return self.snapshots.restored
 
     @property
     def dead(self) -> bool:
@@ -167,9 +130,8 @@ class KernelSession:
         if self._died is not None:
             notices.append(KERNEL_LOST_THREAD_NOTICE.format(why=self._died))
             self._died = None
-        if self._save_failed is not None:
-            notices.append(SAVE_FAILED_THREAD_NOTICE.format(why=self._save_failed))
-            self._save_failed = None
+        if (failed_save := self.snapshots.take_notice()) is not None:
+            notices.append(failed_save)
         return notices
 
     @contextlib.asynccontextmanager
@@ -228,13 +190,6 @@ class KernelSession:
         """:meth:`_note_death` with how ``handle``'s process ended."""
         self._note_death(_exit_text(await handle.exit_code()))
 
-    def _note_save_failure(self, why: str | None) -> None:
-        """Remember a save's failure for the thread (once until a save works again)."""
-        if why is None:
-            self._save_failing = False
-        elif not self._save_failing:
-            self._save_failing, self._save_failed = True, why
-
     def idle_seconds(self) -> float:
         """Seconds since the last activity."""
         return time.monotonic() - self.last_activity
@@ -263,8 +218,8 @@ class KernelSession:
             log.info("took over the running kernel of %s", self.key)
             return True
         await self._start_kernel()
-        has_state = self.settings.snapshot and await asyncio.to_thread(self.workspace.may_hold_state)
-        self.restored = await self._restore() if has_state else None
+        assert self._handle is not None
+        await self.snapshots.restore(functools.partial(self._ask, self._handle))
         if self._handle is None:  # it died loading the snapshot (now discarded): once more, without it
             self._died = "loading its saved variables stopped it, so they were discarded"
             await self._start_kernel()
@@ -287,85 +242,35 @@ class KernelSession:
         self.last_activity = time.monotonic()
         log.info("kernel started for %s (pid %s)", self.key, self._handle.pid)
 
-    async def _restore(self) -> RestoreReport | None:
-        """Load the thread's snapshot into the new kernel, before any code of the model runs.
-        A snapshot that does not load is discarded (never tried again) and reported."""
-        handle = self._handle
-        assert handle is not None
-        started = time.monotonic()
-        report = snapshots.parse_restore(await self._evaluate(handle, snapshots.RESTORE_EXPRESSION, RESTORE_TIMEOUT_S))
-        await self._sweep_after_bot_request()
-        if report is None:
-            return None
-        report = replace(report, seconds=time.monotonic() - started)  # as long as the start waited for it
-        if report.failure is not None:
-            log.warning("the snapshot of %s could not be loaded (%s): discarding it", self.key, report.failure)
-            await asyncio.to_thread(self.workspace.forget_state)
-        else:
-            log.info(
-                "restored %d variable(s) of %s in %.2f s (%d not restored)",
-                len(report.restored),
-                self.key,
-                report.seconds,
-                len(report.lost),
-            )
-        return report
-
     async def save_state(self, *, only_if_quick: bool = False) -> SaveReport | None:
-        """Save the kernel's variables into the thread's snapshot, when code ran since the
-        last save (and snapshots are on). None when nothing was saved.
+        """Save the kernel's variables into the thread's snapshot (:meth:`Snapshots.save`),
+        when code ran since the last save (and snapshots are on). None when nothing was saved.
 
-        ``only_if_quick``: skip it when the last save took longer than :data:`QUICK_SAVE_S`
-        (the after-turn save; the save on the way down always runs).
+        ``only_if_quick``: skip it when the last save took longer than
+        :data:`~kernels.session.snapshots.QUICK_SAVE_S` (the after-turn save; the save on the
+        way down always runs).
         """
         if not self.settings.snapshot:
             return None
         async with self._working():
             handle = self._handle
-            if handle is None or self._closed or not self._unsaved:
-                return None
-            if only_if_quick and self.last_save is not None and self.last_save.seconds > QUICK_SAVE_S:
+            if handle is None or self._closed or not self.snapshots.due(only_if_quick=only_if_quick):
                 return None
             if not await handle.is_alive():
                 log.warning("the kernel of %s died before its variables were saved", self.key)
                 await self._note_exit(handle)
                 await self._lose_kernel()
                 return None
-            budget = await asyncio.to_thread(self._snapshot_budget)
-            if budget <= 0:
-                log.warning("no room in the workspace of %s for a snapshot of its variables", self.key)
-                self._note_save_failure("the workspace is full")
-                return None
-            answer = await self._evaluate(handle, snapshots.save_expression(budget), SAVE_TIMEOUT_S)
-            await self._sweep_after_bot_request()
-            report = snapshots.parse_save(answer)
-            if report is None:
-                if self._handle is None:  # it died or ignored the interrupt while saving (already logged)
-                    return None
-                log.warning("saving the variables of %s failed", self.key)
-                self._note_save_failure("saving them failed or took too long")
-                return None
-            self._note_save_failure(None)
-            self._unsaved = False
-            self.last_save = report
-            log.info(
-                "saved %d variable(s) of %s (%s) in %.2f s; %d left out",
-                report.saved,
-                self.key,
-                human_size(report.bytes),
-                report.seconds,
-                len(report.lost),
+            return await self.snapshots.save(
+                functools.partial(self._ask, handle), kernel_lost=lambda: self._handle is None
             )
-            return report
 
-    def _snapshot_budget(self) -> int:
-        """(Blocking) bytes a new snapshot may take: the configured limit, or what the
-        workspace quota leaves beside the user's files, whichever is smaller."""
-        scan = self.workspace.scan()
-        current = self.workspace.saved_state(scan)
-        others = scan.bytes - (current.bytes if current is not None else 0)
-        limit = int(self.settings.snapshot_max_mb * 2**20)
-        return min(limit, self.workspace.quota_bytes - others)
+    async def _ask(self, handle: KernelHandle, expression: str, timeout: float) -> str | None:
+        """For :attr:`snapshots` (an :data:`~kernels.session.snapshots.Ask`): ``expression``
+        evaluated silently in ``handle``'s kernel, then what it left running is stopped."""
+        answer = await self._evaluate(handle, expression, timeout)
+        await self._sweep_after_bot_request()
+        return answer
 
     async def _discard_handle(self) -> None:
         handle, self._handle = self._handle, None
@@ -397,7 +302,6 @@ class KernelSession:
         async with self._working():
             await self._ensure_kernel()
             lost, self._lost_state = self._lost_state, False
-            self._stop_requested_at = None
             self.state = "busy"
             self.last_activity = time.monotonic()
             try:
@@ -408,7 +312,7 @@ class KernelSession:
                     self.state = "idle"
             if lost and not result.kernel_restarted:
                 result.kernel_restarted = True
-                result.notice = " ".join(filter(None, [self._fresh_kernel_notice(), result.notice]))
+                result.notice = joined(self._fresh_kernel_notice(), result.notice)
             return result
 
     async def evaluate(self, expression: str, timeout: float) -> str | None:
@@ -446,7 +350,7 @@ class KernelSession:
             now = time.monotonic()
             if interrupted_at is None and now >= deadline:
                 interrupted_at = now
-                await self._interrupt_quietly(handle)
+                await interrupt_quietly(handle, self.key)
             if interrupted_at is not None and now >= interrupted_at + self.settings.interrupt_grace_s:
                 log.warning("kernel of %s ignored the interrupt of an evaluation: discarding it", self.key)
                 self._note_death("it did not answer, so it was replaced")
@@ -502,175 +406,47 @@ class KernelSession:
     ) -> ExecutionResult:
         handle = self._handle
         assert handle is not None
-        client = handle.client
-        scanned = await asyncio.to_thread(self.workspace.scan)  # one walk: the diff's "before" and the quota's
-        before = self.workspace.stamps(scanned)
-        output = OutputCollector(self.settings.max_output_bytes)
-        room = self.workspace.quota_bytes - scanned.bytes
-        # On a trip the probe's thread freezes the kernel itself: the writer stops before the walk.
-        probe = await asyncio.to_thread(QuotaProbe, self.workspace.path, room, handle.freeze_blocking)
-        await self._thaw()
-        started = time.monotonic()
-        msg_id = client.execute(code, store_history=True, allow_stdin=False)
-        self.executions += 1
-        self._unsaved = True
-        deadline = started + timeout
-        next_check = started + WATCHDOG_INTERVAL_S
-        interrupted_at: float | None = None
-        outcome = Outcome.OK
-        reason = ""
-        restarted = False
-        replied_at: float | None = None  # when the shell reply came in while iopub was quiet
-        quota_notice: str | None = None
-        lost_output = False
-        # ipykernel takes SIGINT only once it runs the cell (before that it ignores it, or it
-        # breaks the request's own handling): an interrupt waits for execute_input.
-        self._cell_running = False
-        try:
-            while True:
-                now = time.monotonic()
-                if interrupted_at is None and self._stop_requested_at is not None:
-                    interrupted_at, reason = self._stop_requested_at, "stop"
-                if interrupted_at is None and now >= deadline:
-                    interrupted_at, reason = now, "timeout"
-                    if self._cell_running:
-                        await self._interrupt_quietly(handle)
-                if interrupted_at is not None and now >= interrupted_at + self.settings.interrupt_grace_s:
-                    outcome = await self._restart_after_stuck(reason)
-                    restarted = True
-                    break
-                if now >= next_check:
-                    if not await handle.is_alive():
-                        outcome = Outcome.DIED
-                        break
-                    if (over := await self._over_quota(scanned)) is not None:
-                        outcome, quota_notice = Outcome.DIED, over
-                        break
-                    next_check = now + WATCHDOG_INTERVAL_S
-                elif probe.tripped.is_set() and (over := await self._walk_after_trip(probe, scanned)) is not None:
-                    outcome, quota_notice = Outcome.DIED, over
-                    break
-                # Looks at least every TRIP_LOOK_S: a kernel the quota probe froze is walked soon.
-                limit = (
-                    min(next_check, now + TRIP_LOOK_S)
-                    if interrupted_at is None
-                    else interrupted_at + self.settings.interrupt_grace_s
-                )
-                if interrupted_at is None:
-                    limit = min(limit, deadline)
-                if replied_at is not None:
-                    limit = min(limit, replied_at + IOPUB_GRACE_S)
-                try:
-                    msg = await client.get_iopub_msg(timeout=max(limit - now, 0.001))
-                except Empty:
-                    if replied_at is None and await self._read_shell_reply(handle, msg_id, output, 0):
-                        replied_at = time.monotonic()
-                    elif replied_at is not None and time.monotonic() >= replied_at + IOPUB_GRACE_S:
-                        lost_output = True  # the reply is in but "idle" never came: iopub dropped it
-                        break
-                    continue
-                if msg["parent_header"].get("msg_id") != msg_id:
-                    continue
-                msg_type, content = msg["msg_type"], msg["content"]
-                if msg_type == "status":
-                    if content.get("execution_state") == "idle":
-                        break
-                    continue
-                if msg_type == "execute_input" and not self._cell_running:
-                    self._cell_running = True
-                    if interrupted_at is not None or self._stop_requested_at is not None:
-                        await self._interrupt_quietly(handle)  # deferred until the cell runs
-                output.handle(msg_type, content)
-                if on_output is not None and msg_type == "stream":
-                    try:
-                        on_output(str(content.get("name", "stdout")), str(content.get("text", "")))
-                    except Exception:  # a listener's failure must not end the cell
-                        log.exception("on_output failed")
-        finally:
-            probe.stop()
-
-        if outcome is Outcome.OK:
-            if replied_at is None:
-                # An interrupt that lands in ipykernel's own code around the cell can cost the
-                # reply (idle still comes): do not wait long for it then.
-                wait = SHELL_REPLY_TIMEOUT_S if interrupted_at is None else INTERRUPTED_REPLY_TIMEOUT_S
-                await self._read_shell_reply(handle, msg_id, output, wait)
-            if interrupted_at is not None:
-                outcome = Outcome.INTERRUPTED if reason == "stop" else Outcome.TIMEOUT_INTERRUPTED
-            elif output.error is not None:
-                outcome = Outcome.ERROR
-        result = ExecutionResult(
-            outcome=outcome,
-            streams=output.streams(),
-            result=_text_plain(output.result.data if output.result else None),
-            result_data=output.result,
-            displays=output.displays(),
-            error=output.error,
-            execution_count=output.execution_count,
-            truncated=output.truncated,
+        execution = Execution(
+            handle,
+            self.workspace,
+            self.settings,
+            timeout,
+            key=self.key,
+            on_output=on_output,
+            thaw=self._thaw,
+            frozen=self._frozen_by_probe,
         )
-        if outcome is Outcome.DIED:
-            result.notice = quota_notice or await self._death_notice(handle)
-            self._note_death(
-                "it wrote past the workspace quota" if quota_notice else _exit_text(await handle.exit_code())
-            )
-            await self._discard_handle()
-            self.state = "dead"
-            self._lost_state = True  # the next result (in a fresh kernel) says so too
-        elif restarted:
-            result.kernel_restarted = True
-            result.notice = f"{_stuck_text(reason, timeout)} {self._fresh_kernel_notice()}"
-        elif outcome is Outcome.TIMEOUT_INTERRUPTED:
-            result.notice = f"Execution timed out after {timeout:g} s and was interrupted; variables are kept."
-        elif outcome is Outcome.INTERRUPTED:
-            result.notice = "Execution was stopped on request; variables are kept."
-        if output.dropped_displays:
-            note = f"{output.dropped_displays} display output(s) were dropped (too much output)."
-            result.notice = f"{result.notice} {note}" if result.notice else note
-        if lost_output:
-            if not await handle.renew_iopub():
-                log.warning("iopub of %s did not come back after dropping an oversized message", self.key)
-            result.truncated = True
-            result.notice = f"{result.notice} {LOST_OUTPUT_NOTICE}" if result.notice else LOST_OUTPUT_NOTICE
-        if outcome is not Outcome.DIED and not restarted and not self.options.background_processes:
-            if (stopped := await self._stop_leftovers(handle)) is not None:
-                result.notice = f"{result.notice} {stopped}" if result.notice else stopped
-        after = await asyncio.to_thread(self._stamps_and_touch)
-        result.changed_files = changed_files(before, after)
-        result.duration_s = time.monotonic() - started
-        return result
+        self._execution = execution
+        try:
+            await execution.start(code)
+            self.executions += 1
+            self.snapshots.unsaved = True
+            result = await execution.finish()
+            if result.outcome is Outcome.DIED:
+                quota_notice = execution.watchdog.quota_notice
+                result.notice = joined(quota_notice or await self._death_notice(handle), result.notice)
+                self._note_death(
+                    "it wrote past the workspace quota" if quota_notice else _exit_text(await handle.exit_code())
+                )
+                await self._discard_handle()
+                self.state = "dead"
+                self._lost_state = True  # the next result (in a fresh kernel) says so too
+            elif execution.stuck_notice is not None:
+                await self._restart_after_stuck(execution.watchdog.reason)
+                result.kernel_restarted = True
+                result.notice = joined(f"{execution.stuck_notice} {self._fresh_kernel_notice()}", result.notice)
+            elif not self.options.background_processes:
+                result.notice = joined(result.notice, await self._stop_leftovers(handle))
+            after = await asyncio.to_thread(self._stamps_and_touch)
+            result.changed_files = changed_files(execution.before, after)
+            result.duration_s = time.monotonic() - execution.started
+            return result
+        finally:
+            self._execution = None
 
-    async def _walk_after_trip(self, probe: QuotaProbe, before: safefs.Scan) -> str | None:
-        """The probe saw the file system grow past the quota's room and froze the kernel:
-        walk the workspace. Over its quota: the notice (the kernel stays frozen until it is
-        killed). Within it: thaw the kernel and re-arm the probe; None."""
+    def _frozen_by_probe(self) -> None:
+        """The quota probe froze the running kernel (from its thread)."""
         self._frozen = True
-        now = await asyncio.to_thread(self.workspace.scan)
-        over = self._quota_notice(before, now)
-        if over is None:
-            await asyncio.to_thread(probe.rearm, self.workspace.quota_bytes - now.bytes)
-            await self._thaw()
-        return over
-
-    async def _over_quota(self, before: safefs.Scan) -> str | None:
-        """The notice when the workspace outgrew its quota (bytes, or entries) during this
-        execution, else None. Code that only shrinks an over-full workspace may run.
-
-        This is the fallback the quota has where no size-limited file system holds the
-        workspace: checked every watchdog tick while code runs, and at once when the file
-        system grew past the quota's room (:mod:`kernels.session.quota_probe`).
-        """
-        return self._quota_notice(before, await asyncio.to_thread(self.workspace.scan))
-
-    def _quota_notice(self, before: safefs.Scan, now: safefs.Scan) -> str | None:
-        quota = self.workspace.quota_bytes
-        if now.entries > MAX_WALK_ENTRIES >= before.entries:
-            return QUOTA_NOTICE.format(
-                used=f"more than {MAX_WALK_ENTRIES:,} files", quota=f"{MAX_WALK_ENTRIES:,} files"
-            )
-        if now.bytes > quota and now.bytes > before.bytes:
-            return QUOTA_NOTICE.format(used=human_size(now.bytes), quota=human_size(quota))
-        return None
 
     async def _sweep_after_bot_request(self) -> None:
         """After a snapshot save or restore (which run the thread's code: a cell may have
@@ -704,28 +480,13 @@ class KernelSession:
         self.workspace.touch()
         return self.workspace.stamps()
 
-    async def _read_shell_reply(self, handle: KernelHandle, msg_id: str, output: OutputCollector, wait: float) -> bool:
-        """Wait up to ``wait`` s (0: only look) for our execute_reply and take its execution
-        count; whether it came."""
-        reply = await handle.reply(msg_id, wait)
-        if reply is not None and (count := reply["content"].get("execution_count")) is not None:
-            output.execution_count = count
-        return reply is not None
-
-    async def _interrupt_quietly(self, handle: KernelHandle) -> None:
-        try:
-            await handle.interrupt()
-        except Exception:
-            log.warning("interrupting the kernel of %s failed", self.key, exc_info=True)
-
-    async def _restart_after_stuck(self, reason: str) -> Outcome:
+    async def _restart_after_stuck(self, reason: str) -> None:
         """The kernel ignored the interrupt: replace it (same workspace)."""
         log.warning("kernel of %s still busy after interrupt (%s): restarting", self.key, reason)
         self._note_death("it did not stop when interrupted, so it was restarted")
         await self._discard_handle()
         await self._ensure_kernel()
         self._lost_state = False
-        return Outcome.INTERRUPTED if reason == "stop" else Outcome.TIMEOUT_RESTARTED
 
     async def _death_notice(self, handle: KernelHandle) -> str:
         how = _exit_text(await handle.exit_code())
@@ -743,12 +504,10 @@ class KernelSession:
 
         If the kernel is still busy ``interrupt_grace_s`` later, it is restarted.
         """
-        handle = self._handle
-        if handle is None or self.state != "busy" or self._stop_requested_at is not None:
+        execution = self._execution
+        if self._handle is None or execution is None or self.state != "busy":
             return
-        self._stop_requested_at = time.monotonic()
-        if self._cell_running:  # else the execution sends it once the kernel runs the cell
-            await self._interrupt_quietly(handle)
+        await execution.stop()
 
     async def restart(self) -> None:
         """Replace the kernel with a fresh process in the same workspace, and forget the
@@ -756,10 +515,8 @@ class KernelSession:
         async with self._working():
             await self._discard_handle()
             self._lost_state = False
-            self._unsaved = False
-            self._died = self._save_failed = None
-            self._save_failing = False
-            await asyncio.to_thread(self.workspace.forget_state)
+            self._died = None
+            await self.snapshots.forget()
             await self._ensure_kernel()
 
     async def shutdown(self) -> None:
@@ -784,17 +541,6 @@ class KernelSession:
     def pid(self) -> int | None:
         """The kernel process id, if one runs."""
         return None if self._handle is None else self._handle.pid
-
-
-def _text_plain(data: dict[str, Any] | None) -> str | None:
-    value = (data or {}).get("text/plain")
-    return value if isinstance(value, str) else None
-
-
-def _stuck_text(reason: str, timeout: float) -> str:
-    if reason == "stop":
-        return "Execution was stopped on request, but the kernel did not respond to the interrupt."
-    return f"Execution timed out after {timeout:g} s and did not stop when interrupted."
 
 
 def _exit_text(code: int | None) -> str:

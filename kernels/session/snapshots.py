@@ -5,19 +5,38 @@ them with a silent user expression, reads the kernel's short JSON answer (bounde
 field by field, names and reasons cut to size) and tells the model what came back. The
 snapshot's files are never opened by the bot: :meth:`kernels.workspace.Workspace.saved_state`
 sizes them, :meth:`~kernels.workspace.Workspace.forget_state` deletes them.
+
+:class:`Snapshots` is a session's part in this: it loads the snapshot into each new kernel of
+the thread and saves the kernel's variables into it, through the kernel the session lends it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 import unicodedata
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kernels.units import human_age
+from kernels.settings import KernelSettings
+from kernels.units import human_age, human_size
+from kernels.workspace import Workspace
 
-__all__ = ["RESTORE_EXPRESSION", "RestoreReport", "SaveReport", "parse_restore", "parse_save", "save_expression"]
+__all__ = [
+    "RESTORE_EXPRESSION",
+    "Ask",
+    "RestoreReport",
+    "SaveReport",
+    "Snapshots",
+    "parse_restore",
+    "parse_save",
+    "save_expression",
+]
+
+log = logging.getLogger(__name__)
 
 RESTORE_EXPRESSION = "__import__('threadbook_kernel.snapshot').snapshot.restore_for_bot()"
 #: A save may take this long before it is interrupted (a GiB of DataFrames takes a few seconds).
@@ -30,6 +49,14 @@ _MAX_NAME_CHARS = 80
 _MAX_TEXT_CHARS = 200
 #: Names listed in a notice; the rest are counted.
 _LISTED = 40
+#: The after-turn save is skipped once a save took longer than this (a namespace of GiBs); the
+#: save when the kernel stops still runs.
+QUICK_SAVE_S = 2.0
+#: What the thread is told, once until a save works again, when its variables cannot be saved.
+SAVE_FAILED_THREAD_NOTICE = (
+    "⚠️ This thread's variables could not be saved ({why}): they are lost if its kernel stops. "
+    "Files in the workspace are kept."
+)
 
 Pairs = tuple[tuple[str, str], ...]
 
@@ -115,6 +142,126 @@ def parse_restore(answer: str | None) -> RestoreReport | None:
         )
     except (KeyError, TypeError, ValueError):
         return RestoreReport(failure="the kernel's answer about it was malformed")
+
+
+#: Evaluates an expression silently in the thread's kernel, then stops what the thread's code
+#: left running (a cell may have replaced the functions a save or restore calls): the
+#: ``text/plain`` of its value, or None when it raised, timed out or the kernel was lost.
+Ask = Callable[[str, float], Awaitable[str | None]]
+
+
+class Snapshots:
+    """A session's side of its thread's snapshot: what each new kernel got back from it, the
+    saves of the kernel's variables into it, and a failed save the thread has not been told of.
+
+    The session holds its kernel for these (its lock; the kernel thawed only while asked) and
+    lends it as an :data:`Ask`.
+    """
+
+    def __init__(self, key: str, workspace: Workspace, settings: KernelSettings) -> None:
+        self._key = key
+        self._workspace = workspace
+        self._settings = settings
+        #: What the current kernel got back from the thread's snapshot (None: there was none).
+        self.restored: RestoreReport | None = None
+        #: The last save of this session's variables.
+        self.last_save: SaveReport | None = None
+        #: Code ran since the last save.
+        self.unsaved = False
+        #: Why the last save failed, until the thread is told; ``_failing`` until one works.
+        self._failed: str | None = None
+        self._failing = False
+
+    async def restore(self, ask: Ask) -> None:
+        """Load the thread's snapshot, if it may have one, into a new kernel before any code of
+        the model runs; :attr:`restored` says what came back. A snapshot that does not load is
+        discarded (never tried again) and reported."""
+        has_state = self._settings.snapshot and await asyncio.to_thread(self._workspace.may_hold_state)
+        self.restored = await self._restore(ask) if has_state else None
+
+    async def _restore(self, ask: Ask) -> RestoreReport | None:
+        started = time.monotonic()
+        report = parse_restore(await ask(RESTORE_EXPRESSION, RESTORE_TIMEOUT_S))
+        if report is None:
+            return None
+        report = replace(report, seconds=time.monotonic() - started)  # as long as the start waited for it
+        if report.failure is not None:
+            log.warning("the snapshot of %s could not be loaded (%s): discarding it", self._key, report.failure)
+            await asyncio.to_thread(self._workspace.forget_state)
+        else:
+            log.info(
+                "restored %d variable(s) of %s in %.2f s (%d not restored)",
+                len(report.restored),
+                self._key,
+                report.seconds,
+                len(report.lost),
+            )
+        return report
+
+    def due(self, *, only_if_quick: bool) -> bool:
+        """Whether a save has something to write: code ran since the last one (and, with
+        ``only_if_quick``, the last one took at most :data:`QUICK_SAVE_S`)."""
+        if not self.unsaved:
+            return False
+        return not (only_if_quick and self.last_save is not None and self.last_save.seconds > QUICK_SAVE_S)
+
+    async def save(self, ask: Ask, *, kernel_lost: Callable[[], bool]) -> SaveReport | None:
+        """Save the kernel's variables into the thread's snapshot, within what the quota leaves.
+        None when nothing was saved: a failure is logged and told to the thread (once until a
+        save works again), unless the kernel was lost while saving (``kernel_lost()``: it died
+        or ignored the interrupt, which the session noted)."""
+        budget = await asyncio.to_thread(self._budget)
+        if budget <= 0:
+            log.warning("no room in the workspace of %s for a snapshot of its variables", self._key)
+            self._note_failure("the workspace is full")
+            return None
+        report = parse_save(await ask(save_expression(budget), SAVE_TIMEOUT_S))
+        if report is None:
+            if kernel_lost():
+                return None
+            log.warning("saving the variables of %s failed", self._key)
+            self._note_failure("saving them failed or took too long")
+            return None
+        self._note_failure(None)
+        self.unsaved = False
+        self.last_save = report
+        log.info(
+            "saved %d variable(s) of %s (%s) in %.2f s; %d left out",
+            report.saved,
+            self._key,
+            human_size(report.bytes),
+            report.seconds,
+            len(report.lost),
+        )
+        return report
+
+    def take_notice(self) -> str | None:
+        """What the thread has not been told of a failed save, once; None when nothing."""
+        failed, self._failed = self._failed, None
+        return None if failed is None else SAVE_FAILED_THREAD_NOTICE.format(why=failed)
+
+    async def forget(self) -> None:
+        """``reset``: delete the thread's snapshot; nothing is unsaved or failing any more."""
+        self.unsaved = False
+        self._failed = None
+        self._failing = False
+        await asyncio.to_thread(self._workspace.forget_state)
+
+    def _budget(self) -> int:
+        """(Blocking) bytes a new snapshot may take: the configured limit, or what the
+        workspace quota leaves beside the user's files, whichever is smaller."""
+        scan = self._workspace.scan()
+        current = self._workspace.saved_state(scan)
+        others = scan.bytes - (current.bytes if current is not None else 0)
+        limit = int(self._settings.snapshot_max_mb * 2**20)
+        return min(limit, self._workspace.quota_bytes - others)
+
+    def _note_failure(self, why: str | None) -> None:
+        """Remember a save's failure for the thread (once until a save works again)."""
+        if why is None:
+            self._failing = False
+        elif not self._failing:
+            self._failing, self._failed = True, why
 
 
 def _json(answer: str | None) -> Any:

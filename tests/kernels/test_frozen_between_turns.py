@@ -173,5 +173,5 @@ async def test_a_swapped_save_function_leaves_no_process_behind(pool: KernelPool
     async with pool.lease("t:swap") as session:
         assert (await session.execute(SWAPPED_SAVE)).ok
     await settled(pool)
-    assert session.last_save is not None  # the save ran (through the thread's replacement)
+    assert session.snapshots.last_save is not None  # the save ran (through the thread's replacement)
     assert sleepers() == []

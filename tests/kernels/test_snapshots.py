@@ -115,7 +115,7 @@ async def test_a_crash_loses_at_most_the_last_turn(tmp_path: Path) -> None:
             assert (await session.execute("y = [1, 2, 3]\nz = {'k': 'v'}")).ok
         while first._saves:  # the after-turn save runs in the background
             await asyncio.sleep(0.05)
-        assert session.last_save is not None and session.last_save.saved == 2
+        assert session.snapshots.last_save is not None and session.snapshots.last_save.saved == 2
         assert session.pid is not None
         os.kill(session.pid, signal.SIGKILL)  # as if the machine lost the bot and its kernels
     finally:
