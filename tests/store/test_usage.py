@@ -52,7 +52,8 @@ async def test_rows_from_before_get_their_channel(tmp_path: Path) -> None:
             raw.execute(f"ALTER TABLE usage DROP COLUMN {column}")
         raw.execute("UPDATE alembic_version SET version_num = '0003'")
         raw.execute(
-            "INSERT INTO usage (thread, model, prompt_tokens, completion_tokens, at) VALUES (?, 'm', 5, 6, 1.0)", (str(A),)
+            "INSERT INTO usage (thread, model, prompt_tokens, completion_tokens, at) VALUES (?, 'm', 5, 6, 1.0)",
+            (str(A),),
         )
     raw.close()
     async with await Store.open(path) as store:
