@@ -33,8 +33,10 @@ Who the kernel is depends on who runs the bot:
   cap but no inode cap; their inode memory counts against the kernel's memory cgroup where
   there is one.
 
-``sandbox: auto`` probes once (a real sandboxed Python start) and falls back to the plain
-launcher with one warning; ``sandbox: bwrap`` raises :class:`KernelStartError` instead.
+``sandbox: auto`` and ``sandbox: bwrap`` probe once (a real sandboxed Python start) and fail
+closed: when the probe fails, start-up stops with :class:`~kernels.result.SandboxUnavailableError`, one line
+naming the fix (:mod:`kernels.sandbox.remedy`); only ``sandbox: none``, written by the
+operator, runs kernels without a sandbox.
 For ``network: true`` the same start-up probes slirp4netns (:mod:`kernels.sandbox.slirp`); without
 it such kernels stay offline and the launcher warns once, saying what to install.
 
@@ -44,7 +46,9 @@ The package, one concept per module:
 * :mod:`kernels.sandbox.args` - the bwrap command lines (pure functions);
 * :mod:`kernels.sandbox.identity` - the kernel's uid and its files on the host;
 * :mod:`kernels.sandbox.launcher` - the provisioner and the launcher;
-* :mod:`kernels.sandbox.probe` - the start-up probes.
+* :mod:`kernels.sandbox.probe` - the start-up probes;
+* :mod:`kernels.sandbox.remedy` - the one line that says what to do when it cannot start;
+* :mod:`kernels.sandbox.slirp` - the network of ``network: true`` kernels (slirp4netns).
 
 Which launcher a deployment gets is chosen in :func:`kernels.build.build_launcher`.
 """
