@@ -154,27 +154,15 @@ class SqlTool:
         try:
             fetched = await self._fetch(source, query, sink)
             await asyncio.to_thread(sink.finish)
-        except QueryFailed as exc:
+        except BaseException as exc:
             await asyncio.to_thread(sink.abort)
             os.close(state)
-            return f"The database refused or failed the query: {exc}. Nothing was loaded; `{name}` is unchanged."
-        except _Stopped:
-            await asyncio.to_thread(sink.abort)
-            os.close(state)
-            return _STOPPED
-        except SinkFailed as exc:
-            log.warning("could not write a query's rows into %s: %s", self._workspace.path, exc)
-            await asyncio.to_thread(sink.abort)
-            os.close(state)
-            return f"Not loaded: the rows could not be written into the workspace. `{name}` is unchanged."
-        except (ResultTooLarge, MixedTypes) as exc:
-            await asyncio.to_thread(sink.abort)
-            os.close(state)
-            return f"Not loaded: {exc}. Select fewer rows or columns, or aggregate in SQL. `{name}` is unchanged."
-        except BaseException:
-            await asyncio.to_thread(sink.abort)
-            os.close(state)
-            raise
+            told = _not_loaded(exc, name)
+            if told is None:
+                raise
+            if isinstance(exc, SinkFailed):
+                log.warning("could not write a query's rows into %s: %s", self._workspace.path, exc)
+            return told
         finally:
             self.seconds += loop.time() - started
         try:
@@ -208,6 +196,19 @@ class SqlTool:
 
 class _Stopped(Exception):
     """Stop was pressed while the query ran."""
+
+
+def _not_loaded(exc: BaseException, name: str) -> str | None:
+    """What the model is told when fetching into ``name`` failed with ``exc``; None: not ours to tell (raise it)."""
+    if isinstance(exc, QueryFailed):
+        return f"The database refused or failed the query: {exc}. Nothing was loaded; `{name}` is unchanged."
+    if isinstance(exc, _Stopped):
+        return _STOPPED
+    if isinstance(exc, SinkFailed):
+        return f"Not loaded: the rows could not be written into the workspace. `{name}` is unchanged."
+    if isinstance(exc, (ResultTooLarge, MixedTypes)):
+        return f"Not loaded: {exc}. Select fewer rows or columns, or aggregate in SQL. `{name}` is unchanged."
+    return None
 
 
 _STOPPED = "Not run: the user pressed Stop; no query runs any more in this turn."
