@@ -166,7 +166,9 @@ def check(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]
     for target in TARGETS:
         value = results.get(target.scenario, {}).get(target.mode, {}).get(target.field)
         met = None if value is None else value <= target.limit
-        checks.append({"target": target.text, "value": value, "limit": target.limit, "met": met})
+        checks.append(
+            {"target": target.text, "scenario": target.scenario, "value": value, "limit": target.limit, "met": met}
+        )
     return checks
 
 

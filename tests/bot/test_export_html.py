@@ -196,11 +196,18 @@ print('swapped')
 """
 
 
+def swapped(llm: ScriptedOpenAI, times: int = 1) -> bool:
+    """Whether the last request told the model ``swapped`` as ``times`` tool results (each swap cell ran)."""
+    results = [m for m in llm.requests[-1]["messages"] if m.get("role") == "tool"]
+    return sum("swapped" in str(m.get("content")) for m in results) >= times
+
+
 async def test_a_renderer_swapped_in_the_kernel_changes_nothing(
     chat: MemoryChat, llm: ScriptedOpenAI, core: Core
 ) -> None:
     llm.script(tool_call(SWAP_RENDERER), answer("Swapped."))
     await chat.say("swap the renderer")
+    assert swapped(llm)  # the cell ran: the kernel's renderer is the fake now
     session = core.pool.get(str(chat.key()))
     assert session is not None
     assert (
@@ -327,8 +334,9 @@ async def test_under_bubblewrap_a_swapped_renderer_and_preview_change_nothing(
     settings = make_settings(tmp_path, llm_url=llm.base_url, kernels={"sandbox": "bwrap"})
     async with Core.open(settings) as sandboxed:
         chat = MemoryChat(sandboxed.dispatcher)
-        llm.script(tool_call(SWAP_RENDERER), tool_call(swap_preview), answer("Swapped."))
+        llm.script(tool_call(SWAP_RENDERER), tool_call(swap_preview + "\nprint('swapped')"), answer("Swapped."))
         await chat.say("swap both")
+        assert swapped(llm, times=2)
         llm.script(tool_call("print(1)"), answer("Read."))
         asked = len(llm.requests)
         await chat.say("read this", attachments=[bytes_attachment("data.csv", b"a,b\n1,2\n")])

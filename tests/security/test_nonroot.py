@@ -42,6 +42,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from kernels.fork.server import ZYGOTE
 from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB
 from kernels.sandbox.identity import USERNS_UID
 from kernels.sandbox.support import find_bwrap
@@ -463,11 +464,11 @@ async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[s
                 "secret_vars": list(SECRET_VARS),
                 "other_workspace": str(other.workspace.path),
                 "other_run_dir": str(other._handle.run_dir),
-                # The zygote binds the repo's kernels/ (zygote.py) for itself; each kernel
+                # The zygote binds its own folder (kernels/fork/) for itself; each kernel
                 # detaches it, an empty mount point of the repo's path may stay.
                 "host_paths": [
                     str(REPO / "pyproject.toml"),
-                    str(REPO / "kernels" / "zygote.py"),
+                    str(ZYGOTE),
                     str(paths.workspaces),
                     "/root/.pyenv",
                 ],
@@ -482,6 +483,8 @@ async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[s
                     f"{paths.workspaces}/{stray}",
                 ],
             }
+            # A host path that is not there would read as hidden whatever the sandbox does.
+            assert all(os.path.exists(path) for path in params["host_paths"][:3])
             result = await session.execute(f"PARAMS = {params!r}\n{KERNEL_CHECKS}", timeout=15)
             assert result.ok, (result.outcome, result.error, result.stdout[-2000:])
             report["kernels"].append(json.loads(result.stdout.strip().splitlines()[-1]))

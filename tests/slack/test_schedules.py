@@ -60,6 +60,18 @@ async def test_a_schedule_posts_its_answer_and_chart_into_its_thread(tmp_path: P
         assert schedule.disabled_reason == THREAD_GONE
 
 
+def next_fall_back(zone: ZoneInfo) -> float:
+    """When ``zone`` next sets its clocks back (the first hour after now whose UTC offset is
+    smaller than the hour's before), as a timestamp."""
+    at = int(time.time()) // 3600 * 3600 + 3600
+    while True:
+        before = datetime.fromtimestamp(at - 3600, zone).utcoffset()
+        after = datetime.fromtimestamp(at, zone).utcoffset()
+        if before is not None and after is not None and after < before:
+            return float(at)
+        at += 3600
+
+
 async def test_every_hour_across_the_fall_back_posts_once_per_hour(tmp_path: Path) -> None:
     """Issue 31: ``every hour America/New_York`` across the November fall-back posted a run header
     at every poll. The scheduler's clock goes from just before the change to after it, polling
@@ -70,7 +82,7 @@ async def test_every_hour_across_the_fall_back_posts_once_per_hour(tmp_path: Pat
         event = slack.mention("C_DST", "schedule every hour America/New_York report")
         await slack.post_event(bot.events_url, event)
         assert await bot.finished(event) == {"white_check_mark"}
-        fall_back = datetime(2027, 11, 7, 0, 50, tzinfo=new_york).timestamp()  # the first after now
+        fall_back = next_fall_back(new_york) - 70 * 60  # 00:50 EDT before the next change
         bot.llm.script(*(answer("ok") for _ in range(4)))
         runs_at: list[str] = []
         for step in range(0, 150 * 60, 10):  # 2.5 real hours: to 02:20 EST

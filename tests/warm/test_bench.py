@@ -33,9 +33,10 @@ def test_quick_bench_writes_results_and_prints_the_table(tmp_path: Path) -> None
             assert "error" not in result and result["n"] > 0, (scenario, mode, result)
     assert all(r["errors"] == 0 for r in document["results"]["concurrent"].values())
     assert "| first_exec | pool |" in done.stdout and "| target | measured | met |" in done.stdout
-    unmeasured = [c["target"] for c in document["targets"] if c["met"] is None]
-    without_postgres = find_postgres()[0] is None  # the replica modes need it (CI installs it)
-    assert unmeasured == ([t for t in unmeasured if "replicas" in t] if without_postgres else [])
+    unmeasured = [c for c in document["targets"] if c["met"] is None]
+    without_postgres = find_postgres()[0] is None  # the replica and sources modes need it (CI installs it)
+    needs_postgres = [c for c in unmeasured if c["scenario"] in ("replicas", "sources")]
+    assert unmeasured == (needs_postgres if without_postgres else [])
     assert document["results"]["replicas"]["sqlite"]["errors"] == 0
     # The fork path's breakdown: every step measured, the kernel's side from the forked child.
     path = document["results"]["fork_path"]["fork"]
