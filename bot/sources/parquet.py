@@ -2,7 +2,7 @@
 
 The file is made in Threadbook's own folder of the workspace (:data:`kernels.workspace.STATE_DIR`,
 counted in the quota, never sent back as a file of the turn) from that folder's descriptor:
-created new under a temporary name (``O_EXCL|O_NOFOLLOW``), renamed over the final name when
+created new under a temporary name (:func:`kernels.safefs.create_file_at`), renamed over the final name when
 complete, so no link the kernel plants is ever followed. Writing stops with
 :class:`ResultTooLarge` when the file outgrows the room left in the workspace's quota.
 All of it is blocking: call it from a worker thread.
@@ -19,6 +19,8 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from kernels import safefs
 
 #: Values per column shown to the model in the first rows.
 PREVIEW_ROWS = 5
@@ -55,10 +57,7 @@ class ParquetSink:
         """The result's column names and, where the database tells them, their Arrow types."""
         self.columns = _unique(columns)
         self._given = list(types)
-        fd = os.open(
-            self._temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=self._dir_fd
-        )
-        self._file = os.fdopen(fd, "wb")
+        self._file = os.fdopen(safefs.create_file_at(self._dir_fd, self._temp), "wb")
 
     def add(self, rows: Sequence[Sequence[Any]]) -> None:
         """Write one batch (a row group)."""
