@@ -36,7 +36,9 @@ _PLACEHOLDER_RE = re.compile("\x00(\\d+)\x00")
 
 class SetAside:
     """Spans of one line set aside (code, finished links) while the rest is rewritten, then
-    put back untouched: no later rewrite can reach into them."""
+    put back untouched: no later rewrite can reach into them. A span may hold placeholders of
+    spans set aside before it (a link whose label is code); :meth:`restore` puts those back too.
+    Lines must hold no NUL of their own (:func:`no_nul`)."""
 
     def __init__(self) -> None:
         self._kept: list[str] = []
@@ -47,8 +49,19 @@ class SetAside:
         return f"\x00{len(self._kept) - 1}\x00"
 
     def restore(self, line: str) -> str:
-        """``line`` with every placeholder replaced by what it stands for."""
-        return _PLACEHOLDER_RE.sub(lambda m: self._kept[int(m.group(1))], line)
+        """``line`` with every placeholder replaced by what it stands for, placeholders inside
+        a kept span included (a span only holds those of spans kept before it)."""
+        return _PLACEHOLDER_RE.sub(lambda m: self.restore(self._kept[int(m.group(1))]), line)
+
+
+def no_nul(line: str) -> str:
+    """``line`` without NUL characters, which would read as :class:`SetAside` placeholders."""
+    return line.replace("\x00", "")
+
+
+def shown_label(label: str) -> str:
+    """A link label as a reader sees it: code shown without its backticks."""
+    return label.replace("`", "")
 
 
 def to_mrkdwn(markdown: str) -> str:
@@ -111,9 +124,9 @@ def _line(line: str) -> str:
     if _HRULE.match(line):
         return quote + "―" * 10
     aside = SetAside()
-    line = INLINE_CODE.sub(lambda m: aside.keep("`" + escape(m.group(2).strip()) + "`"), line)
+    line = INLINE_CODE.sub(lambda m: aside.keep("`" + escape(m.group(2).strip()) + "`"), no_nul(line))
     line = escape(line)
-    line = _LINK.sub(lambda m: aside.keep(_link(m.group(1), m.group(2))), line)
+    line = _LINK.sub(lambda m: aside.keep(_link(m.group(1), m.group(2), aside)), line)
     line = _AUTOLINK.sub(lambda m: aside.keep(f"<{m.group(1)}>"), line)
     heading = _HEADING.match(line)
     if heading:
@@ -127,16 +140,19 @@ def _line(line: str) -> str:
     return quote + aside.restore(quiet_mentions(line))
 
 
-def _link(label: str, target: str) -> str:
-    """A Markdown link (label and target already escaped) as mrkdwn: a link only to http(s)
-    or mailto, showing its real target when the label reads as another address."""
+def _link(label: str, target: str, aside: SetAside) -> str:
+    """A Markdown link (label and target already escaped, code in them set aside in ``aside``)
+    as mrkdwn: a link only to http(s) or mailto, showing its real target when the label, as a
+    reader sees it (code shown, backticks gone), reads as another address."""
+    target = aside.restore(target)
     raw = _unescape(target)
+    shown = aside.restore(quiet_mentions(label))  # code in the label keeps its text
     if not allowed_target(raw):
-        return quiet_mentions(label)
+        return shown
     target = target.replace("|", "%7C")
-    if disguised(_unescape(label), raw):
+    if disguised(_unescape(shown_label(aside.restore(label))), raw):
         return f"<{target}>"
-    return f"<{target}|{quiet_mentions(label)}>"
+    return f"<{target}|{shown}>"
 
 
 def _unescape(text: str) -> str:

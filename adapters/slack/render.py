@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from adapters.slack.format import INLINE_CODE, MESSAGE_LIMIT, SetAside, to_chunks, to_mrkdwn
+from adapters.slack.format import INLINE_CODE, MESSAGE_LIMIT, SetAside, no_nul, shown_label, to_chunks, to_mrkdwn
 from adapters.slack.links import WORD_JOINER, allowed_target, disguised, quiet_mentions
 from adapters.textsplit import split_markdown
 
@@ -141,16 +141,19 @@ def _no_angle_links(line: str) -> str:
 
 def _markdown_line(line: str) -> str:
     aside = SetAside()
-    line = INLINE_CODE.sub(lambda m: aside.keep(m.group(0)), line)
+    line = INLINE_CODE.sub(lambda m: aside.keep(m.group(0)), no_nul(line))
     line = _REFERENCE.sub(lambda m: f"{m.group(1)}\\[{m.group(2)}\\]:", line)
-    line = _LINK.sub(lambda m: aside.keep(_markdown_link(m.group(1), m.group(2), m.group(3))), line)
+    line = _LINK.sub(lambda m: aside.keep(_markdown_link(m.group(1), m.group(2), m.group(3), aside)), line)
     return aside.restore(quiet_mentions(line))
 
 
-def _markdown_link(bang: str, label: str, target: str) -> str:
-    raw = target.strip("<>").replace(WORD_JOINER, "")
+def _markdown_link(bang: str, label: str, target: str, aside: SetAside) -> str:
+    """A Markdown link (code in it set aside in ``aside``) kept only to http(s) or mailto, and
+    shown as its bare target when the label, as a reader sees it, reads as another address."""
+    raw = aside.restore(target).strip("<>").replace(WORD_JOINER, "")
+    shown = aside.restore(quiet_mentions(label))  # code in the label keeps its text
     if not allowed_target(raw):
-        return quiet_mentions(label)
-    if disguised(label.replace(WORD_JOINER, ""), raw):
+        return shown
+    if disguised(shown_label(aside.restore(label)).replace(WORD_JOINER, ""), raw):
         return raw  # the bare address: Slack links it as written
-    return f"{bang}[{quiet_mentions(label)}]({raw.replace(' ', '%20').replace(')', '%29')})"
+    return f"{bang}[{shown}]({raw.replace(' ', '%20').replace(')', '%29')})"

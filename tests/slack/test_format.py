@@ -146,3 +146,36 @@ def test_a_stream_split_anywhere_never_forms_a_token_or_a_disguised_link() -> No
         assert not re.search(r"(?<![\w@])@(here|channel|everyone)\b", sent), sent
         assert "](https://evil" not in sent and "intranet.example.com](" not in sent
     assert appended > 20  # it did stream piece by piece
+
+
+@pytest.mark.parametrize(
+    ("markdown", "mrkdwn_shown", "markdown_shown"),
+    [
+        (
+            "see [`pd.merge()`](https://pandas.pydata.org/x)",
+            "see <https://pandas.pydata.org/x|`pd.merge()`>",
+            "see [`pd.merge()`](https://pandas.pydata.org/x)",
+        ),
+        (
+            "[the `merge` docs](https://pandas.pydata.org/x) and `a<b`",
+            "<https://pandas.pydata.org/x|the `merge` docs> and `a&lt;b`",
+            "[the `merge` docs](https://pandas.pydata.org/x) and `a<\u2060b`",
+        ),
+        # Code that reads as a host name is an address to the reader: never a disguise.
+        ("[`paypal.com`](https://evil.example)", "<https://evil.example>", "https://evil.example"),
+        (
+            "[`DataFrame.merge`](https://pandas.pydata.org/x)",
+            "<https://pandas.pydata.org/x>",
+            "https://pandas.pydata.org/x",
+        ),
+        (
+            "[`paypal.com`](https://www.paypal.com/)",
+            "<https://www.paypal.com/|`paypal.com`>",
+            "[`paypal.com`](https://www.paypal.com/)",
+        ),
+        ("[`@here`](!channel) a\x00b", "`@here` ab", "`@here` ab"),
+    ],
+)
+def test_a_link_whose_label_is_code_shows_the_code(markdown: str, mrkdwn_shown: str, markdown_shown: str) -> None:
+    assert to_mrkdwn(markdown) == mrkdwn_shown
+    assert markdown_text(markdown).text == markdown_shown
