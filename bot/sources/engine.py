@@ -34,7 +34,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 
 from bot.sources.guard import sqlglot_dialect
-from bot.sources.parquet import arrow_type_for
+from bot.sources.parquet import SinkFailed, arrow_type_for
 from bot.sources.scrub import scrub, secrets_of
 from bot.sources.settings import SourceSettings
 
@@ -54,10 +54,6 @@ class QueryFailed(Exception):
 
 class QueryTimedOut(QueryFailed):
     """The query ran past ``statement_timeout_s``."""
-
-
-class SinkFailed(Exception):
-    """Writing the rows failed (the workspace, not the database)."""
 
 
 class RowSink(Protocol):

@@ -27,6 +27,10 @@ PREVIEW_ROWS = 5
 _PREVIEW_CHARS = 40
 
 
+class SinkFailed(Exception):
+    """Writing the rows failed (the workspace, not the database)."""
+
+
 class ResultTooLarge(Exception):
     """The Parquet file outgrew the room left in the workspace."""
 
@@ -45,6 +49,8 @@ class ParquetSink:
         self._limit = limit_bytes
         self._file: BinaryIO | None = None
         self._writer: pq.ParquetWriter | None = None
+        #: The temporary file exists (made by start, not yet renamed by finish).
+        self._temp_made = False
         self._given: list[pa.DataType | None] = []
         self.columns: list[str] = []
         self.schema: pa.Schema | None = None
@@ -58,6 +64,7 @@ class ParquetSink:
         self.columns = _unique(columns)
         self._given = list(types)
         self._file = os.fdopen(safefs.create_file_at(self._dir_fd, self._temp), "wb")
+        self._temp_made = True
 
     def add(self, rows: Sequence[Sequence[Any]]) -> None:
         """Write one batch (a row group)."""
@@ -81,17 +88,24 @@ class ParquetSink:
             raise ResultTooLarge(f"the result outgrew the {self._limit:,} bytes left in the thread's workspace")
 
     def finish(self) -> None:
-        """Close the file and give it its final name (replacing an earlier result of that name)."""
+        """Close the file and give it its final name (replacing an earlier result of that name).
+
+        Raises :class:`SinkFailed` when the workspace refuses (a full disk, a folder the kernel
+        planted under the final name); :meth:`abort` then drops the temporary file."""
         assert self._file is not None, "start() first"
-        if self._writer is None:  # no rows: still a file with the columns
-            self.schema = pa.schema([pa.field(n, t or pa.string()) for n, t in zip(self.columns, self._given)])
-            self._writer = pq.ParquetWriter(self._file, self.schema)
-        self._writer.close()
-        self._file.flush()
-        self.bytes = self._file.tell()
-        self._file.close()
-        self._file = None
-        os.rename(self._temp, self.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        try:
+            if self._writer is None:  # no rows: still a file with the columns
+                self.schema = pa.schema([pa.field(n, t or pa.string()) for n, t in zip(self.columns, self._given)])
+                self._writer = pq.ParquetWriter(self._file, self.schema)
+            self._writer.close()
+            self._file.flush()
+            self.bytes = self._file.tell()
+            self._file.close()
+            self._file = None
+            os.rename(self._temp, self.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        except OSError as exc:
+            raise SinkFailed(f"the result {self.name!r} could not be written: {exc}") from exc
+        self._temp_made = False
 
     def abort(self) -> None:
         """Drop what was written (safe to call at any point, and twice)."""
@@ -104,6 +118,8 @@ class ParquetSink:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._temp_made:
+            self._temp_made = False
             try:
                 os.unlink(self._temp, dir_fd=self._dir_fd)
             except FileNotFoundError:

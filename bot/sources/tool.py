@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from bot.sources.cell import SQL_TOOL, arguments_of, loader_code, parquet_file, valid_name, variable_of
-from bot.sources.engine import Fetched, QueryFailed, SinkFailed, Source
+from bot.sources.engine import Fetched, QueryFailed, Source
 from bot.sources.guard import QueryRefused, check_query
-from bot.sources.parquet import MixedTypes, ParquetSink, ResultTooLarge
+from bot.sources.parquet import MixedTypes, ParquetSink, ResultTooLarge, SinkFailed
 from bot.sources.registry import Sources
 from kernels.result import ExecutionResult, Outcome, UnsafePathError
 from kernels.workspace import STATE_DIR, Workspace
@@ -152,23 +152,23 @@ class SqlTool:
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            fetched = await self._fetch(source, query, sink)
-            await asyncio.to_thread(sink.finish)
-        except BaseException as exc:
-            await asyncio.to_thread(sink.abort)
-            os.close(state)
-            told = _not_loaded(exc, name)
-            if told is None:
-                raise
-            if isinstance(exc, SinkFailed):
-                log.warning("could not write a query's rows into %s: %s", self._workspace.path, exc)
-            return told
-        finally:
-            self.seconds += loop.time() - started
-        try:
+            try:
+                fetched = await self._fetch(source, query, sink)
+                await asyncio.to_thread(sink.finish)
+            except BaseException as exc:
+                told = _not_loaded(exc, name)
+                if told is None:
+                    raise
+                if isinstance(exc, SinkFailed):
+                    log.warning("could not write a query's rows into %s: %s", self._workspace.path, exc)
+                return told
+            finally:
+                self.seconds += loop.time() - started
             loaded = await self._kernel.execute(loader_code(name))
         finally:
-            await asyncio.to_thread(_unlink, state, sink.name)
+            # Every way out (rows loaded, an error, a cancel even during finish): one thread drops
+            # the file, whichever name it has, and closes the folder; shielded, so it runs whole.
+            await asyncio.shield(asyncio.to_thread(_drop, sink, state))
         if loaded.outcome is not Outcome.OK:
             why = loaded.error.evalue if loaded.error is not None else (loaded.notice or loaded.outcome.value)
             return f"The rows were fetched but not loaded into the kernel: {why[:300]}"
@@ -279,14 +279,20 @@ def _spec(granted: Sequence[str], schema: str) -> dict[str, Any]:
     }
 
 
-def _unlink(dir_fd: int, name: str) -> None:
-    """(Blocking) delete the loaded file and close its folder (``unlink`` follows no link)."""
+def _drop(sink: ParquetSink, dir_fd: int) -> None:
+    """(Blocking) drop the rows' file, temporary or final, and close its folder (``unlink``
+    follows no link)."""
     try:
-        os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.warning("could not delete %s/%s: %s", STATE_DIR, name, exc)
+        try:
+            sink.abort()
+        except OSError as exc:
+            log.warning("could not drop the unfinished %s/%s: %s", STATE_DIR, sink.name, exc)
+        try:
+            os.unlink(sink.name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("could not delete %s/%s: %s", STATE_DIR, sink.name, exc)
     finally:
         os.close(dir_fd)
 

@@ -10,7 +10,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bot.sources import parquet
 from bot.sources.parquet import ParquetSink
 from kernels import safefs
 
@@ -40,7 +39,6 @@ def test_the_file_is_created_through_safefs(folder: tuple[Path, int], monkeypatc
     sink.finish()
     assert [name for _, name in made] == [sink._temp] and made[0][0] == fd
     assert pq.read_table(path / "out.parquet").column("n").to_pylist() == [1, 2]
-    assert parquet.safefs is safefs
 
 
 def test_a_link_planted_at_the_temporary_name_is_not_followed(folder: tuple[Path, int], tmp_path: Path) -> None:

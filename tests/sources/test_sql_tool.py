@@ -1,0 +1,96 @@
+"""The ``sql`` tool on its own (an SQLite source, a real workspace, a kernel that only records
+its code): what the model is told when writing the rows fails, and that nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest_asyncio
+
+from bot.sources.registry import Sources
+from bot.sources.settings import SourceSettings
+from bot.sources.tool import SqlTool
+from kernels.result import ExecutionResult
+from kernels.workspace import STATE_DIR, Workspace
+
+MakeSettings = Callable[..., SourceSettings]
+
+
+class RecordingKernel:
+    """Runs nothing: records the code and says it went well."""
+
+    def __init__(self) -> None:
+        self.codes: list[str] = []
+
+    async def execute(self, code: str, timeout: float | None = None) -> ExecutionResult:
+        self.codes.append(code)
+        return ExecutionResult()
+
+
+@pytest_asyncio.fixture
+async def sources(sqlite_file: Path, source_settings: MakeSettings) -> AsyncIterator[Sources]:
+    opened = Sources({"shop": source_settings(f"sqlite:///{sqlite_file}")})
+    yield opened
+    await opened.close()
+
+
+def workspace_in(tmp_path: Path) -> Workspace:
+    path = tmp_path / "ws"
+    path.mkdir()
+    return Workspace(path, max_file_bytes=2**26, quota_bytes=2**27)
+
+
+async def make_tool(sources: Sources, workspace: Workspace, kernel: RecordingKernel, **kw: object) -> SqlTool:
+    return await SqlTool.open(sources=sources, granted=["shop"], kernel=kernel, workspace=workspace, **kw)  # type: ignore[arg-type]
+
+
+def fds_on(folder: Path) -> list[str]:
+    """This process's descriptors open on ``folder`` or a file in it."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target == str(folder) or target.startswith(f"{folder}/"):
+            found.append(target)
+    return found
+
+
+def call(query: str, name: str = "result") -> str:
+    return json.dumps({"query": query, "name": name})
+
+
+async def test_a_folder_planted_under_the_result_name_is_told_as_a_write_failure(
+    sources: Sources, tmp_path: Path
+) -> None:
+    workspace, kernel = workspace_in(tmp_path), RecordingKernel()
+    tool = await make_tool(sources, workspace, kernel)
+    (workspace.path / STATE_DIR).mkdir()
+    (workspace.path / STATE_DIR / "sql-result.parquet").mkdir()
+    told = await tool.call(call("SELECT * FROM orders"))
+    assert told.startswith("Not loaded: the rows could not be written into the workspace"), told
+    assert kernel.codes == []
+    assert sorted(os.listdir(workspace.path / STATE_DIR)) == ["sql-result.parquet"]  # the temporary file is gone
+    assert fds_on(workspace.path / STATE_DIR) == []
+
+
+async def test_a_loaded_result_leaves_no_file_and_no_descriptor(sources: Sources, tmp_path: Path) -> None:
+    workspace, kernel = workspace_in(tmp_path), RecordingKernel()
+    tool = await make_tool(sources, workspace, kernel)
+    told = await tool.call(call("SELECT * FROM orders"))
+    assert "3 rows" in told, told
+    assert len(kernel.codes) == 1
+    assert os.listdir(workspace.path / STATE_DIR) == []
+    assert fds_on(workspace.path / STATE_DIR) == []
+
+
+async def test_a_refused_query_leaves_no_descriptor(sources: Sources, tmp_path: Path) -> None:
+    workspace, kernel = workspace_in(tmp_path), RecordingKernel()
+    tool = await make_tool(sources, workspace, kernel)
+    told = await tool.call(call("SELECT * FROM nowhere"))
+    assert told.startswith("The database refused or failed the query"), told
+    assert fds_on(workspace.path / STATE_DIR) == []
