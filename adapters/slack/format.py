@@ -23,7 +23,7 @@ MESSAGE_LIMIT = 3_800
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+.#-]*)\s*$")
 INLINE_CODE = re.compile(r"(`+)(.+?)\1")
-_LINK = re.compile(r"!?\[([^\]\n]+)\]\((\S+?)(?:\s+\"[^\"]*\")?\)")
+_LINK = re.compile(r"!?\[((?:[^\[\]\n]|\[[^\[\]\n]*\])+)\]\((\S+?)(?:\s+\"[^\"]*\")?\)")
 _AUTOLINK = re.compile(r"&lt;(https?://[^\s&|]+)&gt;")
 _BOLD = re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1")
 _ITALIC_STAR = re.compile(r"(?<![\w*])\*(?=\S)([^*\n]+?)(?<=\S)\*(?![\w*])")

@@ -10,6 +10,7 @@ gets an invisible word joiner after it, so ``@here`` or ``@channel`` in text nev
 from __future__ import annotations
 
 import re
+import unicodedata
 from urllib.parse import urlsplit
 
 #: Shown between ``@`` (or ``<``) and what follows: invisible, and no mention or link starts there.
@@ -22,6 +23,10 @@ _ADDRESS = re.compile(
     r"^(?:[a-z][a-z0-9+.-]*:/*)?(?:[^\s@/]+@)?(?:[a-z0-9-]+\.)+[a-z][a-z0-9-]*\.?(?::\d+)?(?:[/?#]\S*)?$",
     re.IGNORECASE,
 )
+#: Markup a label may wrap an address in: emphasis, code, escapes, brackets.
+_MARKUP = str.maketrans("", "", "*_~`\\[]")
+#: Full stops other than ``.`` that browsers (IDNA) read as one in a host name.
+_DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
 _AT_WORD = re.compile(r"(?<![\w@.+-])@(?=[\w!^])")
 
 
@@ -31,8 +36,10 @@ def allowed_target(target: str) -> bool:
 
 
 def looks_like_address(label: str) -> bool:
-    """True when ``label`` reads as a URL, a host name or an e-mail address."""
-    text = label.strip().strip("<>")
+    """True when ``label`` reads as a URL, a host name or an e-mail address, as a reader sees
+    it: markup (``**``, ``_``, backticks, ``\\``, brackets), invisible format characters and
+    look-alike full stops and letters (NFKC) aside."""
+    text = _as_read(label, markup=True).strip().strip("<>")
     return bool(_SCHEME.match(text) and not text.lower().startswith("mailto:") and " " not in text) or bool(
         _ADDRESS.match(text.removeprefix("mailto:"))
     )
@@ -40,8 +47,9 @@ def looks_like_address(label: str) -> bool:
 
 def same_address(label: str, target: str) -> bool:
     """True when the address ``label`` shows is ``target`` (scheme, ``www.``, case of the host
-    and a trailing slash aside)."""
-    return _normal(label) == _normal(target)
+    and a trailing slash aside), read with or without the markup around it."""
+    target = _normal(target)
+    return _normal(_as_read(label, markup=True)) == target or _normal(_as_read(label, markup=False)) == target
 
 
 def disguised(label: str, target: str) -> bool:
@@ -55,13 +63,24 @@ def quiet_mentions(text: str) -> str:
     return _AT_WORD.sub("@" + WORD_JOINER, text)
 
 
+def _as_read(label: str, *, markup: bool) -> str:
+    """``label`` as it reads: NFKC-folded, without format characters (zero-width, bidi), every
+    full stop a ``.``, and (``markup``) without the characters Markdown marks text up with."""
+    text = unicodedata.normalize("NFKC", label).translate(_DOTS)
+    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    return text.translate(_MARKUP) if markup else text
+
+
 def _normal(address: str) -> str:
     text = address.strip().strip("<>").removeprefix("mailto:").removeprefix("MAILTO:")
     if "://" not in text and "@" not in text:
         text = "http://" + text
     if "@" in text and "://" not in text:
         return text.lower()
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # not a URL Python can read (a bracketed host that is no IP): as written
+        return text.lower()
     host = (parts.hostname or "").lower().removeprefix("www.").rstrip(".")
     try:
         port = f":{parts.port}" if parts.port and parts.port not in (80, 443) else ""

@@ -29,7 +29,7 @@ from adapters.textsplit import split_markdown
 
 _SLACK_ID = re.compile(r"^[A-Z][A-Z0-9_]{1,31}$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_LINK = re.compile(r"(!?)\[([^\]\n]+)\]\(\s*(<[^>\n]*>|\S+?)(\s+\"[^\"\n]*\")?\s*\)")
+_LINK = re.compile(r"(!?)\[((?:[^\[\]\n]|\[[^\[\]\n]*\])+)\]\(\s*(<[^>\n]*>|\S+?)(\s+\"[^\"\n]*\")?\s*\)")
 #: A reference definition (``[x]: target``) would make ``[x]`` a link to any target.
 _REFERENCE = re.compile(r"^( {0,3})\[([^\]\n]+)\]:")
 

@@ -179,3 +179,30 @@ def test_a_stream_split_anywhere_never_forms_a_token_or_a_disguised_link() -> No
 def test_a_link_whose_label_is_code_shows_the_code(markdown: str, mrkdwn_shown: str, markdown_shown: str) -> None:
     assert to_mrkdwn(markdown) == mrkdwn_shown
     assert markdown_text(markdown).text == markdown_shown
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        "**paypal**.com",
+        "_paypal.com_",
+        "paypal\\.com",
+        "pay\u200bpal.com",
+        "paypal\u3002com",
+        "paypal\uff0ecom",
+        "\uff50aypal.com",
+        "[paypal.com]",
+        "~~paypal~~.com",
+        "http://[paypal.com]",
+    ],
+)
+def test_markup_in_a_label_does_not_hide_an_address(label: str) -> None:
+    markdown = f"[{label}](https://evil.example/login)"
+    assert to_mrkdwn(markdown) == "<https://evil.example/login>"
+    assert markdown_text(markdown).text == "https://evil.example/login"
+
+
+def test_a_marked_up_label_naming_its_own_target_stays_a_link() -> None:
+    assert to_mrkdwn("[**paypal**.com](https://paypal.com)") == "<https://paypal.com|**paypal**.com>"
+    assert markdown_text("[a_b@x.org](mailto:a_b@x.org)").text == "[a_b@x.org](mailto:a_b@x.org)"
+    assert to_mrkdwn("[see [1]](https://x.org)") == "<https://x.org|see [1]>"
