@@ -161,16 +161,26 @@ class KernelSession:
             return
         try:
             frozen = await handle.freeze()
-            used = await handle.cpu_seconds()
         except Exception:
             log.warning("freezing the kernel of %s failed", self.key, exc_info=True)
-            frozen, used = False, None
+            frozen = False
         if not frozen:  # fail closed: a kernel that cannot be frozen does not run between turns
             log.warning("the kernel of %s could not be frozen between turns: stopping it", self.key)
             self._note_death("it could not be frozen between turns, so it was stopped")
             await self._lose_kernel()
             return
         self._frozen = True
+        await self._count_cpu(handle)
+
+    async def _count_cpu(self, handle: KernelHandle) -> None:
+        """Add the CPU time ``handle``'s kernel used since the last reading to the thread's
+        (:meth:`take_cpu_seconds`): after each piece of work, and before a kernel is
+        discarded, so a kernel killed, stuck or over its quota is billed too."""
+        try:
+            used = await handle.cpu_seconds()
+        except Exception:
+            log.warning("reading the CPU time of the kernel of %s failed", self.key, exc_info=True)
+            used = None
         if used is not None and self._cpu_read is not None:
             self._cpu_untaken = (self._cpu_untaken or 0.0) + max(0.0, used - self._cpu_read)
         self._cpu_read = used
@@ -274,6 +284,8 @@ class KernelSession:
 
     async def _discard_handle(self) -> None:
         handle, self._handle = self._handle, None
+        if handle is not None:
+            await self._count_cpu(handle)  # while its cgroup still holds the count
         if handle is not None and self._frozen:
             self._frozen = False
             with contextlib.suppress(Exception):

@@ -133,6 +133,18 @@ async def test_kernel_seconds_are_the_cpu_time_its_processes_used(pool: KernelPo
     assert used is not None and used >= 1.6, used  # both processes' seconds (wall time: about 1 s)
 
 
+async def test_a_kernel_that_dies_is_billed_for_the_cpu_it_used(pool: KernelPool) -> None:
+    spin_then_die = (
+        "import os, time\nt = time.process_time()\nwhile time.process_time() - t < 1: pass\nos.kill(os.getpid(), 9)"
+    )
+    async with pool.lease("t:dies") as session:
+        session.take_cpu_seconds()
+        result = await session.execute(spin_then_die)
+        assert result.outcome is Outcome.DIED
+        used = session.take_cpu_seconds()
+    assert used is not None and used >= 0.9, used  # its cgroup still counted when it was discarded
+
+
 async def test_a_writer_as_fast_as_the_disk_is_stopped_within_twice_the_quota(pool: KernelPool) -> None:
     async with pool.lease("t:flood") as session:
         result = await session.execute(FAST_WRITER)
