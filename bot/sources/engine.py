@@ -275,6 +275,9 @@ class SyncSource(Source):
             held.append(conn.connection.dbapi_connection)
             try:
                 result = conn.execution_options(stream_results=True).exec_driver_sql(query)
+                if stop.is_set():  # abandoned while the query ran: the sink may be aborted already
+                    result.close()
+                    raise QueryTimedOut("stopped")
                 _sync_sink(sink.start, list(result.keys()), [None] * len(result.keys()))
                 read = 0
                 while read <= limit and not stop.is_set():

@@ -14,6 +14,7 @@ import datetime as dt
 import decimal
 import os
 import secrets
+import threading
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
@@ -51,6 +52,10 @@ class ParquetSink:
         self._writer: pq.ParquetWriter | None = None
         #: The temporary file exists (made by start, not yet renamed by finish).
         self._temp_made = False
+        #: Held by each call: a worker thread of an abandoned query may still be in ``add`` when
+        #: the tool aborts; once aborted (closed), every later call raises :class:`SinkFailed`.
+        self._lock = threading.Lock()
+        self._closed = False
         self._given: list[pa.DataType | None] = []
         self.columns: list[str] = []
         self.schema: pa.Schema | None = None
@@ -61,69 +66,81 @@ class ParquetSink:
 
     def start(self, columns: Sequence[str], types: Sequence[pa.DataType | None]) -> None:
         """The result's column names and, where the database tells them, their Arrow types."""
-        self.columns = _unique(columns)
-        self._given = list(types)
-        self._file = os.fdopen(safefs.create_file_at(self._dir_fd, self._temp), "wb")
-        self._temp_made = True
+        with self._lock:
+            self._check_open()
+            self.columns = _unique(columns)
+            self._given = list(types)
+            self._file = os.fdopen(safefs.create_file_at(self._dir_fd, self._temp), "wb")
+            self._temp_made = True
 
     def add(self, rows: Sequence[Sequence[Any]]) -> None:
         """Write one batch (a row group)."""
-        if not rows:
-            return
-        assert self._file is not None, "start() first"
-        values = [list(column) for column in zip(*rows)]
-        if self.schema is None:
-            arrays = [_first_array(column, given) for column, given in zip(values, self._given)]
-            self.schema = pa.schema([pa.field(name, array.type) for name, array in zip(self.columns, arrays)])
-            self._writer = pq.ParquetWriter(self._file, self.schema, compression="snappy")
-        else:
-            arrays = [_array_as(column, field) for column, field in zip(values, self.schema)]
-        assert self._writer is not None
-        self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
-        if len(self.preview) < PREVIEW_ROWS:
-            self.preview.extend([_short(v) for v in row] for row in rows[: PREVIEW_ROWS - len(self.preview)])
-        self.rows += len(rows)
-        self.bytes = self._file.tell()
-        if self.bytes > self._limit:
-            raise ResultTooLarge(f"the result outgrew the {self._limit:,} bytes left in the thread's workspace")
+        with self._lock:
+            self._check_open()
+            if not rows:
+                return
+            assert self._file is not None, "start() first"
+            values = [list(column) for column in zip(*rows)]
+            if self.schema is None:
+                arrays = [_first_array(column, given) for column, given in zip(values, self._given)]
+                self.schema = pa.schema([pa.field(name, array.type) for name, array in zip(self.columns, arrays)])
+                self._writer = pq.ParquetWriter(self._file, self.schema, compression="snappy")
+            else:
+                arrays = [_array_as(column, field) for column, field in zip(values, self.schema)]
+            assert self._writer is not None
+            self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+            if len(self.preview) < PREVIEW_ROWS:
+                self.preview.extend([_short(v) for v in row] for row in rows[: PREVIEW_ROWS - len(self.preview)])
+            self.rows += len(rows)
+            self.bytes = self._file.tell()
+            if self.bytes > self._limit:
+                raise ResultTooLarge(f"the result outgrew the {self._limit:,} bytes left in the thread's workspace")
 
     def finish(self) -> None:
         """Close the file and give it its final name (replacing an earlier result of that name).
 
         Raises :class:`SinkFailed` when the workspace refuses (a full disk, a folder the kernel
         planted under the final name); :meth:`abort` then drops the temporary file."""
-        assert self._file is not None, "start() first"
-        try:
-            if self._writer is None:  # no rows: still a file with the columns
-                self.schema = pa.schema([pa.field(n, t or pa.string()) for n, t in zip(self.columns, self._given)])
-                self._writer = pq.ParquetWriter(self._file, self.schema)
-            self._writer.close()
-            self._file.flush()
-            self.bytes = self._file.tell()
-            self._file.close()
-            self._file = None
-            os.rename(self._temp, self.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
-        except OSError as exc:
-            raise SinkFailed(f"the result {self.name!r} could not be written: {exc}") from exc
-        self._temp_made = False
+        with self._lock:
+            self._check_open()
+            assert self._file is not None, "start() first"
+            try:
+                if self._writer is None:  # no rows: still a file with the columns
+                    self.schema = pa.schema([pa.field(n, t or pa.string()) for n, t in zip(self.columns, self._given)])
+                    self._writer = pq.ParquetWriter(self._file, self.schema)
+                self._writer.close()
+                self._file.flush()
+                self.bytes = self._file.tell()
+                self._file.close()
+                self._file = None
+                os.rename(self._temp, self.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            except OSError as exc:
+                raise SinkFailed(f"the result {self.name!r} could not be written: {exc}") from exc
+            self._temp_made = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SinkFailed("the result was dropped (the query was stopped or timed out)")
 
     def abort(self) -> None:
         """Drop what was written (safe to call at any point, and twice)."""
-        try:
-            if self._writer is not None:
-                self._writer.close()
-        except Exception:  # the file is deleted just below either way
-            pass
-        self._writer = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._temp_made:
-            self._temp_made = False
+        with self._lock:
+            self._closed = True
             try:
-                os.unlink(self._temp, dir_fd=self._dir_fd)
-            except FileNotFoundError:
+                if self._writer is not None:
+                    self._writer.close()
+            except Exception:  # the file is deleted just below either way
                 pass
+            self._writer = None
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+            if self._temp_made:
+                self._temp_made = False
+                try:
+                    os.unlink(self._temp, dir_fd=self._dir_fd)
+                except FileNotFoundError:
+                    pass
 
 
 def arrow_type_for(postgres_type: str) -> pa.DataType | None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bot.sources.parquet import ParquetSink
+from bot.sources import parquet
+from bot.sources.parquet import ParquetSink, SinkFailed
 from kernels import safefs
 
 
@@ -49,3 +52,58 @@ def test_a_link_planted_at_the_temporary_name_is_not_followed(folder: tuple[Path
     with pytest.raises(FileExistsError):
         sink.start(["n"], [pa.int64()])
     assert not target.exists()
+
+
+def test_after_abort_every_call_fails_and_makes_no_file(folder: tuple[Path, int]) -> None:
+    path, fd = folder
+    sink = ParquetSink(fd, "out.parquet", limit_bytes=2**20)
+    sink.abort()
+    with pytest.raises(SinkFailed):
+        sink.start(["n"], [pa.int64()])
+    with pytest.raises(SinkFailed):
+        sink.add([(1,)])
+    with pytest.raises(SinkFailed):
+        sink.finish()
+    assert os.listdir(path) == []
+
+
+def test_abort_waits_for_a_batch_being_written_and_drops_its_file(folder: tuple[Path, int]) -> None:
+    """A worker thread of an abandoned query still in ``add`` when the tool aborts."""
+    path, fd = folder
+    sink = ParquetSink(fd, "out.parquet", limit_bytes=2**30)
+    sink.start(["n"], [pa.int64()])
+    in_add, go_on = threading.Event(), threading.Event()
+    real = parquet._array_as
+    failures: list[BaseException] = []
+
+    def slow_array_as(values: list[Any], field: pa.Field) -> pa.Array:
+        in_add.set()
+        go_on.wait(5)
+        return real(values, field)
+
+    sink.add([(1,)])
+    parquet._array_as = slow_array_as  # type: ignore[assignment]
+    try:
+
+        def worker() -> None:
+            try:
+                sink.add([(2,)])
+            except BaseException as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        assert in_add.wait(5)
+        aborting = threading.Thread(target=sink.abort)
+        aborting.start()
+        aborting.join(0.2)
+        assert aborting.is_alive()  # waits for the batch
+        go_on.set()
+        aborting.join(5)
+        thread.join(5)
+    finally:
+        parquet._array_as = real  # type: ignore[assignment]
+    assert failures == []  # the batch begun before the abort was written whole
+    with pytest.raises(SinkFailed):
+        sink.add([(3,)])
+    assert os.listdir(path) == []
