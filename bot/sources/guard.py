@@ -32,6 +32,9 @@ _DIALECTS = {
     "trino": "trino",
     "clickhouse": "clickhouse",
 }
+# sqlglot's "falling back to Command" warnings are ours to act on (set once, not per query).
+logging.getLogger("sqlglot").setLevel(logging.ERROR)
+
 _READ_ROOTS = (exp.Select, exp.SetOperation, exp.Subquery)
 #: Anywhere in the tree, any of these makes the query more than a read.
 _FORBIDDEN = (
@@ -66,10 +69,11 @@ def sqlglot_dialect(sqlalchemy_dialect: str) -> str:
 
 
 def check_query(query: str, dialect: str) -> None:
-    """Raise :class:`QueryRefused` unless ``query`` is one read-only query in ``dialect`` (sqlglot's name)."""
+    """Raise :class:`QueryRefused` unless ``query`` is one read-only query in ``dialect`` (sqlglot's name).
+
+    Blocking (parsing a long query takes a while): call it from a worker thread."""
     if not query.strip():
         raise QueryRefused("the query is empty")
-    logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its "falling back to Command" warnings are ours to act on
     try:
         statements = [s for s in sqlglot.parse(query, read=dialect or None) if s is not None]
     except SqlglotError as exc:

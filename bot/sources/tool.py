@@ -113,7 +113,7 @@ class SqlTool:
         if args.get("refresh_schema") is True:
             prefix = await self._sources.catalogue.describe(source, refresh=True) + "\n\n"
         try:
-            check_query(query, source.sql_dialect)
+            await asyncio.to_thread(check_query, query, source.sql_dialect)
         except QueryRefused as exc:
             return (
                 prefix

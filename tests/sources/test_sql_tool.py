@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
+from bot.sources import tool as tool_module
 from bot.sources.registry import Sources
 from bot.sources.settings import SourceSettings
 from bot.sources.tool import SqlTool
@@ -94,3 +97,22 @@ async def test_a_refused_query_leaves_no_descriptor(sources: Sources, tmp_path: 
     told = await tool.call(call("SELECT * FROM nowhere"))
     assert told.startswith("The database refused or failed the query"), told
     assert fds_on(workspace.path / STATE_DIR) == []
+
+
+async def test_the_query_is_checked_off_the_event_loop(
+    sources: Sources, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workspace, kernel = workspace_in(tmp_path), RecordingKernel()
+    tool = await make_tool(sources, workspace, kernel)
+    loop_thread = threading.get_ident()
+    checked_in: list[int] = []
+    real = tool_module.check_query
+
+    def spy(query: str, dialect: str) -> None:
+        checked_in.append(threading.get_ident())
+        real(query, dialect)
+
+    monkeypatch.setattr(tool_module, "check_query", spy)
+    told = await tool.call(call("DELETE FROM orders"))
+    assert told.startswith("Refused"), told
+    assert checked_in and checked_in[0] != loop_thread
