@@ -25,7 +25,9 @@ from bot.config import Settings
 from bot.dispatcher import INTERRUPTED_NOTICE, Dispatcher
 from bot.events import Outbox, ThreadKey, ThreadReach
 from bot.health import OpsServer, Readiness
+from bot.hostpaths import HostPaths
 from bot.loopwatch import LoopWatchdog
+from bot.outgoing import hiding_reach
 from bot.schedules.runner import POLL_S, Scheduler
 from bot.sources.registry import Sources
 from bot.store import Store
@@ -55,6 +57,12 @@ class Core:
     clock: Clock = time.time
     #: Watches the event loop from a thread of its own (``/healthz`` asks it).
     watchdog: LoopWatchdog | None = None
+
+    def reaching(self, reaches: Sequence[ThreadReach]) -> list[ThreadReach]:
+        """``reaches`` whose outboxes hide host paths, as every outbox the dispatcher hands on:
+        for what the core posts with no message to answer (scheduled runs, restart notices)."""
+        paths = HostPaths.of(self.settings)
+        return [hiding_reach(reach, paths) for reach in reaches]
 
     @classmethod
     @asynccontextmanager
@@ -141,7 +149,11 @@ def start_schedules(core: Core, reaches: Sequence[ThreadReach], *, poll_s: float
     if not core.settings.schedules.enabled:
         return None
     scheduler = Scheduler(
-        book=core.store.schedules, handle=core.dispatcher.handle, reaches=reaches, clock=core.clock, poll_s=poll_s
+        book=core.store.schedules,
+        handle=core.dispatcher.handle,
+        reaches=core.reaching(reaches),
+        clock=core.clock,
+        poll_s=poll_s,
     )
     scheduler.start()
     return scheduler
@@ -231,7 +243,7 @@ async def run_console(
         )
         # A resumed --thread whose last turn was cut off by an unclean stop hears it first;
         # other threads' leftovers stay for their own resumption or platform.
-        await tell_interrupted(core.store, [console])
+        await tell_interrupted(core.store, core.reaching([console]))
         scheduler = start_schedules(core, [console])
         try:
             await console.run()
@@ -287,7 +299,9 @@ async def run_bot(settings: Settings) -> int:
                 scheduler = start_schedules(core, started)
                 # In the background: a slow platform must not hold up start-up or a stop signal.
                 notices = asyncio.create_task(
-                    tell_interrupted_while_running(core.store, started, settings.storage.replica_timeout_s / 2),
+                    tell_interrupted_while_running(
+                        core.store, core.reaching(started), settings.storage.replica_timeout_s / 2
+                    ),
                     name="interrupted-notices",
                 )
                 try:

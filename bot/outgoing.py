@@ -2,7 +2,9 @@
 
 :func:`hiding_paths` wraps the :class:`~bot.events.Outbox` an adapter hands the dispatcher, so
 notices, replies, status lines and streamed drafts reach the platform's own renderer (Slack's
-:mod:`adapters.slack.render`, Discord's messages, the console) without them.
+:mod:`adapters.slack.render`, Discord's messages, the console) without them; :func:`hiding_reach`
+does the same for the outboxes the core asks an adapter for when no message came in (scheduled
+runs, notices after a restart).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from bot.events import CellProgress, Outbox, Progress, Reply
+from bot.events import CellProgress, Outbox, Progress, Reply, ThreadKey, ThreadReach
 from bot.hostpaths import HostPaths
 
 Hide = Callable[[str], str]
@@ -19,6 +21,24 @@ Hide = Callable[[str], str]
 def hiding_paths(outbox: Outbox, paths: HostPaths) -> Outbox:
     """``outbox`` with every text it is given rewritten by ``paths.hide``."""
     return outbox if isinstance(outbox, _HidingOutbox) else _HidingOutbox(outbox, paths.hide)
+
+
+def hiding_reach(reach: ThreadReach, paths: HostPaths) -> ThreadReach:
+    """``reach`` whose every outbox hides host paths (:func:`hiding_paths`)."""
+    return _HidingReach(reach, paths)
+
+
+class _HidingReach:
+    def __init__(self, reach: ThreadReach, paths: HostPaths) -> None:
+        self._reach = reach
+        self._paths = paths
+
+    def outbox_for(self, key: ThreadKey) -> Outbox | None:
+        outbox = self._reach.outbox_for(key)
+        return None if outbox is None else hiding_paths(outbox, self._paths)
+
+    async def thread_open(self, key: ThreadKey) -> bool:
+        return await self._reach.thread_open(key)
 
 
 class _HidingOutbox:

@@ -70,7 +70,10 @@ async def running(tmp_path: Path, llm: ScriptedOpenAI, clock: Clock, **sections:
 
 
 def scheduler_of(core: Core, reach: MemoryReach, clock: Clock) -> Scheduler:
-    return Scheduler(book=core.store.schedules, handle=core.dispatcher.handle, reaches=[reach], clock=clock)
+    """The scheduler ``start_schedules`` builds, polled by the test's hand."""
+    return Scheduler(
+        book=core.store.schedules, handle=core.dispatcher.handle, reaches=core.reaching([reach]), clock=clock
+    )
 
 
 async def tick(scheduler: Scheduler) -> int:
@@ -157,6 +160,20 @@ async def test_a_schedule_runs_as_a_turn_with_its_chart_and_a_missed_slot_runs_o
         assert reach.runs(chat.key())[-1].reply.text == "again"
         listed = (await MemoryChat(core.dispatcher).say("schedules")).reply.text
         assert "#1 every hour (UTC) — next Tue 24 Nov 2026 17:00 UTC — “revenue by region as a chart” — by u1" in listed
+
+
+async def test_the_run_header_shows_no_host_path(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+    clock, reach = Clock(TUESDAY), MemoryReach()
+    workspaces = str(tmp_path / "workspaces")
+    async with running(tmp_path, llm, clock) as core:
+        chat = MemoryChat(core.dispatcher)
+        await chat.say(f"schedule every hour list {workspaces}/other-thread")
+        clock.now += 3600
+        llm.script(answer("Nothing there."))
+        assert await tick(scheduler_of(core, reach, clock)) == 1
+        (run,) = reach.runs(chat.key())
+        assert run.notices[0].startswith("⏰ Scheduled run #1") and "list " in run.notices[0]
+        assert workspaces not in run.notices[0]  # the question is quoted as a person may see it
 
 
 async def test_removal_rights_and_the_most_a_thread_holds(tmp_path: Path, llm: ScriptedOpenAI) -> None:
