@@ -38,7 +38,7 @@ import discord
 import yarl
 
 from adapters.base import AdapterStartError, PlatformAdapter
-from adapters.discord import endpoints
+from adapters.discord import endpoints, render
 from adapters.discord.feedback import THANKS, feedback_item, feedback_view
 from adapters.discord.inbound import (
     PLATFORM,
@@ -399,6 +399,7 @@ class DiscordAdapter(PlatformAdapter):
             asked = f"❓ **{interaction.user.display_name}** asked: {_cut(question.strip(), _ASKED_LIMIT)}"
             if attachment is not None:
                 asked += f" 📎 `{shown(attachment.filename).replace('`', 'ˋ')}`"
+            asked = render.text(asked)
             source = await interaction.edit_original_response(content=asked)
             answered = True
             if isinstance(channel, discord.TextChannel):

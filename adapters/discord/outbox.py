@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import aiohttp
 import discord
 
+from adapters.discord import render
 from adapters.discord.replies import MESSAGE_LIMIT, message_extras, send_reply, send_text
 from bot.events import CellProgress, Reply, ThreadKey
 
@@ -84,7 +85,7 @@ class DiscordProgress:
         self._view = StopView(self._on_stop)
         self._latest = status
         try:
-            self._message = await self._to.channel.send(f"⏳ {status}", view=self._view)
+            self._message = await self._to.channel.send(f"⏳ {render.text(status)}", view=self._view)
         except discord.HTTPException as exc:
             log.warning("could not post the status message in %s: %s", self._to.key, exc)
         self._last_edit = time.monotonic()
@@ -142,7 +143,7 @@ class DiscordProgress:
         if self._message is None or self._stopped:
             return
         self._last_edit = time.monotonic()
-        await _quietly(self._message.edit(content=f"⏳ {self._latest}"), "edit the status")
+        await _quietly(self._message.edit(content=f"⏳ {render.text(self._latest)}"), "edit the status")
 
     async def _keep_typing(self) -> None:
         while True:

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import discord
 
+from adapters.discord import render
 from adapters.discord.uploads import Upload, open_files, plan_uploads, release
 from adapters.tables import align_tables
 from adapters.textsplit import split_markdown
@@ -41,8 +42,9 @@ def message_extras(files: list[discord.File], view: discord.ui.View | None) -> d
 
 
 def text_chunks(text: str) -> list[str]:
-    """``text`` with tables aligned, split into messages Discord accepts."""
-    return split_markdown(align_tables(text), MESSAGE_LIMIT)
+    """``text`` with tables aligned and links made honest (:mod:`adapters.discord.render`),
+    split into messages Discord accepts."""
+    return split_markdown(render.text(align_tables(text)), MESSAGE_LIMIT)
 
 
 async def send_text(send: SendMessage, text: str) -> None:

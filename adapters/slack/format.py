@@ -4,7 +4,7 @@ Pure functions, no I/O. Code blocks and inline code keep their content (only Sla
 control characters are escaped there); prose gets bold, italics, strike-through, links,
 headings, bullets and tables translated. Since ``<``, ``>`` and ``&`` are escaped everywhere,
 no mention (``<!channel>``, ``<@U…>``, ``<#C…>``, ``<!subteam^…>``) can come from the text;
-links follow :mod:`adapters.slack.links` (http, https and mailto only, never disguised), and
+links follow :mod:`adapters.links` (http, https and mailto only, never disguised), and
 an ``@`` starting a word is kept from notifying. Slack shows a fence's language tag as text, so it is
 dropped; a Markdown table becomes an aligned code block (:mod:`adapters.tables`), the only way
 Slack keeps its columns aligned.
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-from adapters.slack.links import allowed_target, disguised, quiet_mentions
+from adapters.links import allowed_target, disguised
+from adapters.slack.links import quiet_mentions
 from adapters.tables import table_at
 from adapters.textsplit import split_markdown
 

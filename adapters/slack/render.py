@@ -12,7 +12,7 @@ file names, display names, errors); what Slack may be sent is only what these fu
 
 Mentions never come from text: Slack's ``<!channel>``, ``<@U…>``, ``<#C…>`` and
 ``<!subteam^…>`` tokens are escaped, links open only http(s) and mailto targets and show their
-real target when the label reads as another address (:mod:`adapters.slack.links`), and an ``@``
+real target when the label reads as another address (:mod:`adapters.links`), and an ``@``
 that starts a word notifies no one. A mention the bot itself means is a :class:`Mention`
 passed to :func:`mrkdwn` next to the text.
 """
@@ -23,8 +23,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from adapters.links import allowed_target, disguised
 from adapters.slack.format import INLINE_CODE, MESSAGE_LIMIT, SetAside, no_nul, shown_label, to_chunks, to_mrkdwn
-from adapters.slack.links import WORD_JOINER, allowed_target, disguised, quiet_mentions
+from adapters.slack.links import WORD_JOINER, quiet_mentions
 from adapters.textsplit import split_markdown
 
 _SLACK_ID = re.compile(r"^[A-Z][A-Z0-9_]{1,31}$")
