@@ -39,12 +39,17 @@ class Catalogue:
         async with lock:
             listed = self._listed.get(source.name)
             if refresh or listed is None or time.monotonic() - listed.at > self._ttl_s:
-                listed = _Listed(await _list(source), time.monotonic())
+                text, listed_ok = await _list(source)
+                if not listed_ok:  # a failed listing is told this once, never kept: the next turn tries again
+                    self._listed.pop(source.name, None)
+                    return text
+                listed = _Listed(text, time.monotonic())
                 self._listed[source.name] = listed
         return listed.text
 
 
-async def _list(source: Source) -> str:
+async def _list(source: Source) -> tuple[str, bool]:
+    """The text for the model, and whether the tables were listed (False: the text tells why not)."""
     head = f"Source `{source.name}` ({source.dialect})"
     if source.settings.description.strip():
         head += f": {' '.join(source.settings.description.split())}"
@@ -52,10 +57,10 @@ async def _list(source: Source) -> str:
         async with asyncio.timeout(_LIST_TIMEOUT_S):
             tables = await source.tables()
     except TimeoutError:
-        return f"{head}\n(its tables could not be listed in time; query information_schema or try again)"
+        return f"{head}\n(its tables could not be listed in time; query information_schema or try again)", False
     except QueryFailed as exc:
-        return f"{head}\n(its tables could not be listed: {exc})"
-    return format_tables(head, tables)
+        return f"{head}\n(its tables could not be listed: {exc})", False
+    return format_tables(head, tables), True
 
 
 def format_tables(head: str, tables: list[TableColumns], *, limit: int = MAX_SOURCE_CHARS) -> str:

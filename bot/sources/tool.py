@@ -80,7 +80,8 @@ class SqlTool:
         leave: asyncio.Event | None = None,
     ) -> SqlTool:
         """The tool, its description holding each granted source's tables (cached listings)."""
-        schema = "\n\n".join([await sources.catalogue.describe(sources.get(name)) for name in granted])
+        described = await asyncio.gather(*(sources.catalogue.describe(sources.get(name)) for name in granted))
+        schema = "\n\n".join(described)
         return cls(
             sources=sources,
             granted=granted,
