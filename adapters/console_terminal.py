@@ -3,7 +3,9 @@ and code shown with rich.
 
 While the prompt waits, whatever is printed (a scheduled run's answer) goes above it through
 prompt_toolkit's ``patch_stdout``, so the line being typed is never garbled. The history of
-what was typed is kept in a file per thread. Used only when stdin is a terminal; a pipe gets
+what was typed is kept in a file per output folder, read and written off the event loop
+(``ThreadedHistory``). A link shows its label and its target as text, never a label that opens
+another address (no terminal hyperlinks). Used only when stdin is a terminal; a pipe gets
 plain text (:mod:`adapters.console`).
 """
 
@@ -21,7 +23,7 @@ from typing import TextIO
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit.formatted_text import FormattedText
-from prompt_toolkit.history import FileHistory, InMemoryHistory
+from prompt_toolkit.history import FileHistory, History, InMemoryHistory, ThreadedHistory
 from prompt_toolkit.input import create_input
 from prompt_toolkit.output import create_output
 from prompt_toolkit.patch_stdout import patch_stdout
@@ -97,7 +99,7 @@ class Terminal:
 
     def markdown(self, text: str) -> None:
         """An answer or notice, rendered."""
-        self._console().print(Markdown(_visible(text)))
+        self._console().print(Markdown(_visible(text), hyperlinks=False))
 
     def status(self, text: str) -> None:
         """A status line, dimmed."""
@@ -137,7 +139,7 @@ class Terminal:
             highlight=False,
         )
 
-    def _open_history(self) -> FileHistory | InMemoryHistory:
+    def _open_history(self) -> History:
         if self._history is None:
             return InMemoryHistory()
         try:
@@ -146,4 +148,4 @@ class Terminal:
         except OSError as exc:
             log.warning("no history file at %s: %s", self._history, exc)
             return InMemoryHistory()
-        return FileHistory(str(self._history))
+        return ThreadedHistory(FileHistory(str(self._history)))
