@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bot import logs
 from bot.config import ConfigError, Settings, load_settings
-from bot.hardening import harden
+from bot.hardening import HardeningError, harden
 from bot.store import StoreError
 from kernels.result import SandboxUnavailableError
 
@@ -84,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     logs.use_format(settings.logging.format)
     log_path = _console_logging(settings) if args.command == "console" else None
     # From here on no secret is in the environment and no same-uid process can read ours.
-    harden(settings, referenced)
+    try:
+        harden(settings, referenced)
+    except HardeningError as exc:
+        print(f"threadbook: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.command == "console":
             from bot.app import run_console

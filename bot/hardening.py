@@ -115,13 +115,19 @@ def make_undumpable() -> bool:
     return True
 
 
+class HardeningError(Exception):
+    """The bot cannot protect its own memory here; ``str()`` is the one line to print."""
+
+
 def harden(settings: Settings, referenced: Iterable[str]) -> None:
     """Drop the secrets from this process's environment and make it non-dumpable (call once,
-    right after the config is read, before anything starts)."""
+    right after the config is read, before anything starts). Fails closed: raises
+    :class:`HardeningError` when the process cannot be made non-dumpable, since a kernel of
+    the same user could then read the bot's memory and its secrets."""
     dropped = drop_secrets(settings, referenced)
-    undumpable = make_undumpable()
-    log.info(
-        "secrets out of the environment (%d variable(s) removed)%s",
-        len(dropped),
-        "; process not dumpable" if undumpable else "",
-    )
+    if not make_undumpable():
+        raise HardeningError(
+            "cannot make the bot non-dumpable (prctl PR_SET_DUMPABLE failed), so a kernel of the same user "
+            "could read its memory and secrets: run Threadbook on Linux, in a container that allows prctl"
+        )
+    log.info("secrets out of the environment (%d variable(s) removed); process not dumpable", len(dropped))

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import subprocess
+import sys
 from pathlib import Path
 
 from bot.config import load_settings
 from bot.hardening import PR_GET_DUMPABLE, drop_secrets, make_undumpable
+from tests.bot.test_console import write_config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = """
 llm: {api_key: "${OPENAI_API_KEY}", model: "${THREADBOOK_MODEL:-gpt-4o-mini}", base_url: "http://127.0.0.1:9/v1"}
@@ -68,3 +73,22 @@ def test_the_process_becomes_non_dumpable() -> None:
     child.start()
     child.join(30)
     assert result.get(timeout=5) == (True, 0)
+
+
+def test_a_bot_that_cannot_protect_its_memory_does_not_start(tmp_path: Path) -> None:
+    # prctl cannot be made to fail here: its result is what the check reads, in a bot process of its own.
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1")
+    out = tmp_path / "out"
+    program = (
+        "import sys, bot.hardening as h\n"
+        "h.make_undumpable = lambda: False\n"
+        "from bot.__main__ import main\n"
+        f"sys.exit(main(['console', '--config', {str(config)!r}, '--out', {str(out)!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60, input=""
+    )
+    assert done.returncode == 2, done.stderr
+    said = done.stderr.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("threadbook: cannot make the bot non-dumpable"), said
+    assert not out.exists()  # nothing started
