@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 import discord
 
 from bot.events import Attachment, InboundMessage, ThreadKey
+from bot.safetext import shown
 
 PLATFORM = "discord"
 THREAD_NAME_LIMIT = 100  # Discord's maximum thread name length
@@ -35,13 +36,16 @@ def is_bot_author(message: discord.Message) -> bool:
 
 
 def thread_name(question: str, attachment_names: list[str] | None = None) -> str:
-    """A thread title from the question's first line (at most 100 characters, cut at a word)."""
+    """A thread title from the question's first line or the first attachment's name (at most 100
+    characters, cut at a word), control, format and bidi characters shown escaped
+    (:func:`bot.safetext.shown`)."""
     line = next((part for part in question.splitlines() if part.strip()), "")
     name = _SPACES.sub(" ", _NAME_NOISE.sub(" ", line)).strip()
     if not name and attachment_names:
         name = attachment_names[0]
     if not name:
         return _DEFAULT_THREAD_NAME
+    name = shown(name, max_chars=len(name) * 10)  # escaped whole; cut at a word below
     limit = THREAD_NAME_LIMIT - 1
     if len(name) <= THREAD_NAME_LIMIT:
         return name

@@ -166,3 +166,13 @@ async def test_a_file_that_shrinks_mid_upload_is_reported_not_hung(fake_discord:
     contents = [s.content for s in fake.sent[CHANNEL_ID]]
     assert any("short.bin" in c and "Could not upload" in c for c in contents)
     assert not any(s.files for s in fake.sent[CHANNEL_ID])
+
+
+def test_thread_name_shows_bidi_and_control_characters_escaped() -> None:
+    name = thread_name("invoice \u202egnp.exe\u202c for\x07 Q3")
+    assert "\u202e" not in name and "\u202c" not in name and "\x07" not in name
+    assert name == "invoice \\u202egnp.exe\\u202c for\\x07 Q3"
+    from_file = thread_name("", ["report\u202efdp.exe"])
+    assert "\u202e" not in from_file and from_file.startswith("report\\u202e")
+    long = thread_name("\u202e" * 200)
+    assert len(long) <= 100 and "\u202e" not in long
