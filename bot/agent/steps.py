@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from bot.sources.cell import code_span
+
 LABEL_CHARS = 80
 _COMMENT = re.compile(r"^#+\s*")
 _DULL = re.compile(
@@ -29,8 +31,7 @@ def step_label(code: str, said: str | None = None) -> str:
     if lines[0].startswith("#") and (comment := _COMMENT.sub("", lines[0]).strip()) and not comment.startswith("!"):
         return _short(comment)
     telling = next((line for line in lines if not _DULL.match(line)), lines[0])
-    shown = _short(telling.replace("`", "'"), LABEL_CHARS - 2)
-    return f"`{shown}`"
+    return code_span(telling, LABEL_CHARS)
 
 
 def _first_sentence(text: str) -> str:

@@ -18,6 +18,15 @@ SQL_TOOL = "sql"
 DEFAULT_NAME = "result"
 
 
+def code_span(text: str, limit: int = 80) -> str:
+    """``text`` as one Markdown code span of at most ``limit`` characters for a status line: its
+    backticks (which would end the span) as ``'``, cut with ``…``. Also the python step's label
+    (:func:`bot.agent.steps.step_label`), so both read alike."""
+    inner = text.replace("`", "'")
+    room = max(limit - 2, 1)
+    return f"`{inner if len(inner) <= room else inner[: room - 1] + '…'}`"
+
+
 def valid_name(name: str) -> bool:
     """Whether ``name`` can be the DataFrame's variable (a plain Python identifier)."""
     return name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("__") and len(name) <= 64

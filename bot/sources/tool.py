@@ -18,7 +18,7 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from bot.sources.cell import SQL_TOOL, arguments_of, loader_code, parquet_file, valid_name, variable_of
+from bot.sources.cell import SQL_TOOL, arguments_of, code_span, loader_code, parquet_file, valid_name, variable_of
 from bot.sources.engine import Fetched, QueryFailed, Source
 from bot.sources.guard import QueryRefused, check_query
 from bot.sources.parquet import MixedTypes, ParquetSink, ResultTooLarge, SinkFailed
@@ -122,7 +122,7 @@ class SqlTool:
             )
         if self._status is not None:
             try:
-                await self._status(f"🗄️ Querying `{source.name}`: `{_first_line(query)}`")
+                await self._status(f"🗄️ Querying `{source.name}`: {_first_line(query)}")
             except Exception:  # the status is cosmetic
                 log.exception("could not show the query's status")
         return prefix + source.scrub(await self._run(source, query, name))
@@ -299,5 +299,5 @@ def _drop(sink: ParquetSink, dir_fd: int) -> None:
 
 
 def _first_line(query: str, limit: int = 80) -> str:
-    line = next((ln.strip() for ln in query.splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    """The query's first non-empty line as a code span for the status line."""
+    return code_span(next((ln.strip() for ln in query.splitlines() if ln.strip()), ""), limit)

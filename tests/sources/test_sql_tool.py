@@ -116,3 +116,18 @@ async def test_the_query_is_checked_off_the_event_loop(
     told = await tool.call(call("DELETE FROM orders"))
     assert told.startswith("Refused"), told
     assert checked_in and checked_in[0] != loop_thread
+
+
+async def test_a_backtick_in_the_query_keeps_the_status_one_code_span(sources: Sources, tmp_path: Path) -> None:
+    shown: list[str] = []
+
+    async def status(text: str) -> None:
+        shown.append(text)
+
+    workspace, kernel = workspace_in(tmp_path), RecordingKernel()
+    tool = await make_tool(sources, workspace, kernel, status=status)
+    await tool.call(call('SELECT id AS `the id` FROM orders -- a "quoted" ``` run'))
+    assert len(shown) == 1
+    line = shown[0]
+    assert line.count("`") == 4, line  # the source's span and the query's, nothing else
+    assert line.endswith("`") and "'the id'" in line
