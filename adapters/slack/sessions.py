@@ -30,11 +30,6 @@ class AgentSessions:
         self._client = client
         self._enabled = enabled
 
-    @property
-    def enabled(self) -> bool:
-        """False once Slack refused a session (the app is not declared an agent)."""
-        return self._enabled
-
     async def working(self, channel: str, thread_ts: str, question: str) -> bool:
         """Mark the thread's session ``processing`` (a new one titled with ``question``); True when Slack agreed."""
         title = plain(question)

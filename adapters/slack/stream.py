@@ -92,11 +92,6 @@ class AnswerStream:
         self._lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
 
-    @property
-    def ts(self) -> str | None:
-        """The draft message's ts, once posted."""
-        return self._ts
-
     async def write(self, text: str) -> None:
         """Show ``text`` (the whole answer so far): now if the last call is old enough, else soon."""
         if self._failed:
