@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from kernels.launch.plan import KernelHandle, Launcher
 from kernels.options import KernelOptions
 from kernels.result import ExecutionResult, KernelError, Outcome
-from kernels.session.execution import WATCHDOG_INTERVAL_S, Execution, interrupt_quietly, joined
+from kernels.session.execution import TRIP_LOOK_S, Execution, QuotaWatch, interrupt_quietly, joined
 from kernels.session.snapshots import RestoreReport, SaveReport, Snapshots
 from kernels.settings import KernelSettings
 from kernels.workspace import FileStamps, Workspace, changed_files
@@ -333,8 +333,9 @@ class KernelSession:
         it raised, took longer than ``timeout`` (it is interrupted then), or the kernel died or
         could not be started.
 
-        For the bot's own questions to a kernel (upload previews), which must not show up as
-        the thread's cells. A kernel that dies, or ignores the interrupt for
+        A question about the thread's own kernel that must not show up as one of its cells (the
+        snapshots ask theirs through the same loop; tests read a kernel's state with it). Its
+        workspace quota is watched as a cell's is. A kernel that dies, or ignores the interrupt for
         ``interrupt_grace_s``, is discarded as :meth:`execute` does: the next execution
         starts a fresh one and says that variables were lost.
         """
@@ -352,13 +353,33 @@ class KernelSession:
                 self.last_activity = time.monotonic()
 
     async def _evaluate(self, handle: KernelHandle, expression: str, timeout: float) -> str | None:
-        await self._thaw()
+        """:meth:`evaluate` in ``handle``'s kernel, its workspace quota watched as a cell's is
+        (code in the kernel may have replaced what ``expression`` calls)."""
+        scanned = await asyncio.to_thread(self.workspace.scan)
+        quota = await QuotaWatch.start(self.workspace, scanned, handle, thaw=self._thaw, frozen=self._frozen_by_probe)
+        try:
+            await self._thaw()
+            return await self._evaluate_watched(handle, expression, timeout, quota)
+        finally:
+            quota.stop()
+
+    async def _evaluate_watched(
+        self, handle: KernelHandle, expression: str, timeout: float, quota: QuotaWatch
+    ) -> str | None:
         msg_id = handle.client.execute(
             "", silent=True, store_history=False, user_expressions={"value": expression}, allow_stdin=False
         )
         deadline = time.monotonic() + timeout
         interrupted_at: float | None = None
         while True:
+            over = await quota.after_trip() if quota.tripped else None
+            if over is not None:
+                log.warning("the kernel of %s wrote past its workspace quota during an evaluation", self.key)
+                self._note_death(
+                    "it wrote past the workspace quota while the bot asked it something, so it was stopped"
+                )
+                await self._lose_kernel()
+                return None
             now = time.monotonic()
             if interrupted_at is None and now >= deadline:
                 interrupted_at = now
@@ -369,7 +390,7 @@ class KernelSession:
                 await self._lose_kernel()
                 return None
             until = deadline if interrupted_at is None else interrupted_at + self.settings.interrupt_grace_s
-            reply = await handle.reply(msg_id, max(min(until - now, WATCHDOG_INTERVAL_S), 0.001))
+            reply = await handle.reply(msg_id, max(min(until - now, TRIP_LOOK_S), 0.001))
             if reply is not None:
                 break
             if not await handle.is_alive():
@@ -377,6 +398,10 @@ class KernelSession:
                 await self._note_exit(handle)
                 await self._lose_kernel()
                 return None
+        if await quota.check() is not None:  # grown past the quota without tripping the probe
+            self._note_death("it wrote past the workspace quota while the bot asked it something, so it was stopped")
+            await self._lose_kernel()
+            return None
         if interrupted_at is not None:
             return None
         content = reply["content"]

@@ -176,8 +176,11 @@ x = 1
 def sleepers() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
-        if (proc.info["cmdline"] or [])[:2] == ["sleep", "1017"] and proc.status() != psutil.STATUS_ZOMBIE:
-            found.append(proc)
+        try:
+            if (proc.info["cmdline"] or [])[:2] == ["sleep", "1017"] and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:  # ended while we looked
+            continue
     return found
 
 
@@ -187,3 +190,26 @@ async def test_a_swapped_save_function_leaves_no_process_behind(pool: KernelPool
     await settled(pool)
     assert session.snapshots.last_save is not None  # the save ran (through the thread's replacement)
     assert sleepers() == []
+
+
+#: Stops itself at 8 times the quota, so that a regression fails the test without filling the disk.
+SAVE_THAT_FLOODS = f"""
+import threadbook_kernel.snapshot as snap
+def save_for_bot(max_bytes):
+    chunk = b"0" * (1 << 20)
+    for n in range({8 * QUOTA_MB}):
+        with open(f"saved-{{n // 16}}.bin", "ab", buffering=0) as f:
+            f.write(chunk)
+snap.save_for_bot = save_for_bot
+x = 1
+"""
+
+
+async def test_a_save_function_that_floods_the_workspace_is_stopped_at_the_quota(pool: KernelPool) -> None:
+    async with pool.lease("t:flood-save") as session:
+        assert (await session.execute(SAVE_THAT_FLOODS)).ok
+    await settled(pool)
+    assert session.workspace.scan().bytes <= 2 * QUOTA_MB * MiB  # the save was watched as a cell is
+    assert session.snapshots.last_save is None and pool.get("t:flood-save") is None  # stopped: it left the pool
+    async with pool.lease("t:flood-save") as again:  # and the thread hears why
+        assert any("quota" in notice for notice in again.take_thread_notices())
