@@ -11,16 +11,13 @@ from typing import Any
 import pytest_asyncio
 
 from bot.admission import Admission
-from bot.budgets import Budgets, TokenAllowance
-from bot.commands import Commands
-from bot.config import Settings
-from bot.dispatcher import Dispatcher
-from bot.events import InboundMessage, Outbox, Reply, ThreadKey
+from bot.app import Core
+from bot.budgets import Budgets
+from bot.events import InboundMessage, ThreadKey
 from bot.store import Store
-from kernels.oneshot import OneShot
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat
-from tests.fakes.openai_server import answer
+from tests.fakes.openai_server import ScriptedOpenAI, answer
 from tests.slack.conftest import running_bot
 
 SLACK_THREAD = ThreadKey("slack", "T1", "C1", "1.0")
@@ -79,43 +76,19 @@ async def test_the_allow_list_keeps_people_out_before_any_thread_opens(tmp_path:
     assert not await store.processed.claim("slack:m1")  # the admitted message's id was claimed
 
 
-class CountingTurns:
-    """Stands in for TurnRunner: records each turn and counts it as the real one does."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.ran: list[str] = []
-
-    async def run(self, message: InboundMessage, outbox: Outbox, allowance: TokenAllowance) -> None:
-        self.ran.append(message.message_id)
-        await self.store.usage.begin(message.key, model="m", user_id=message.user_id)
-        await outbox.post(Reply(text=f"answer to {message.text}"))
-
-    async def stop(self, key: ThreadKey) -> bool:
-        return False
-
-
-async def test_the_budget_is_read_when_a_queued_turn_starts(tmp_path: Path, store: Store) -> None:
-    settings: Settings = make_settings(tmp_path, limits={"turns_per_user_minute": 1})
-    turns = CountingTurns(store)
-    commands = Commands(store=store, pool=None, settings=settings, oneshot=OneShot.unavailable("not needed"))  # type: ignore[arg-type]
-    dispatcher = Dispatcher(
-        settings=settings,
-        store=store,
-        admission=Admission(settings, store, Budgets(settings, store.usage)),
-        turns=turns,  # type: ignore[arg-type]
-        commands=commands,
-        pool=None,  # type: ignore[arg-type]  # one process, SQLite: the pool is never asked
-    )
-    chat = MemoryChat(dispatcher)
-    # Two questions at once in one thread: both pass the screen, the second queues behind the
-    # first, and when its place comes the first one's turn is counted: it is refused.
-    one, two = chat.message("one"), chat.message("two")
-    first, second = await asyncio.gather(chat.send(one), chat.send(two))
-    assert turns.ran == [one.message_id]
-    assert [r.text for r in first.replies] == ["answer to one"]
-    [refusal] = second.replies
-    assert not refusal.ok and "questions in the last minute" in refusal.text
+async def test_the_budget_is_read_when_a_queued_turn_starts(tmp_path: Path, llm: ScriptedOpenAI) -> None:
+    settings = make_settings(tmp_path, llm_url=llm.base_url, limits={"turns_per_user_minute": 1})
+    async with Core.open(settings) as core:
+        chat = MemoryChat(core.dispatcher)
+        llm.script(answer("answer to one"))
+        # Two questions at once in one thread: both pass the screen, the second queues behind the
+        # first, and when its place comes the first one's turn is counted: it is refused.
+        one, two = chat.message("one"), chat.message("two")
+        first, second = await asyncio.gather(chat.send(one), chat.send(two))
+        assert [r.text for r in first.replies] == ["answer to one"]
+        [refusal] = second.replies
+        assert not refusal.ok and "questions in the last minute" in refusal.text
+        assert len(llm.requests) == 1  # the refused turn asked the model nothing
 
 
 async def test_a_slack_thread_without_reply_without_mention_answers_mentions_only(tmp_path: Path) -> None:
