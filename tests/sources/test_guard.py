@@ -43,11 +43,11 @@ REFUSED = {
     "CREATE TABLE x (a int)": "CREATE",
     "COPY orders TO STDOUT": "COPY",
     "SET statement_timeout = 0": "SET",
-    "BEGIN": "",
+    "BEGIN": "TRANSACTION",
     "VACUUM": "VACUUM",
     "": "empty",
     "  -- only a comment": "empty",
-    "SELECT FROM WHERE (": "",
+    "SELECT FROM WHERE (": "could not be parsed",
 }
 
 
