@@ -56,6 +56,8 @@ async def test_previews_come_from_a_one_shot_and_reach_the_model_block(pool: Ker
     assert "units (int64)" in saved[0].preview and "north" in saved[0].preview
     assert saved[1].preview == "empty file (0 bytes)."
     assert session.executions == 0  # nothing ran in the thread's kernel
+    # The kernel never loaded the preview code: previews do not run there in any form.
+    assert await session.evaluate("'threadbook_kernel.preview' in __import__('sys').modules", 5) == "False"
     block = describe_for_model(saved, [])
     assert "`sales.csv`" in block and 'uploaded as "Sales 2024.csv"' in block and "units (int64)" in block
 
