@@ -5,6 +5,8 @@ session is new), with Slack's own Stop button, whose ``agent_session_stopped`` e
 turn as our Stop button does; when the turn ends it is ``active`` again. An app Slack does not
 know as an agent gets an error from ``agents.sessions.setStatus``: that is logged once, and
 from then on no session is asked for (the status message and its Stop button work as before).
+Any other failure (rate limit, timeout, Slack's own error, a bad argument for one thread) costs
+only that one call: the next turn asks again.
 """
 
 from __future__ import annotations
@@ -21,10 +23,26 @@ log = logging.getLogger("threadbook.slack")
 PROCESSING, ACTIVE = "processing", "active"
 #: Slack's limit for a session's title.
 TITLE_CHARS = 200
+#: Slack's answers that hold for every call of this app, not one: the method is unknown to the
+#: workspace, the token is not an agent's bot token, or the app lacks the scope or the feature
+#: (``agents.sessions.*`` need an app declared as an agent, which adds ``assistant:write``).
+#: ``invalid_arguments`` is not here: it is about one call's channel or thread.
+APP_REFUSALS = frozenset(
+    {
+        "not_allowed_token_type",
+        "missing_scope",
+        "unknown_method",
+        "method_deprecated",
+        "no_permission",
+        "not_allowed",
+        "feature_not_enabled",
+        "team_not_allowed",
+    }
+)
 
 
 class AgentSessions:
-    """Sets the session status of threads, until Slack says the app has no sessions."""
+    """Sets the session status of threads, until Slack says the app has no sessions (a failed call alone does not)."""
 
     def __init__(self, client: AsyncWebClient, *, enabled: bool = True) -> None:
         self._client = client
@@ -49,7 +67,7 @@ class AgentSessions:
             self._client.agents_sessions_setStatus(channel_id=channel, thread_ts=thread_ts, status=status, title=title),
         )
         if isinstance(result, Failure):
-            if self._enabled:
+            if result.error in APP_REFUSALS and self._enabled:
                 self._enabled = False
                 log.info(
                     "Slack refused agent sessions (%s): threads keep the bot's own status and Stop button; "
