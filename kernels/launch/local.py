@@ -247,12 +247,8 @@ class ThreadbookProvisioner(LocalProvisioner):
 
 
 def _descendants(pid: int | None) -> list[psutil.Process]:
-    if pid is None:
-        return []
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
+    """(Blocking) ``pid``'s descendants now, without ``pid`` itself (none when it is gone)."""
+    return leftovers.process_tree(pid)[1:]
 
 
 class _Manager(AsyncKernelManager):
@@ -394,12 +390,8 @@ class LocalKernelHandle:
 
 
 def _tree_pss(pid: int | None) -> int | None:
-    if pid is None:
-        return None
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
+    procs = leftovers.process_tree(pid)
+    if not procs:  # no kernel process, or it is gone
         return None
     total = 0
     for proc in procs:

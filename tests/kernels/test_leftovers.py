@@ -4,6 +4,7 @@ unsandboxed kernels; with the host's cgroups where the test may make them, and w
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -126,3 +127,24 @@ def test_background_processes_do_not_change_how_kernels_start(tmp_path: Path) ->
     assert launcher.fits(launcher.plan(tmp_path, KernelOptions(background_processes=True)))
     assert not launcher.fits(launcher.plan(tmp_path, KernelOptions(network=True, background_processes=True)))
     assert KernelOptions(background_processes=True).for_launch() == KernelOptions()
+
+
+def test_the_launcher_walks_the_same_process_tree_as_the_sweep() -> None:
+    """``_descendants`` (kill) and ``_tree_pss`` (memory) walk :func:`leftovers.process_tree`:
+    the root's descendants without the root, and nothing for a process that is gone."""
+    from kernels.launch import local
+    from kernels.launch.leftovers import process_tree
+
+    child = subprocess.Popen(["sleep", "300"])
+    try:
+        me = psutil.Process().pid
+        assert child.pid in [proc.pid for proc in local._descendants(me)]
+        assert me not in [proc.pid for proc in local._descendants(me)]
+        assert [proc.pid for proc in process_tree(child.pid)] == [child.pid]
+        assert local._descendants(child.pid) == []
+        assert (local._tree_pss(child.pid) or 0) > 0
+    finally:
+        child.kill()
+        child.wait()
+    assert local._descendants(child.pid) == [] and local._tree_pss(child.pid) is None
+    assert local._descendants(None) == [] and local._tree_pss(None) is None
