@@ -211,6 +211,12 @@ class SlackAdapter(PlatformAdapter):
         )
         if message is None:
             return
+        if not (message.mentioned or message.is_dm or event.get("thread_ts")):
+            # A Slack fact, not a rule: a top-level message continues no thread (a session is a
+            # thread the bot answered in, and this message starts a new one), so without a
+            # mention outside a DM it can never be for the bot. Dropped here, it costs no task
+            # and no store lookup; which messages become turns stays bot/admission.py's to say.
+            return
         if message.user_id and not message.is_bot:
             user_id = message.user_id
             message = dataclasses.replace(message, timezone=lambda: self._timezones.of(user_id))

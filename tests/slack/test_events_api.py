@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import pytest
@@ -237,3 +237,34 @@ async def test_result_file_over_the_upload_cap_stays_in_the_workspace(
     assert any("big.bin" in t and "stays in" in t for t in bot.answers(event))
     uploaded = [u.filename for u in slack.uploads if u.channel == "C_BIG"]
     assert uploaded == ["small.txt"]
+
+
+async def test_a_top_level_channel_message_without_a_mention_reaches_nothing_but_a_thread_reply_does(
+    bot: Bot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slack = bot.slack
+    spawned: list[str] = []
+    real_spawn = bot.adapter._tasks.spawn
+
+    def recording_spawn(work: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
+        spawned.append(name)
+        return real_spawn(work, name=name)
+
+    monkeypatch.setattr(bot.adapter._tasks, "spawn", recording_spawn)
+    # A top-level message continues no thread: without a mention, outside a DM, no turn is even asked about.
+    chatter = slack.message_event("C_CHATTER", "lunch anyone?")
+    await slack.post_event(bot.events_url, chatter)
+    bot.llm.script(answer("Hello."))
+    event = slack.mention("C_CHATTER", "hello")
+    await slack.post_event(bot.events_url, event)
+    assert await bot.finished(event) == {"white_check_mark"}
+    # The unmentioned reply in the thread the bot answered is a turn (slack.reply_without_mention).
+    bot.llm.script(answer("Still here."))
+    reply = slack.message_event("C_CHATTER", "still there?", thread_ts=event["ts"])
+    await slack.post_event(bot.events_url, reply)
+    assert await bot.finished(reply) == {"white_check_mark"}
+    assert bot.answers(event)[-1] == "Still here."
+    turns = [name for name in spawned if name.startswith("slack turn ")]
+    assert turns == [f"slack turn C_CHATTER:{event['ts']}", f"slack turn C_CHATTER:{reply['ts']}"]
+    assert ("C_CHATTER", chatter["ts"]) not in slack.reactions
+    assert not slack.bot_messages("C_CHATTER", chatter["ts"])
