@@ -227,26 +227,28 @@ class Watchdog:
             self.interrupted_at, self.reason = now, "timeout"
             if self._cell_running:
                 await interrupt_quietly(self._handle, self._key)
+        # A kernel the quota probe froze takes no SIGINT: it is walked (and thawed when within
+        # its quota) before an interrupt it could not take makes it stuck.
+        walked = quota.tripped
+        if walked and (over := await quota.after_trip()) is not None:
+            self.quota_notice = over
+            return End.DIED
         if self.interrupted_at is not None and now >= self.interrupted_at + self._grace:
             return End.STUCK
         if now >= self._next_check:
             if not await self._handle.is_alive():
                 return End.DIED
-            if (over := await quota.check()) is not None:
+            if not walked and (over := await quota.check()) is not None:
                 self.quota_notice = over
                 return End.DIED
             self._next_check = now + WATCHDOG_INTERVAL_S
-        elif quota.tripped and (over := await quota.after_trip()) is not None:
-            self.quota_notice = over
-            return End.DIED
         return None
 
     def until(self, now: float) -> float:
         """When the next look is due (``now``: when this one began)."""
-        if self.interrupted_at is not None:
-            return self.interrupted_at + self._grace
-        # At least every TRIP_LOOK_S: a kernel the quota probe froze is walked soon.
-        return min(self._next_check, now + TRIP_LOOK_S, self._deadline)
+        end = self._deadline if self.interrupted_at is None else self.interrupted_at + self._grace
+        # At least every TRIP_LOOK_S, interrupted or not: a kernel the quota probe froze is walked soon.
+        return min(self._next_check, now + TRIP_LOOK_S, end)
 
 
 class ShellReply:
