@@ -354,7 +354,22 @@ def parse_settings(raw: Mapping[str, Any] | None, env: Mapping[str, str] | None 
     except ValidationError as exc:
         raise ConfigError(_one_line(exc, sources)) from None
     _check_combinations(settings)
+    _check_sources(settings)
     return settings
+
+
+def _check_sources(settings: Settings) -> None:
+    """Every source's SQLAlchemy dialect and driver load (nothing connects): a missing driver
+    stops start-up here, not every turn of every channel granted the source."""
+    if not settings.sources:
+        return
+    from bot.sources.engine import SourceUnavailable, check_source  # drivers are loaded only when sources exist
+
+    for name, source in settings.sources.items():
+        try:
+            check_source(name, source)
+        except SourceUnavailable as exc:
+            raise ConfigError(f"config: {exc}") from None
 
 
 def _check_combinations(settings: Settings) -> None:

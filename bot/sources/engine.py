@@ -32,6 +32,7 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import NoSuchModuleError
 
 from bot.sources.guard import sqlglot_dialect
 from bot.sources.parquet import SinkFailed, arrow_type_for
@@ -46,6 +47,23 @@ BATCH_ROWS = 20_000
 _ABANDON_WAIT_S = 5.0
 #: Tables and columns listed for the model, at most.
 _CATALOGUE_COLUMNS = 2_000
+
+
+#: The package to install for a missing driver module, for the common ones.
+_DRIVER_PACKAGES = {
+    "MySQLdb": "mysqlclient",
+    "pymysql": "PyMySQL",
+    "mysql": "mysql-connector-python",
+    "pyodbc": "pyodbc",
+    "pymssql": "pymssql",
+    "oracledb": "oracledb",
+    "cx_Oracle": "cx_Oracle",
+}
+
+
+class SourceUnavailable(Exception):
+    """A configured source's URL names a dialect or driver this installation lacks. ``str()``
+    is one line naming the key (``sources.<name>.url``) and what to install or fix; never the URL."""
 
 
 class QueryFailed(Exception):
@@ -226,7 +244,8 @@ class SyncSource(Source):
         url = self._url
         if self.dialect == "sqlite":
             url = _read_only_sqlite(url)
-        self._engine = sa.create_engine(
+        self._engine = _engine(
+            name,
             url,
             pool_size=settings.max_concurrent,
             max_overflow=0,
@@ -326,9 +345,46 @@ async def _to_sink(call: Callable[..., None], *args: Any) -> None:
 
 
 def open_source(name: str, settings: SourceSettings) -> Source:
-    """The :class:`Source` for a configured source (no connection is made yet)."""
+    """The :class:`Source` for a configured source: its engine is made (its dialect and driver
+    loaded) but no connection yet. :class:`SourceUnavailable` when they cannot be loaded."""
     backend = make_url(settings.url.get_secret_value()).get_backend_name()
     return PostgresSource(name, settings) if backend == "postgresql" else SyncSource(name, settings)
+
+
+def check_source(name: str, settings: SourceSettings) -> None:
+    """Raise :class:`SourceUnavailable` unless the source's dialect and driver load (nothing
+    connects): for start-up, so a source that could never open is not first found in a turn."""
+    url = make_url(settings.url.get_secret_value())
+    if url.get_backend_name() != "postgresql":  # PostgreSQL is asyncpg's, whatever driver the URL names
+        _engine(name, url).dispose()
+
+
+def _engine(name: str, url: URL, **options: Any) -> sa.Engine:
+    """``sa.create_engine`` (which loads the dialect and its driver, and connects to nothing),
+    its failure to load them as :class:`SourceUnavailable`."""
+    key = f"sources.{name}.url"
+    try:
+        engine = sa.create_engine(url, **options)
+    except NoSuchModuleError:
+        raise SourceUnavailable(
+            f"{key}: SQLAlchemy has no dialect {url.drivername!r}: fix the URL's scheme "
+            "(dialect+driver://, such as mysql+pymysql://), or install the package that provides that dialect"
+        ) from None
+    except ImportError as exc:
+        module = exc.name or str(exc)
+        package = _DRIVER_PACKAGES.get(module.split(".")[0])
+        install = f"pip install {package}" if package else f"install the package that provides the module {module!r}"
+        raise SourceUnavailable(
+            f"{key}: the {url.get_backend_name()} driver {url.get_driver_name()!r} is not installed "
+            f"(no module {module!r}): {install} into the bot's environment, or name an installed driver "
+            f"({url.get_backend_name()}+<driver>://)"
+        ) from None
+    if engine.dialect.is_async:
+        engine.dispose()
+        raise SourceUnavailable(
+            f"{key}: {url.drivername!r} is an asyncio driver; name a synchronous one ({url.get_backend_name()}+<driver>://)"
+        )
+    return engine
 
 
 def _sync_sink(call: Callable[..., None], *args: Any) -> None:
