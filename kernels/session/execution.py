@@ -99,6 +99,8 @@ class QuotaWatch:
         self._probe = probe
         self._thaw = thaw
         self._frozen = frozen
+        #: When the probe was last armed (it is re-armed once per WATCHDOG_INTERVAL_S at most).
+        self._armed_at = time.monotonic()
 
     @classmethod
     async def start(
@@ -111,7 +113,7 @@ class QuotaWatch:
         frozen: Callable[[], None],
     ) -> QuotaWatch:
         """Start the probe with the room ``before`` leaves under the quota."""
-        room = workspace.quota_bytes - before.bytes
+        room = _room(workspace, before, before)
         # On a trip the probe's thread freezes the kernel itself: the writer stops before the walk.
         probe = await asyncio.to_thread(QuotaProbe, workspace.path, room, handle.freeze_blocking)
         return cls(workspace, before, probe, thaw=thaw, frozen=frozen)
@@ -129,12 +131,20 @@ class QuotaWatch:
     async def after_trip(self) -> str | None:
         """Walk the workspace the probe froze the kernel for. Over its quota: the notice (the
         kernel stays frozen until it is killed). Within it: thaw the kernel and re-arm the
-        probe; None."""
+        probe; None.
+
+        The probe is re-armed once per :data:`WATCHDOG_INTERVAL_S` at most: a trip sooner
+        than that after the last arming leaves the kernel frozen (and :attr:`tripped` set)
+        until then, so a workspace whose file system grows faster than the walk counts (small
+        files, other writers) costs a walk per tick, not one per write."""
         self._frozen()
+        if time.monotonic() < self._armed_at + WATCHDOG_INTERVAL_S:
+            return None
         now = await asyncio.to_thread(self._workspace.scan)
         over = self._notice(now)
         if over is None:
-            await asyncio.to_thread(self._probe.rearm, self._workspace.quota_bytes - now.bytes)
+            await asyncio.to_thread(self._probe.rearm, _room(self._workspace, self._before, now))
+            self._armed_at = time.monotonic()
             await self._thaw()
         return over
 
@@ -151,6 +161,12 @@ class QuotaWatch:
         if now.bytes > quota and now.bytes > self._before.bytes:
             return QUOTA_NOTICE.format(used=human_size(now.bytes), quota=human_size(quota))
         return None
+
+
+def _room(workspace: Workspace, before: safefs.Scan, now: safefs.Scan) -> int:
+    """The bytes the workspace may still grow by (as :meth:`QuotaWatch._notice` counts: a
+    workspace over its quota before the cell may grow back up to the size it had then)."""
+    return max(workspace.quota_bytes, before.bytes) - now.bytes
 
 
 class End(Enum):
@@ -229,10 +245,11 @@ class Watchdog:
                 await interrupt_quietly(self._handle, self._key)
         # A kernel the quota probe froze takes no SIGINT: it is walked (and thawed when within
         # its quota) before an interrupt it could not take makes it stuck.
-        walked = quota.tripped
-        if walked and (over := await quota.after_trip()) is not None:
+        tripped = quota.tripped
+        if tripped and (over := await quota.after_trip()) is not None:
             self.quota_notice = over
             return End.DIED
+        walked = tripped and not quota.tripped  # walked and re-armed (not held back until the tick)
         if self.interrupted_at is not None and now >= self.interrupted_at + self._grace:
             return End.STUCK
         if now >= self._next_check:

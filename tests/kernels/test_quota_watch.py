@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernels.session import quota_probe
-from kernels.session.execution import QuotaWatch, Watchdog
+from kernels.session.execution import WATCHDOG_INTERVAL_S, QuotaWatch, Watchdog
 from kernels.workspace import Workspace
 
 pytestmark = pytest.mark.timeout(30)
@@ -88,3 +88,64 @@ async def test_a_kernel_the_probe_froze_after_a_timeout_is_thawed_not_restarted(
         assert time.monotonic() < watchdog.interrupted_at + 0.5
     finally:
         watchdog.disarm()
+
+
+def sparse(path: Path, size: int) -> None:
+    """A file of ``size`` bytes (what the walk counts) that takes no room on the disk."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+async def test_an_over_quota_workspace_that_shrank_grows_back_without_a_trip_per_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = FakeDisk(monkeypatch)
+    workspace = Workspace(tmp_path, max_file_bytes=4 * MiB, quota_bytes=MiB)
+    sparse(tmp_path / "old.bin", 2 * MiB)  # over the quota before the cell
+    kernel = FakeKernel()
+    quota = await start(workspace, kernel)
+    try:
+        # The cell deletes 2 MiB and writes 1.5 MiB back: still under what it had, so allowed.
+        (tmp_path / "old.bin").unlink()
+        sparse(tmp_path / "new.bin", 3 * MiB // 2)
+        disk.used += 4096  # no room at all at the start: the first write trips
+        await soon(lambda: quota.tripped)
+        await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        assert await quota.after_trip() is None and not kernel.frozen and not quota.tripped
+        # 0.5 MiB of room is left (up to the 2 MiB it had): a small write trips nothing.
+        disk.used += 4096
+        await asyncio.sleep(0.1)
+        assert not quota.tripped and kernel.freezes == 1
+    finally:
+        quota.stop()
+
+
+async def test_the_probe_is_re_armed_once_per_watchdog_tick_at_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = FakeDisk(monkeypatch)
+    workspace = Workspace(tmp_path, max_file_bytes=MiB, quota_bytes=MiB)
+    kernel = FakeKernel()
+    quota = await start(workspace, kernel)
+    walks = 0
+    scan = workspace.scan
+
+    def counted_scan() -> object:
+        nonlocal walks
+        walks += 1
+        return scan()
+
+    monkeypatch.setattr(workspace, "scan", counted_scan)
+    try:
+        for _ in range(2):
+            armed = time.monotonic()
+            disk.used += 2 * MiB  # another writer: the file system grew past the room, not the workspace
+            await soon(lambda: quota.tripped)
+            assert await quota.after_trip() is None  # too soon after arming: no walk, still frozen
+            assert kernel.frozen and quota.tripped and walks == 0
+            await asyncio.sleep(max(armed + WATCHDOG_INTERVAL_S - time.monotonic(), 0) + 0.01)
+            assert await quota.after_trip() is None  # a tick later: walked, within quota, thawed
+            assert not kernel.frozen and not quota.tripped and walks == 1
+            walks = 0
+    finally:
+        quota.stop()
