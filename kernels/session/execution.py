@@ -148,9 +148,9 @@ class QuotaWatch:
             await self._thaw()
         return over
 
-    def stop(self) -> None:
-        """Stop the probe."""
-        self._probe.stop()
+    async def stop(self) -> None:
+        """Stop the probe, and wait until its thread has ended (off the event loop)."""
+        await asyncio.to_thread(self._probe.stop)
 
     def _notice(self, now: safefs.Scan) -> str | None:
         quota = self._workspace.quota_bytes
@@ -212,10 +212,10 @@ class Watchdog:
         self._next_check = started + WATCHDOG_INTERVAL_S
         self._quota = quota
 
-    def disarm(self) -> None:
-        """The execution ended: stop the quota probe."""
+    async def disarm(self) -> None:
+        """The execution ended: stop the quota probe (once it has stopped, it freezes nothing)."""
         if self._quota is not None:
-            self._quota.stop()
+            await self._quota.stop()
 
     async def stop(self) -> None:
         """The Stop button: interrupt the cell now if the kernel runs it, else once it does."""
@@ -391,7 +391,7 @@ class Execution:
             self.started = time.monotonic()
             self._msg_id = self._handle.client.execute(code, store_history=True, allow_stdin=False)
         except BaseException:
-            quota.stop()
+            await quota.stop()
             raise
         self.watchdog.arm(self.started, self._timeout, quota)
 
@@ -406,7 +406,7 @@ class Execution:
         try:
             end = await self._wait(IopubReader(self._msg_id, self.output, self.watchdog, self._on_output), reply)
         finally:
-            self.watchdog.disarm()
+            await self.watchdog.disarm()
         outcome, notice = await self._outcome(end, reply)
         output = self.output
         result = ExecutionResult(

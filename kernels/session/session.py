@@ -361,7 +361,7 @@ class KernelSession:
             await self._thaw()
             return await self._evaluate_watched(handle, expression, timeout, quota)
         finally:
-            quota.stop()
+            await quota.stop()
 
     async def _evaluate_watched(
         self, handle: KernelHandle, expression: str, timeout: float, quota: QuotaWatch

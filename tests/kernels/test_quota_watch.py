@@ -87,7 +87,7 @@ async def test_a_kernel_the_probe_froze_after_a_timeout_is_thawed_not_restarted(
         assert not kernel.frozen  # thawed: the SIGINT it holds reaches it now
         assert time.monotonic() < watchdog.interrupted_at + 0.5
     finally:
-        watchdog.disarm()
+        await watchdog.disarm()
 
 
 def sparse(path: Path, size: int) -> None:
@@ -117,7 +117,7 @@ async def test_an_over_quota_workspace_that_shrank_grows_back_without_a_trip_per
         await asyncio.sleep(0.1)
         assert not quota.tripped and kernel.freezes == 1
     finally:
-        quota.stop()
+        await quota.stop()
 
 
 async def test_the_probe_is_re_armed_once_per_watchdog_tick_at_most(
@@ -148,4 +148,45 @@ async def test_the_probe_is_re_armed_once_per_watchdog_tick_at_most(
             assert not kernel.frozen and not quota.tripped and walks == 1
             walks = 0
     finally:
-        quota.stop()
+        await quota.stop()
+
+
+async def test_a_freeze_that_fails_still_trips_the_probe_and_it_goes_on_looking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = FakeDisk(monkeypatch)
+    calls = 0
+
+    def failing_freeze() -> bool:
+        nonlocal calls
+        calls += 1
+        raise OSError("cgroup.freeze: no such device")
+
+    probe = quota_probe.QuotaProbe(tmp_path, MiB, failing_freeze)
+    try:
+        for n in (1, 2):
+            disk.used += 2 * MiB
+            await soon(probe.tripped.is_set)  # fail closed: the session walks (and stops) the kernel
+            assert calls == n
+            probe.rearm(MiB)  # within quota after all: the probe still looks
+    finally:
+        await asyncio.to_thread(probe.stop)
+
+
+async def test_a_stopped_probe_freezes_nothing_afterwards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = FakeDisk(monkeypatch)
+    state = {"frozen": False, "stopped": False, "frozen_after_stop": False}
+
+    def slow_freeze() -> bool:
+        time.sleep(0.2)  # a cgroup freeze waits until every process has stopped
+        state["frozen"] = True
+        state["frozen_after_stop"] = state["stopped"]
+        return True
+
+    probe = quota_probe.QuotaProbe(tmp_path, MiB, slow_freeze)
+    disk.used += 2 * MiB
+    await asyncio.sleep(0.05)  # the freeze is under way
+    await asyncio.to_thread(probe.stop)
+    state["stopped"] = True  # the session thaws the kernel now
+    await asyncio.sleep(0.3)
+    assert state["frozen"] and not state["frozen_after_stop"]
