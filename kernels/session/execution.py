@@ -89,16 +89,19 @@ class QuotaWatch:
         before: safefs.Scan,
         probe: QuotaProbe,
         *,
-        thaw: Callable[[], Awaitable[None]],
+        thaw: Callable[[], Awaitable[bool]],
         frozen: Callable[[], None],
     ) -> None:
         """``before``: the walk before the cell. ``frozen`` tells the session that the probe
-        froze the kernel; ``thaw`` has the session thaw it."""
+        froze the kernel; ``thaw`` has the session thaw it (False: it could not, and the
+        session lost the kernel)."""
         self._workspace = workspace
         self._before = before
         self._probe = probe
         self._thaw = thaw
         self._frozen = frozen
+        #: The kernel could not be thawed after a walk: the session lost it.
+        self.lost = False
         #: When the probe was last armed (it is re-armed once per WATCHDOG_INTERVAL_S at most).
         self._armed_at = time.monotonic()
 
@@ -109,7 +112,7 @@ class QuotaWatch:
         before: safefs.Scan,
         handle: KernelHandle,
         *,
-        thaw: Callable[[], Awaitable[None]],
+        thaw: Callable[[], Awaitable[bool]],
         frozen: Callable[[], None],
     ) -> QuotaWatch:
         """Start the probe with the room ``before`` leaves under the quota."""
@@ -145,7 +148,7 @@ class QuotaWatch:
         if over is None:
             await asyncio.to_thread(self._probe.rearm, _room(self._workspace, self._before, now))
             self._armed_at = time.monotonic()
-            await self._thaw()
+            self.lost = not await self._thaw()
         return over
 
     async def stop(self) -> None:
@@ -205,6 +208,8 @@ class Watchdog:
         self.reason = ""
         #: What the result says when the workspace went over its quota.
         self.quota_notice: str | None = None
+        #: The kernel could not be thawed for the cell: the session lost it.
+        self.lost = False
 
     def arm(self, started: float, timeout: float, quota: QuotaWatch) -> None:
         """The cell was sent at ``started``: it may run ``timeout`` seconds."""
@@ -237,6 +242,8 @@ class Watchdog:
         """One look before an iopub read: what ends the execution now, if anything does."""
         quota = self._quota
         assert quota is not None, "armed when the cell was sent"
+        if self.lost:
+            return End.DIED
         if self.interrupted_at is None and self._stop_requested_at is not None:
             self.interrupted_at, self.reason = self._stop_requested_at, "stop"
         if self.interrupted_at is None and now >= self._deadline:
@@ -248,6 +255,8 @@ class Watchdog:
         tripped = quota.tripped
         if tripped and (over := await quota.after_trip()) is not None:
             self.quota_notice = over
+            return End.DIED
+        if quota.lost:
             return End.DIED
         walked = tripped and not quota.tripped  # walked and re-armed (not held back until the tick)
         if self.interrupted_at is not None and now >= self.interrupted_at + self._grace:
@@ -358,7 +367,7 @@ class Execution:
         *,
         key: str,
         on_output: Callable[[str, str], None] | None,
-        thaw: Callable[[], Awaitable[None]],
+        thaw: Callable[[], Awaitable[bool]],
         frozen: Callable[[], None],
     ) -> None:
         """``on_output(name, text)`` hears each stream message as it arrives; ``thaw`` has the
@@ -387,13 +396,15 @@ class Execution:
         self.before = self._workspace.stamps(scanned)
         quota = await QuotaWatch.start(self._workspace, scanned, self._handle, thaw=self._thaw, frozen=self._frozen)
         try:
-            await self._thaw()
+            thawed = await self._thaw()
             self.started = time.monotonic()
-            self._msg_id = self._handle.client.execute(code, store_history=True, allow_stdin=False)
+            if thawed:  # else the session lost the kernel: the execution ends at once (DIED)
+                self._msg_id = self._handle.client.execute(code, store_history=True, allow_stdin=False)
         except BaseException:
             await quota.stop()
             raise
         self.watchdog.arm(self.started, self._timeout, quota)
+        self.watchdog.lost = not thawed
 
     async def stop(self) -> None:
         """The Stop button (see :meth:`Watchdog.stop`)."""

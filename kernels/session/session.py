@@ -32,6 +32,10 @@ from kernels.workspace import FileStamps, Workspace, changed_files
 log = logging.getLogger(__name__)
 
 LOST_STATE_NOTICE = "The kernel was restarted: variables from before were lost; files in the workspace remain."
+THAW_FAILED_NOTICE = (
+    "The kernel could not be resumed for this execution, so it was stopped. Variables were lost; files in "
+    "the workspace remain. The next execution starts a fresh kernel."
+)
 LEFTOVERS_NOTICE = "{count} background process(es) left by this code were stopped."
 #: What the thread is told, once, when its kernel stopped without being asked to (``{why}``).
 KERNEL_LOST_THREAD_NOTICE = (
@@ -146,14 +150,23 @@ class KernelSession:
             finally:
                 await self._freeze()
 
-    async def _thaw(self) -> None:
+    async def _thaw(self) -> bool:
+        """Let the kernel run; whether it can. One that cannot be thawed is lost (fail closed:
+        its execution ends at once instead of waiting its timeout on a frozen kernel)."""
         handle = self._handle
-        if handle is not None and self._frozen:
-            self._frozen = False
-            try:
-                await handle.thaw()
-            except Exception:
-                log.warning("thawing the kernel of %s failed", self.key, exc_info=True)
+        if handle is None:
+            return False
+        if not self._frozen:
+            return True
+        try:
+            await handle.thaw()
+        except Exception:
+            log.warning("thawing the kernel of %s failed: stopping it", self.key, exc_info=True)
+            self._note_death("it could not be resumed, so it was stopped")
+            await self._lose_kernel()  # still marked frozen: the discard tries the thaw once more before the kill
+            return False
+        self._frozen = False
+        return True
 
     async def _freeze(self) -> None:
         handle = self._handle
@@ -358,7 +371,8 @@ class KernelSession:
         scanned = await asyncio.to_thread(self.workspace.scan)
         quota = await QuotaWatch.start(self.workspace, scanned, handle, thaw=self._thaw, frozen=self._frozen_by_probe)
         try:
-            await self._thaw()
+            if not await self._thaw():  # lost: it could not be thawed
+                return None
             return await self._evaluate_watched(handle, expression, timeout, quota)
         finally:
             await quota.stop()
@@ -373,6 +387,8 @@ class KernelSession:
         interrupted_at: float | None = None
         while True:
             over = await quota.after_trip() if quota.tripped else None
+            if quota.lost:  # it could not be thawed after the walk: already lost
+                return None
             if over is not None:
                 log.warning("the kernel of %s wrote past its workspace quota during an evaluation", self.key)
                 self._note_death(
@@ -459,7 +475,11 @@ class KernelSession:
             self.executions += 1
             self.snapshots.unsaved = True
             result = await execution.finish()
-            if result.outcome is Outcome.DIED:
+            if result.outcome is Outcome.DIED and self._handle is not handle:  # lost: it could not be thawed
+                result.notice = joined(THAW_FAILED_NOTICE, result.notice)
+                self.state = "dead"
+                self._lost_state = True
+            elif result.outcome is Outcome.DIED:
                 quota_notice = execution.watchdog.quota_notice
                 result.notice = joined(quota_notice or await self._death_notice(handle), result.notice)
                 self._note_death(

@@ -190,3 +190,30 @@ async def test_a_warm_kernel_that_died_waiting_is_not_handed_out(tmp_path: Path)
         await neighbour_answers(pool)
     finally:
         await pool.shutdown_all()
+
+
+async def test_a_kernel_that_cannot_be_thawed_is_lost_at_once(pool: KernelPool) -> None:
+    """Fail closed: the cell does not wait its timeout on a kernel left frozen."""
+
+    async with pool.lease("t:thaw") as session:
+        assert (await session.execute("x = 1")).ok
+        handle = session._handle
+        assert handle is not None
+        real_thaw, calls = handle.thaw, 0
+
+        async def broken_thaw() -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 1:  # the thaw for the cell fails; the discard's own try works (a cgroup v1
+                raise OSError("cgroup.freeze: no such device")  # frozen process takes no SIGKILL)
+            await real_thaw()
+
+        handle.thaw = broken_thaw  # type: ignore[method-assign]
+        started = asyncio.get_running_loop().time()
+        result = await session.execute("x", timeout=15)
+        assert asyncio.get_running_loop().time() - started < 5
+        assert result.outcome is Outcome.DIED and "could not be resumed" in (result.notice or "")
+        assert any("could not be resumed" in notice for notice in session.take_thread_notices())
+        again = await session.execute("1+1")
+        assert again.result == "2" and again.kernel_restarted
+    await neighbour_answers(pool)
