@@ -9,7 +9,7 @@ console exits after answering the last line at EOF, so scripts can drive it thro
 On a terminal (:mod:`adapters.console_terminal`) lines are edited and remembered per thread,
 answers are rendered Markdown, each step's code and output show while it runs (``quiet``: one
 line per step), and the ``--thread`` name to resume is printed on exit; ``thread_folders``
-saves each thread's files in a folder of its own. Through a pipe everything is plain text.
+saves each thread's files in a folder of its own. Through a pipe everything is plain text, terminal control sequences left out as on a terminal.
 
 Ctrl-C during a turn stops it (as the Stop button does); Ctrl-C again, Ctrl-C at the prompt,
 or Ctrl-D quits. Input is read through the event loop (prompt_toolkit on a terminal,
@@ -44,7 +44,7 @@ from adapters.console_terminal import Terminal
 from adapters.tasks import BackgroundTasks
 from bot.dispatcher import Dispatcher
 from bot.events import Attachment, CellProgress, InboundMessage, OpenReader, Reply, ThreadKey
-from bot.safetext import shown
+from bot.safetext import shown, without_terminal_control
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ HELP_LINE = (
     'Type a question, `/attach FILE`, or `help`; paste several lines between two lines of just `"""`. '
     "Ctrl-C stops an answer; Ctrl-C at the prompt or Ctrl-D quits."
 )
+#: The one person at the console, as the core knows them.
+USER_ID = "console"
 
 
 def _disk_name(name: str) -> str:
@@ -277,7 +279,7 @@ class ConsoleAdapter:
             message = InboundMessage(
                 key=self.key,
                 message_id=uuid.uuid4().hex,
-                user_id="console",
+                user_id=USER_ID,
                 user_name="you",
                 text=text,
                 attachments=tuple(pending),
@@ -349,7 +351,7 @@ class ConsoleAdapter:
 
     async def _stop_turn(self) -> None:
         try:
-            await self._dispatcher.stop(self.key)
+            await self._dispatcher.stop(self.key, user_id=USER_ID)
         except Exception:
             log.exception("could not stop the console's turn")
 
@@ -443,7 +445,7 @@ class ConsoleAdapter:
         if self._terminal is not None:
             self._terminal.say(text)
         else:
-            print(text, file=self._stdout, flush=True)
+            print(without_terminal_control(text), file=self._stdout, flush=True)
 
     def _save(self, name: str, open_reader: OpenReader) -> Path:
         """(Blocking) copy what ``open_reader`` gives into a new file of the output folder.

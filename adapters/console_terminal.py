@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -33,16 +32,9 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from bot.events import CellProgress
+from bot.safetext import without_terminal_control
 
 log = logging.getLogger(__name__)
-
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def _visible(text: str) -> str:
-    """``text`` without terminal control (escape sequences would be obeyed, not shown)."""
-    return _CONTROL.sub("", text)
 
 
 class _CurrentStdout:
@@ -95,15 +87,15 @@ class Terminal:
 
     def say(self, text: str) -> None:
         """A plain line (file names, the banner): printed as it is, no markup."""
-        self._console().print(Text(_visible(text)), soft_wrap=True)
+        self._console().print(Text(without_terminal_control(text)), soft_wrap=True)
 
     def markdown(self, text: str) -> None:
         """An answer or notice, rendered."""
-        self._console().print(Markdown(_visible(text), hyperlinks=False))
+        self._console().print(Markdown(without_terminal_control(text), hyperlinks=False))
 
     def status(self, text: str) -> None:
         """A status line, dimmed."""
-        self._console().print(Text(f"  … {_visible(text)}", style="dim"), soft_wrap=True)
+        self._console().print(Text(f"  … {without_terminal_control(text)}", style="dim"), soft_wrap=True)
 
     def cell(self, cell: CellProgress) -> None:
         """The running cell: its code once when it starts (unless quiet), then each line it
@@ -111,20 +103,24 @@ class Terminal:
         console = self._console()
         if cell.round != self._round:
             self._round, self._printed_lines = cell.round, 0
-            console.print(Text(f"  … Running step {cell.round}: {_visible(cell.label)}", style="dim"), soft_wrap=True)
+            console.print(
+                Text(f"  … Running step {cell.round}: {without_terminal_control(cell.label)}", style="dim"),
+                soft_wrap=True,
+            )
             if self._show_code:
-                code = _visible(cell.code)
+                code = without_terminal_control(cell.code)
                 console.print(Syntax(code, "python", theme="ansi_dark", line_numbers=False, word_wrap=True))
         if not self._show_code:
             return
-        ended = cell.lines[: len(cell.lines) - cell.unfinished_lines]
+        lines = cell.shown_lines()
+        ended = lines[: len(lines) - cell.unfinished_lines]
         new = cell.ended_lines - self._printed_lines
         if new <= 0:
             return
         if new > len(ended):
             console.print(Text(f"  │ … {new - len(ended)} more lines", style="dim"))
         for line in ended[-new:]:
-            console.print(Text(f"  │ {line}", style="dim"), soft_wrap=True)
+            console.print(Text(f"  │ {without_terminal_control(line)}", style="dim"), soft_wrap=True)
         self._printed_lines = cell.ended_lines
 
     def new_turn(self) -> None:

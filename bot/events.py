@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
+from bot.safetext import cut
+
 #: Streams an attachment's bytes; the adapter knows how to authenticate.
 FetchBytes = Callable[[], AsyncIterator[bytes]]
 
@@ -128,6 +130,10 @@ class Reply:
     rateable: bool = False
 
 
+#: How much of each output line a running cell's status shows.
+LINE_CHARS = 160
+
+
 @dataclass(frozen=True, slots=True)
 class CellProgress:
     """A cell while it runs: which step, what it does, how long it has run, what it printed last."""
@@ -144,9 +150,15 @@ class CellProgress:
     #: How many of ``lines`` (the last ones) are not ended yet: a progress bar redrawn in place.
     unfinished_lines: int = 0
 
+    def shown_lines(self) -> tuple[str, ...]:
+        """``lines`` cut to :data:`LINE_CHARS` each, as a status shows them. Platforms call this
+        after the outbound rewrite (host paths) has seen the lines whole."""
+        return tuple(cut(line, LINE_CHARS) for line in self.lines)
+
     def headline(self) -> str:
         """One line: the step, its time and the last line it printed."""
-        last = f" · {self.lines[-1].strip()}" if self.lines and self.lines[-1].strip() else ""
+        lines = self.shown_lines()
+        last = f" · {lines[-1].strip()}" if lines and lines[-1].strip() else ""
         return f"Running step {self.round} ({elapsed(self.elapsed_s)}): {self.label}{last}"
 
     def markdown(self) -> str:
@@ -154,7 +166,7 @@ class CellProgress:
         head = f"Running step {self.round} ({elapsed(self.elapsed_s)}): {self.label}"
         if not self.lines:
             return head
-        body = "\n".join(self.lines)
+        body = "\n".join(self.shown_lines())
         longest = max((len(run) for run in _BACKTICKS.findall(body)), default=0)
         fence = "`" * max(3, longest + 1)
         return f"{head}\n{fence}\n{body}\n{fence}"

@@ -17,18 +17,18 @@ from collections import deque
 from collections.abc import Callable
 
 from bot.events import CellProgress, Progress
+from bot.safetext import cut, without_terminal_control
 
 log = logging.getLogger(__name__)
 
 #: How often the status of a running cell is rendered (platforms throttle again on their side).
 TICK_S = 1.0
-#: How many of the latest output lines the status shows, and how much of each.
+#: How many of the latest output lines the status shows.
 SHOWN_LINES = 6
-LINE_CHARS = 160
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+#: How much of each line is kept: more than a status shows (:data:`bot.events.LINE_CHARS`), so
+#: that the outbound rewrite (host paths) sees whole paths before the line is cut for showing.
+KEPT_LINE_CHARS = 1_000
 _BREAKS = re.compile(r"(\r\n|\r|\n)")
-#: What is left of terminal control after the escapes: shown to no one (a console would obey it).
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 class CellOutput:
@@ -46,21 +46,23 @@ class CellOutput:
         """Take one stream message (``name`` is ``stdout`` or ``stderr``); cheap, never blocks."""
         line = self._open.get(name, "")
         redraw = self._redraw.get(name, False)
-        for piece in _BREAKS.split(_CONTROL.sub("", _ANSI.sub("", text))):
+        for piece in _BREAKS.split(text):
             if piece in ("\n", "\r\n"):
-                self._lines.append(line[:LINE_CHARS])
+                self._lines.append(cut(line, KEPT_LINE_CHARS))
                 self.ended += 1
                 line, redraw = "", False
             elif piece == "\r":
                 redraw = True
-            elif piece:
-                line = piece if redraw else line + piece[: max(LINE_CHARS + 1 - len(line), 0)]
+            elif piece := without_terminal_control(piece):
+                line = piece if redraw else line + piece[: max(KEPT_LINE_CHARS + 1 - len(line), 0)]
                 redraw = False
-        self._open[name], self._redraw[name] = line[: LINE_CHARS + 1], redraw
+        self._open[name], self._redraw[name] = line[: KEPT_LINE_CHARS + 1], redraw
 
     def latest(self) -> tuple[tuple[str, ...], int]:
-        """The last lines, the unfinished ones (a progress bar) last; and how many are unfinished."""
-        unfinished = [line[:LINE_CHARS] for line in self._open.values() if line.strip()]
+        """The last lines, the unfinished ones (a progress bar) last; and how many are unfinished.
+        Lines are kept whole up to :data:`KEPT_LINE_CHARS`; they are cut for showing only after
+        the outbound rewrite (:meth:`bot.events.CellProgress.shown_lines`)."""
+        unfinished = [cut(line, KEPT_LINE_CHARS) for line in self._open.values() if line.strip()]
         keep = max((self._lines.maxlen or 0) - len(unfinished), 0)
         ended = list(self._lines)[-keep:] if keep else []
         return (*ended, *unfinished), len(unfinished)

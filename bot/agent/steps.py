@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from bot.safetext import cut
 from bot.sources.cell import code_span
 
 LABEL_CHARS = 80
@@ -43,4 +44,4 @@ def _first_sentence(text: str) -> str:
 
 
 def _short(text: str, limit: int = LABEL_CHARS) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return cut(text, limit)

@@ -10,6 +10,7 @@ import json
 import keyword
 from typing import Any
 
+from bot.safetext import cut
 from kernels.workspace import STATE_DIR
 
 #: The model's tool name.
@@ -22,9 +23,8 @@ def code_span(text: str, limit: int = 80) -> str:
     """``text`` as one Markdown code span of at most ``limit`` characters for a status line: its
     backticks (which would end the span) as ``'``, cut with ``…``. Also the python step's label
     (:func:`bot.agent.steps.step_label`), so both read alike."""
-    inner = text.replace("`", "'")
-    room = max(limit - 2, 1)
-    return f"`{inner if len(inner) <= room else inner[: room - 1] + '…'}`"
+    inner = cut(text.replace("`", "'"), max(limit - 2, 1))
+    return f"`{inner}`"
 
 
 def valid_name(name: str) -> bool:

@@ -192,3 +192,37 @@ async def test_the_console_shows_no_host_path(tmp_path: Path) -> None:
         venv = os.path.dirname(os.path.dirname(os.path.abspath(kernels["python"])))
         for folder in (venv, str(kernels["workspace_root"]), str(REPO)):
             assert folder not in out
+
+
+#: An answer steered by a hostile upload: a clipboard write (OSC 52), a hyperlink (OSC 8), a
+#: window title, a screen clear, colours, a DCS string and 8-bit CSI/OSC.
+HOSTILE = (
+    "Total: \x1b]52;c;cm0gLXJmIH4K\x07 42 \x1b]8;;https://evil.example\x1b\\click\x1b]8;;\x1b\\ "
+    "\x1b]0;owned\x07\x1b[2J\x1b[31mred\x1b[0m \x1bP+q544e\x1b\\\x9b2J\x9d0;x\x9cend\r\nover"
+)
+#: What a terminal would obey in any of it.
+CONTROL = ("\x1b", "\x07", "\x9b", "\x9c", "\x9d", "\x90", "\r")
+
+
+async def test_the_console_through_a_pipe_prints_no_terminal_control(tmp_path: Path) -> None:
+    """Answers, live output, notices and file names reach stdout without the control sequences
+    in them (their printable text stays), in pipe mode as on a terminal."""
+    async with ScriptedOpenAI() as llm:
+        config = write_config(tmp_path, llm.base_url)
+        llm.script(
+            tool_call(f"print({HOSTILE!r})\nopen('\\x1b]0;t\\x07.txt', 'w').write('x')"),
+            answer(HOSTILE),
+        )
+        code, out, err = await run_cli(
+            "console",
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path / "out"),
+            stdin="what is the total?\n",
+            cwd=tmp_path,
+        )
+    assert code == 0, err
+    assert not [c for c in CONTROL if c in out], repr(out)
+    assert "Total:" in out and "42" in out and "click" in out and "red" in out and "end" in out
+    assert "saved:" in out and "\\x1b]0;t\\x07.txt" in out  # the file's name, escaped visibly

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pexpect
 
-from tests.bot.test_console import REPO, run_cli, write_config
+from tests.bot.test_console import HOSTILE, REPO, run_cli, write_config
 from tests.fakes.openai_server import ScriptedOpenAI, answer, delay, error, tool_call
 
 PROMPT = "you> "
@@ -194,3 +194,23 @@ async def test_a_block_through_a_pipe_and_no_log_file_there(tmp_path: Path) -> N
     assert out.strip() == "One message."  # stdout holds answers only
     assert last_user_text(llm) == "line one\nline two"
     assert not (tmp_path / "data" / "threadbook-console.log").exists()
+
+
+async def test_on_a_terminal_no_sequence_from_a_kernel_or_model_reaches_the_screen(tmp_path: Path) -> None:
+    """The hostile answer and live output of the pipe test, on a terminal: the console's own
+    colours aside, none of their sequences (clipboard, hyperlink, title, screen clear) is written."""
+    async with ScriptedOpenAI() as llm, console(tmp_path, llm.base_url) as term:
+        printed = f"print(bytes.fromhex({HOSTILE.encode().hex()!r}).decode())"  # the code shows no sequence itself
+        llm.script(tool_call(f"{printed}\nprint('done printing')"), answer(HOSTILE))
+        await term.expect(PROMPT)
+        term.child.sendline("what is the total?")
+        await term.expect("│ done printing")
+        await term.expect("end")
+        await term.expect(PROMPT)
+        term.child.sendeof()
+        assert await term.exit_code() == 0
+    shown = term.transcript
+    for sequence in ("\x1b]52", "\x1b]8;;https", "\x1b]0;owned", "\x1b[2J", "\x1bP+q", "\x9b", "\x9d", "\x9c"):
+        assert sequence not in shown, (sequence, shown)
+    assert "]52;c;" not in shown and "]0;owned" not in shown  # whole sequences left out, not shown as text
+    assert "Total:" in shown and "click" in shown

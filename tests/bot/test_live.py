@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from bot.agent.steps import step_label
-from bot.events import CellProgress, elapsed
-from bot.live import LINE_CHARS, CellOutput, LiveCell
+from bot.events import LINE_CHARS, CellProgress, elapsed
+from bot.live import KEPT_LINE_CHARS, CellOutput, LiveCell
+from bot.safetext import cut, without_terminal_control
 
 
 def test_a_redrawn_bar_is_one_line_in_its_latest_state() -> None:
@@ -26,8 +27,30 @@ def test_only_the_latest_lines_are_kept_short_and_without_escapes() -> None:
         output.record("stdout", f"\x1b[31mline {n}\x1b[0m\n")
     output.record("stdout", "x" * 10_000)
     lines, unfinished = output.latest()
-    assert lines == ("line 998", "line 999", "x" * LINE_CHARS) and unfinished == 1
+    assert lines == ("line 998", "line 999", "x" * (KEPT_LINE_CHARS - 1) + "…") and unfinished == 1
     assert output.ended == 1000
+    # Kept longer than shown, so the outbound rewrite sees whole paths; shown cut to the line length.
+    shown = CellProgress(round=1, label="", code="", elapsed_s=0, lines=lines).shown_lines()
+    assert shown[-1] == "x" * (LINE_CHARS - 1) + "…"
+
+
+def test_a_cut_never_leaves_the_head_of_a_path() -> None:
+    """Whatever cuts a text for showing drops a split word that could be a path, whole."""
+    assert cut("see /srv/threadbook/workspaces/t1/data.csv now", 20) == "see …"
+    assert cut("see /srv/threadbook/workspaces/t1/data.csv now", 43) == "see /srv/threadbook/workspaces/t1/data.csv…"
+    assert cut("plain words cut anywhere", 10) == "plain wor…"
+    assert cut("short", 10) == "short"
+    # Labels and kept output lines cut the same way.
+    said = "Reading " + "/srv/threadbook/workspaces/" * 5
+    assert "/srv" not in step_label("x = 1", said) and step_label("x = 1", said).endswith("…")
+    output = CellOutput()
+    output.record("stdout", "y" * (KEPT_LINE_CHARS - 10) + " /srv/threadbook/workspaces/t1\n")
+    assert output.latest()[0] == ("y" * (KEPT_LINE_CHARS - 10) + " …",)
+
+
+def test_terminal_control_sequences_go_whole() -> None:
+    text = "a\x1b]52;c;aGk=\x07b\x1b[1;31mc\x1b[0m\x1b]8;;https://x\x1b\\d\x1b]8;;\x1b\\e\x9b2Jf\x1bPq\x1b\\g\th\ni\rj\x1b]0;open"
+    assert without_terminal_control(text) == "abcdefg\th\nij"
 
 
 def test_the_status_shows_step_time_and_lines_in_a_fence_that_output_cannot_close() -> None:
@@ -83,4 +106,4 @@ async def test_the_running_cell_is_shown_at_once_then_each_tick_with_its_newest_
 def test_terminal_control_in_the_output_is_left_out() -> None:
     output = CellOutput()
     output.record("stdout", "\x1b]0;pwned\x07title \x1b[2Jcleared\x08\x9bX\n")
-    assert output.latest() == (("title clearedX",), 0)
+    assert output.latest() == (("title cleared",), 0)  # 8-bit CSI "\\x9bX" is one sequence, X its final byte

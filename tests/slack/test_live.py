@@ -130,3 +130,50 @@ async def test_an_app_slack_does_not_know_as_an_agent_keeps_its_own_stop_and_say
         assert bot.answers(event) == ["Printed one."]
     assert len([r for r in caplog.records if "refused agent sessions" in r.getMessage()]) == 1
     await asyncio.sleep(0)
+
+
+async def test_a_host_path_printed_across_the_line_limit_never_shows_its_head(bot: Bot) -> None:
+    """The status rewrites host paths before it cuts a line to its length: a workspace path
+    printed so that the 160-character cut falls inside it shows neither it nor its head."""
+    root = str(bot.core.settings.kernels.workspace_root.resolve())
+    printed = "x" * 150 + " " + root + "/some-thread/secret.csv"
+    code = f"import time\nfor _ in range(6):\n    print({printed!r}, flush=True)\n    time.sleep(0.5)"
+    bot.llm.script(tool_call(code), answer("Printed."))
+    event = bot.slack.mention("C_PATH", "print a long line")
+    await bot.slack.post_event(bot.events_url, event)
+    assert await bot.finished(event) == {"white_check_mark"}
+
+    running = [text for text in status_message(bot, "C_PATH", event["ts"]).updates if "\nxxxxx" in text]
+    assert running, "the printed line was never shown"
+    head = root[: root.index("/", 1) + 2]  # the first folder's name and one more character: "/tmp/p"
+    assert all(head not in text for text in running), running
+    assert all("x" * 150 in text for text in running), running  # the line itself is still shown, cut
+
+
+async def test_a_stop_from_someone_access_keeps_out_is_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ``access.allow_users: [alice]``, bob's Stop (Slack's own, and our button) neither
+    interrupts alice's cell nor changes her status; the refusal is logged."""
+    caplog.set_level(logging.WARNING, logger="bot.dispatcher")
+    async with running_bot(tmp_path, socket_mode=False, access={"allow_users": ["U_ALICE"]}) as alice_bot:
+        slack = alice_bot.slack
+        started = tmp_path / "cell-started"
+        code = f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(3)\nprint('finished')"
+        alice_bot.llm.script(tool_call(code), answer("Slept."))
+        event = slack.mention("C_ACL", "sleep a little", user="U_ALICE")
+        await slack.post_event(alice_bot.events_url, event)
+        await slack.wait_for(lambda: started.exists(), 30)
+        await slack.post_event(alice_bot.events_url, slack.agent_session_stopped("C_ACL", event["ts"], user="U_BOB"))
+        status = status_message(alice_bot, "C_ACL", event["ts"])
+        key = f"slack:{slack.team_id}:C_ACL:{event['ts']}"
+        await slack.post_interactive(
+            alice_bot.events_url, slack.block_action(status, "threadbook_stop", key, user="U_BOB")
+        )
+
+        assert await alice_bot.finished(event) == {"white_check_mark"}
+        assert alice_bot.answers(event)[-1] == "Slept."
+        tool_result = [m for m in alice_bot.llm.requests[-1]["messages"] if m["role"] == "tool"][0]
+        assert "finished" in str(tool_result["content"])  # the cell ran to its end
+        assert not any("stop" in text.lower() for text in status.updates)
+        assert len([r for r in caplog.records if "ignored Stop from U_BOB" in r.getMessage()]) == 2
