@@ -130,9 +130,20 @@ class Dispatcher:
         """For each thread with messages of this process waiting behind its running turn: how many (metrics)."""
         return [slot.users - 1 for slot in self._slots.values() if slot.users > 1]
 
-    async def stop(self, key: ThreadKey) -> bool:
+    def may_stop(self, key: ThreadKey, user_id: str) -> bool:
+        """Whether ``user_id`` may stop turns in ``key``'s thread: whoever the access lists admit
+        to its channel (:meth:`bot.admission.Admission.may_open`); anyone else's Stop is logged
+        and ignored."""
+        if self._admission.may_open(platform=key.platform, channel=key.channel, user_id=user_id):
+            return True
+        log.warning("ignored Stop from %s in %s: not admitted by access", user_id, key)
+        return False
+
+    async def stop(self, key: ThreadKey, *, user_id: str) -> bool:
         """Interrupt the running turn of a thread (the Stop button), on whichever replica runs
-        it. True if one was running."""
+        it, when ``user_id`` :meth:`may_stop` it. True if one was running and was stopped."""
+        if not self.may_stop(key, user_id):
+            return False
         if await self._turns.stop(key):
             return True
         return self._store.shared and await self._store.turns.request_stop(key)

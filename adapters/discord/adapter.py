@@ -469,7 +469,9 @@ class DiscordAdapter(PlatformAdapter):
             if not isinstance(channel, (discord.Thread, discord.DMChannel)):
                 return
             key = session_key(channel)
-            stopped = await self._dispatcher.stop(key)
+            if not self._dispatcher.may_stop(key, str(interaction.user.id)):
+                return
+            stopped = await self._dispatcher.stop(key, user_id=str(interaction.user.id))
             log.info("Stop pressed by %s in %s after a restart (turn running: %s)", interaction.user.id, key, stopped)
             message = interaction.message
             if message is None:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 import discord
@@ -31,8 +32,14 @@ STOP_ID = "threadbook:stop"
 TYPING_EVERY_S = 8.0  # Discord shows "typing…" for about 10 s per trigger
 WORKING, DONE, FAILED, STOPPED = "👀", "✅", "❌", "⏹️"
 
-#: Interrupts the running turn of a thread; True if one was running.
-StopTurn = Callable[[ThreadKey], Awaitable[bool]]
+
+class StopTurn(Protocol):
+    """Interrupts the running turn of a thread for a person whom access admits there; True
+    if one was running and was stopped (:meth:`bot.dispatcher.Dispatcher.stop`)."""
+
+    def __call__(self, key: ThreadKey, *, user_id: str) -> Awaitable[bool]: ...
+
+
 #: The 👍/👎 buttons for the answer to the question with this id.
 FeedbackButtons = Callable[[str], discord.ui.View]
 
@@ -131,7 +138,7 @@ class DiscordProgress:
         await _quietly(interaction.response.defer(), "acknowledge Stop")
         if self._stopped:
             return
-        self._stopped = await self._to.stop_turn(self._to.key)
+        self._stopped = await self._to.stop_turn(self._to.key, user_id=str(interaction.user.id))
         log.info("Stop pressed by %s in %s (turn running: %s)", interaction.user.id, self._to.key, self._stopped)
         if self._stopped and self._message is not None:
             if self._pending is not None:

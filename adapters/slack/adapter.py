@@ -297,7 +297,8 @@ class SlackAdapter(PlatformAdapter):
         except ValueError:
             log.warning("Slack: Stop button with a bad value %r", action.get("value"))
             return
-        if key.platform != "slack":
+        user = str((body.get("user") or {}).get("id") or "")
+        if key.platform != "slack" or not self._dispatcher.may_stop(key, user):
             return
         container = body.get("container") or {}
         if container.get("message_ts"):
@@ -310,10 +311,10 @@ class SlackAdapter(PlatformAdapter):
                     blocks=[],
                 ),
             )
-        self._tasks.spawn(self._stop_turn(key), name=f"slack stop {key}")
+        self._tasks.spawn(self._stop_turn(key, user), name=f"slack stop {key}")
 
-    async def _stop_turn(self, key: ThreadKey) -> None:
-        if not await self._dispatcher.stop(key):
+    async def _stop_turn(self, key: ThreadKey, user: str) -> None:
+        if not await self._dispatcher.stop(key, user_id=user):
             log.info("Slack: Stop clicked in %s but no turn was running", key)
 
     async def _on_session_stopped(self, event: Mapping[str, Any], context: AsyncBoltContext) -> None:
@@ -325,11 +326,13 @@ class SlackAdapter(PlatformAdapter):
             log.warning("Slack: agent_session_stopped without a channel or thread: %r", dict(event))
             return
         key = ThreadKey("slack", team, channel, thread_ts)
-        log.info("Slack: session stopped by %s in %s", event.get("user"), key)
-        self._tasks.spawn(self._stop_session(key), name=f"slack session stop {key}")
+        user = str(event.get("user") or "")
+        log.info("Slack: session stopped by %s in %s", user, key)
+        if self._dispatcher.may_stop(key, user):
+            self._tasks.spawn(self._stop_session(key, user), name=f"slack session stop {key}")
 
-    async def _stop_session(self, key: ThreadKey) -> None:
-        if not await self._dispatcher.stop(key):
+    async def _stop_session(self, key: ThreadKey, user: str) -> None:
+        if not await self._dispatcher.stop(key, user_id=user):
             await self._sessions.done(key.channel, key.thread)
 
 

@@ -114,7 +114,7 @@ async def test_queue_timeout_full_queue_and_stop_while_waiting(tmp_path: Path, l
             await asyncio.sleep(0.02)
         full = await chat.say("print one please", thread="full")  # max_queue 1: refused at once
         assert [r.text for r in full.replies] == [QUEUE_FULL_NOTICE.format(kernels=1, waiting=1)]
-        assert await core.dispatcher.stop(chat.key("stopper"))  # the Stop button while queued
+        assert await core.dispatcher.stop(chat.key("stopper"), user_id="U1")  # the Stop button while queued
         stopped = await asyncio.wait_for(waiting, 5)
         assert [r.text for r in stopped.replies] == [QUEUE_LEFT_NOTICE]
 

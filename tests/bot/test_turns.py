@@ -200,7 +200,7 @@ async def test_stop_interrupts_running_code(chat: MemoryChat, llm: ScriptedOpenA
     while (session := core.pool.get(str(chat.key()))) is None or not session.busy:
         await asyncio.sleep(0.02)
     await asyncio.sleep(0.3)
-    assert await core.dispatcher.stop(chat.key())
+    assert await core.dispatcher.stop(chat.key(), user_id="U1")
     out = await asyncio.wait_for(turn, 10)
     assert "stop" in out.reply.text.lower()
     assert llm.remaining == 1  # no further model call after Stop

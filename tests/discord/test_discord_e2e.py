@@ -256,6 +256,24 @@ async def test_stop_button_interrupts_a_long_cell(world: World) -> None:
     assert "42" in (await fake.wait_for_sent(thread_id, lambda s: s.content.startswith("It is"))).content
 
 
+async def test_a_stop_from_someone_access_keeps_out_changes_nothing(world: World) -> None:
+    """Only people ``access.allow_users`` admits may stop a turn: an outsider's Stop is acknowledged
+    and ignored, and the cell runs to its end."""
+    fake = world.discord
+    world.llm.script(
+        tool_call("import time\nfor _ in range(30):\n    time.sleep(0.1)\nprint('finished')"), answer("Done.")
+    )
+    message, thread_id = await world.ask("count slowly to three seconds")
+    await fake.wait_until(lambda: any("Running step 1" in s.content for s in fake.sent.get(thread_id, [])))
+    status = next(s for s in fake.sent[thread_id] if s.custom_ids)
+    outsider = {**USER, "id": str(USER_ID + 1), "username": "outsider"}
+    await fake.press_button(status.id, user=outsider)
+
+    assert await world.turn_done(message) == "✅"
+    assert status.content == "✅ Done."
+    assert "finished" in str([m for m in world.llm.requests[-1]["messages"] if m["role"] == "tool"][-1]["content"])
+
+
 async def test_answers_again_after_the_gateway_asks_to_reconnect(world: World) -> None:
     fake = world.discord
     identifies = fake.identifies

@@ -228,7 +228,7 @@ async def test_stop_cancels_a_running_query_on_the_server(core: Core, llm: Scrip
     turn = asyncio.create_task(chat.say("slow one"))
     while not await _sleeping(pg_url):
         await asyncio.sleep(0.05)
-    assert await core.dispatcher.stop(chat.key())
+    assert await core.dispatcher.stop(chat.key(), user_id="U1")
     out = await turn
     told = tool_results(llm.requests[1])[0]
     assert told.startswith("Not run: the user pressed Stop")
