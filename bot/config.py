@@ -39,17 +39,21 @@ class ModelPrice(_Model):
 
 
 class LLMSettings(_Model):
-    """The OpenAI-compatible chat completions endpoint."""
+    """The OpenAI-compatible endpoint (chat completions or the Responses API)."""
 
     model: str = "gpt-4o-mini"
     base_url: str = "https://api.openai.com/v1"
     api_key: SecretStr = SecretStr("")
+    #: Which API the bot speaks: ``chat`` (``/chat/completions``), ``responses`` (``/responses``)
+    #: or ``auto`` (api.openai.com: responses; else whichever path the server has, found on first use).
+    api: Literal["auto", "chat", "responses"] = "auto"
     max_rounds: int = Field(8, ge=1, le=100)
     request_timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(2, ge=0, le=10)  # for 429/5xx/connection errors; a timeout is retried once at most
     temperature: float | None = Field(None, ge=0, le=2)
-    #: Sent as ``max_tokens`` on every request, so a server cannot generate without end;
-    #: ``null`` leaves it out (for endpoints that reject the parameter).
+    #: Sent on every request (``max_tokens``; ``max_completion_tokens`` to reasoning models;
+    #: ``max_output_tokens`` on the Responses API), so a server cannot generate without end;
+    #: ``null`` leaves it out.
     max_tokens: int | None = Field(4096, ge=1)
     #: Budget of earlier messages replayed to the model, in characters.
     context_chars: int = Field(48_000, ge=1000)

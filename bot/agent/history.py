@@ -15,6 +15,19 @@ _MISSING_RESULT = "(no result was recorded for this call)"
 #: entries) is never sent.
 WIRE_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
+#: A key of an assistant message that lives only within its turn: the Responses API output
+#: items the reply came with (its reasoning items first), handed back as they were with the
+#: tool results of that turn. Never stored (:func:`stored`), never sent on chat completions
+#: (:func:`wire_messages` copies only the keys it knows), never shown.
+TURN_ITEMS = "_turn_items"
+
+
+def stored(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` as the thread's history keeps it: without what belongs to its turn only."""
+    if TURN_ITEMS not in message:
+        return message
+    return {key: value for key, value in message.items() if key != TURN_ITEMS}
+
 
 def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` in the shape strict servers accept (llama.cpp's server, vLLM, LiteLLM).

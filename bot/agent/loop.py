@@ -38,7 +38,7 @@ from typing import Any, Literal, Protocol
 
 import openai
 
-from bot.agent.history import FENCED_OUTPUT_HEADER, history_chars, trim_history
+from bot.agent.history import FENCED_OUTPUT_HEADER, history_chars, stored, trim_history
 from bot.agent.llm import Completion, ContextLengthError, LLMClient, LLMError, ToolCall, Usage
 from bot.agent.nudge import NUDGE, should_nudge
 from bot.agent.observation import format_observation
@@ -109,7 +109,8 @@ class Tool(Protocol):
 
     @property
     def spec(self) -> dict[str, Any]:
-        """The OpenAI function tool definition."""
+        """The OpenAI function tool definition, in the chat completions shape (``{"type":
+        "function", "function": {...}}``; the Responses API is sent it flattened)."""
         ...
 
     async def call(self, arguments: str) -> str:
@@ -429,7 +430,8 @@ class _Turn:
 
     def _add(self, message: dict[str, Any]) -> None:
         self.messages.append(message)
-        self.new_messages.append(message)
+        # The reply's reasoning items go back with this turn's requests only, never to the store.
+        self.new_messages.append(stored(message))
 
     def _answer(self, reply: Completion) -> TurnResult:
         """The model's final answer; an empty or cut-off one gets a note."""
