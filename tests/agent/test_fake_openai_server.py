@@ -14,6 +14,7 @@ from tests.fakes.openai_server import (
     Strictness,
     answer,
     delay,
+    encrypted,
     error,
     garbage,
     raw_tool_call,
@@ -173,3 +174,103 @@ async def test_empty_deltas_and_no_usage_when_streaming() -> None:
             if chunk.choices:
                 pieces.append(chunk.choices[0].delta.content or "")
         assert "".join(pieces) == "streamed text" and usages == [None] * len(usages)
+
+
+# -- the Responses API ------------------------------------------------------------------------
+
+FLAT_TOOL = {
+    "type": "function",
+    "name": "python",
+    "description": "Run code.",
+    "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    "strict": False,
+}
+
+
+def strict_client(server: ScriptedOpenAI) -> openai.AsyncOpenAI:
+    """A client that validates every reply against the SDK's own Responses types."""
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key="k", max_retries=0, _strict_response_validation=True)
+
+
+async def test_responses_are_served_in_the_sdks_own_types(scripted_openai: ScriptedOpenAI) -> None:
+    scripted_openai.script(tool_call("print(1)", reasoning="first I think"), answer("It is 1.", usage=(9, 4)))
+    llm = strict_client(scripted_openai)
+    first = await llm.responses.create(model="m", input="q", tools=[FLAT_TOOL], store=False)  # type: ignore[list-item]
+    reasoning, call = first.output
+    assert reasoning.type == "reasoning" and reasoning.encrypted_content == encrypted("first I think")
+    assert call.type == "function_call" and json.loads(call.arguments) == {"code": "print(1)"}
+    assert first.usage is not None and first.usage.output_tokens_details.reasoning_tokens > 0
+
+    items = [{"role": "user", "content": "q"}, *(item.model_dump(exclude_none=True) for item in first.output)]
+    items.append({"type": "function_call_output", "call_id": call.call_id, "output": "1"})
+    second = await llm.responses.create(model="m", input=items, store=False)  # type: ignore[arg-type]
+    assert second.output_text == "It is 1." and second.status == "completed"
+    assert second.usage is not None and (second.usage.input_tokens, second.usage.output_tokens) == (9, 4)
+    assert scripted_openai.endpoints == ["responses", "responses"] and scripted_openai.rejected == []
+
+
+async def test_responses_stream_as_named_events(scripted_openai: ScriptedOpenAI) -> None:
+    scripted_openai.script(answer("The answer is forty-two, as computed.", reasoning="let me see"))
+    stream = await strict_client(scripted_openai).responses.create(model="m", input="q", stream=True)
+    kinds, text, thought, final = [], "", "", None
+    async for event in stream:
+        kinds.append(event.type)
+        if event.type == "response.output_text.delta":
+            text += event.delta
+        elif event.type == "response.reasoning_text.delta":
+            thought += event.delta
+        elif event.type == "response.completed":
+            final = event.response
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert text == "The answer is forty-two, as computed." and thought == "let me see"
+    assert final is not None and final.output[0].type == "reasoning" and final.output_text == text
+
+
+async def test_responses_refuse_what_openai_refuses(scripted_openai: ScriptedOpenAI) -> None:
+    scripted_openai.script(tool_call("x = 1", reasoning="hm"), answer("never served"))
+    llm = client(scripted_openai)
+    nested = {"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError, match=r"tools\[0\].name"):
+        await llm.responses.create(model="m", input="q", tools=[nested])  # type: ignore[list-item]
+    with pytest.raises(openai.BadRequestError, match="additionalProperties"):
+        await llm.responses.create(model="m", input="q", tools=[{**FLAT_TOOL, "strict": True}])  # type: ignore[list-item]
+    with pytest.raises(openai.BadRequestError, match="Unknown parameter: 'messages'"):
+        await llm.post("/responses", body={"model": "m", "input": "q", "messages": []}, cast_to=object)
+    with pytest.raises(openai.BadRequestError, match="No tool call found"):
+        await llm.responses.create(model="m", input=[{"type": "function_call_output", "call_id": "c9", "output": "1"}])
+
+    first = await llm.responses.create(model="m", input="q", store=False)
+    _, call = first.output
+    assert call.type == "function_call"
+    without_reasoning = [
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "1"},
+    ]
+    with pytest.raises(openai.BadRequestError, match="without its required 'reasoning' item"):
+        await llm.responses.create(model="m", input=without_reasoning, store=False)  # type: ignore[arg-type]
+    assert len(scripted_openai.rejected) == 5 and scripted_openai.remaining == 1
+
+
+async def test_an_api_not_served_answers_404_like_fastapi() -> None:
+    async with ScriptedOpenAI(apis=("responses",)) as server:
+        server.script(answer("only here"))
+        with pytest.raises(openai.NotFoundError) as missing:
+            await client(server).chat.completions.create(model="m", messages=[])
+        assert missing.value.body == {"detail": "Not Found"}
+        assert server.missing == ["/v1/chat/completions"] and server.requests == [] and server.remaining == 1
+        server.apis = {"chat"}
+        assert (await client(server).chat.completions.create(model="m", messages=[])).choices[0].message.content
+
+
+async def test_reasoning_content_on_chat_completions(scripted_openai: ScriptedOpenAI) -> None:
+    scripted_openai.script(answer("42", reasoning="thinking it over"), answer("43", reasoning="again"))
+    llm = client(scripted_openai)
+    whole = await llm.chat.completions.create(model="m", messages=[])
+    assert whole.choices[0].message.content == "42"
+    assert whole.choices[0].message.reasoning_content == "thinking it over"  # type: ignore[attr-defined]
+    stream = await llm.chat.completions.create(model="m", messages=[], stream=True)
+    thought = ""
+    async for chunk in stream:
+        if chunk.choices:
+            thought += getattr(chunk.choices[0].delta, "reasoning_content", None) or ""
+    assert thought == "again"
