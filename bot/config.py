@@ -260,6 +260,14 @@ class ChannelPolicy(_Model):
     #: The ``sources`` this channel's threads may query with the model's ``sql`` tool.
     sources: tuple[str, ...] = ()
 
+    def in_view_of(self, viewed: ChannelPolicy) -> ChannelPolicy:
+        """This (a direct message's) policy with what a viewed channel lends its members' DM
+        threads: its system prompt, data folder and data sources. The model, network, limits and
+        the rest stay this one's."""
+        return self.model_copy(
+            update={"system_prompt": viewed.system_prompt, "data_dir": viewed.data_dir, "sources": viewed.sources}
+        )
+
     @field_validator("data_dir")
     @classmethod
     def _data_dir_exists(cls, value: Path | None) -> Path | None:

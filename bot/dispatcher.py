@@ -155,6 +155,13 @@ class Dispatcher:
         except Exception:
             log.exception("could not store feedback on %s in %s", turn_id, key)
 
+    async def first_visit(self, *, platform: str, workspace: str, channel: str, user_id: str) -> bool:
+        """Whether a person opening the bot's home (Slack's Messages tab, ``channel`` their DM)
+        is greeted now: the first time ever, on any replica, and only when access admits them."""
+        if not self._admission.may_open(platform=platform, channel=channel, user_id=user_id):
+            return False
+        return await self._store.greetings.claim(platform, workspace, user_id)
+
     def may_open(self, *, platform: str, channel: str, user_id: str, is_bot: bool = False) -> bool:
         """Whether a person may open a session here, for a platform that must decide before a
         message exists (:meth:`bot.admission.Admission.may_open`)."""
@@ -215,7 +222,7 @@ class Dispatcher:
             return
         key = str(thread)  # the kernel layer's name of the thread
         if owner.gone and owner.remote_id is not None:
-            options = kernel_options(self._settings, thread)
+            options = kernel_options(self._settings, await self._turns.policy(thread))
             if await self._pool.take_over(key, owner.remote_id, options):
                 log.info("took over the kernel of %s from a replica that is gone", key)
                 return

@@ -83,6 +83,21 @@ class InboundMessage:
     timezone: LookUpTimezone | None = None
     #: A scheduled run of this question (the schedule in words), not a person writing now.
     scheduled: str | None = None
+    #: In a direct message: the channel the person was looking at when they wrote, where the
+    #: platform says so and that channel has a policy (Slack's agent context).
+    viewing: ViewedChannel | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ViewedChannel:
+    """The channel a person views while writing to the bot in a direct message."""
+
+    #: Its ``platform:channel`` key (the ``channels:`` config section's form).
+    key: str
+    #: Its name to show (``sales``), or its id when the platform did not say.
+    name: str
+    #: Whether the platform says the person is a member of it.
+    member: bool
 
 
 @dataclass(frozen=True, slots=True)

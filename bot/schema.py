@@ -22,6 +22,9 @@ threads = sa.Table(
     sa.Column("kernel_run", sa.Text),
     #: That kernel's id on a Jupyter gateway, which another replica can attach to (None: local).
     sa.Column("kernel_id", sa.Text),
+    #: A direct-message thread: the ``platform:channel`` whose policy it took from the channel
+    #: its author viewed as it started ("" for its own; None while undecided).
+    sa.Column("viewed_channel", sa.Text),
 )
 
 messages = sa.Table(
@@ -54,6 +57,16 @@ processed = sa.Table(
     "processed",
     metadata,
     sa.Column("message_id", sa.Text, primary_key=True),
+    sa.Column("at", sa.Float, nullable=False),
+)
+
+#: The people a platform's bot home (Slack's Messages tab) has greeted: once each.
+greetings = sa.Table(
+    "greetings",
+    metadata,
+    sa.Column("platform", sa.Text, primary_key=True),
+    sa.Column("workspace", sa.Text, primary_key=True),
+    sa.Column("user_id", sa.Text, primary_key=True),
     sa.Column("at", sa.Float, nullable=False),
 )
 

@@ -62,9 +62,15 @@ KERNEL_SERVICE_NOTICE = (
 )
 
 
-def kernel_options(settings: Settings, key: ThreadKey) -> KernelOptions:
-    """What the thread's kernel may see and do, from its channel's policy."""
-    policy = settings.policy_for(key.channel_key)
+#: A direct-message thread takes the policy of the channel its author views (said once, as it starts).
+VIEWED_CHANNEL_NOTICE = "Using #{name}'s sources and files in this thread."
+NOT_A_MEMBER_NOTICE = (
+    "You are not a member of #{name}, so this thread does not use its sources and files (only members get them)."
+)
+
+
+def kernel_options(settings: Settings, policy: ChannelPolicy) -> KernelOptions:
+    """What a thread's kernel may see and do, from the policy in force for it (:meth:`TurnRunner.policy`)."""
     return KernelOptions(
         data_dir=policy.data_dir,
         network=settings.kernels.network if policy.network is None else policy.network,
@@ -100,6 +106,8 @@ class _Turn:
     #: The turn's row in the usage table, and the token budget it started with.
     usage_row: int
     allowance: TokenAllowance
+    #: The policy in force for the thread (:meth:`TurnRunner.policy`).
+    policy: ChannelPolicy
     #: This message's uploads: saved before the kernel is leased, previewed by it once leased.
     uploads: IngestResult = field(default_factory=IngestResult)
 
@@ -223,6 +231,30 @@ class TurnRunner:
             await turn.session.interrupt()
         return True
 
+    async def policy(self, key: ThreadKey) -> ChannelPolicy:
+        """The policy in force for a thread: its channel's, or for a direct-message thread that
+        started while its author viewed a channel they are a member of, that one's system prompt,
+        data folder and sources over the DM's own (:meth:`~bot.config.ChannelPolicy.in_view_of`)."""
+        own = self._settings.policy_for(key.channel_key)
+        viewed = await self._store.threads.viewed_channel(key) if self._settings.channels else None
+        if not viewed or viewed not in self._settings.channels:
+            return own
+        return own.in_view_of(self._settings.channels[viewed])
+
+    async def _decide_viewed_channel(self, message: InboundMessage, outbox: Outbox) -> None:
+        """A direct-message thread's first turn decides, once, whether the channel its author
+        views lends the thread its policy (members only), and says so in the thread."""
+        viewing = message.viewing
+        if viewing is None or viewing.key not in self._settings.channels:
+            return
+        if await self._store.threads.viewed_channel(message.key) is not None:
+            return  # decided by an earlier turn of the thread
+        decided = await self._store.threads.decide_viewed_channel(message.key, viewing.key if viewing.member else "")
+        if decided == viewing.key:
+            await outbox.notify(VIEWED_CHANNEL_NOTICE.format(name=viewing.name))
+        elif not viewing.member and decided == "":
+            await outbox.notify(NOT_A_MEMBER_NOTICE.format(name=viewing.name))
+
     async def run(self, message: InboundMessage, outbox: Outbox, allowance: TokenAllowance) -> None:
         """Run one admitted turn for ``message`` (its tokens checked against ``allowance`` as it
         goes) and post its reply."""
@@ -240,7 +272,12 @@ class TurnRunner:
             metrics.turn_outcome("empty")
             return
 
-        model = self._settings.policy_for(key.channel_key).model or self._settings.llm.model
+        if message.is_dm:
+            await self._decide_viewed_channel(message, outbox)
+            policy = await self.policy(key)
+        else:  # only a direct-message thread takes a viewed channel's policy
+            policy = self._settings.policy_for(key.channel_key)
+        model = policy.model or self._settings.llm.model
         row = await self._store.usage.begin(key, model=model, user_id=message.user_id, at=self._budgets.clock())
         turn = _ActiveTurn()
         self._active[key] = turn
@@ -260,6 +297,7 @@ class TurnRunner:
                     bool(intake.saved),
                     row,
                     allowance,
+                    policy,
                     intake,
                 )
             )
@@ -273,8 +311,8 @@ class TurnRunner:
     async def _turn(self, t: _Turn) -> Reply:
         """Get the thread's kernel (waiting in the queue if need be), then converse."""
         key = t.message.key
-        policy = self._settings.policy_for(key.channel_key)
-        options = kernel_options(self._settings, key)
+        policy = t.policy
+        options = kernel_options(self._settings, policy)
         kernels = self._settings.kernels
 
         async def waiting(ahead: int) -> None:

@@ -2,7 +2,8 @@
 
 Bolt receives events over Socket Mode (``slack.app_token`` set) or the HTTP Events API
 (``POST /slack/events``, signature-checked by bolt); its middleware drops the bot's own
-events. Bolt's ``Assistant`` middleware serves Slack's AI-app surface: a new assistant thread
+events. Slack's agent messaging (the Messages tab, the channel in view) is
+:mod:`adapters.slack.agent_view`'s. Bolt's ``Assistant`` middleware serves the older AI-app surface: a new assistant thread
 gets the greeting and suggested prompts (``slack.assistant``, or the viewed channel's
 ``suggested_prompts``), and its messages are turns like any thread's, with Slack's status line
 and a title from the first question. Each listener only translates: it builds an :class:`~bot.events.InboundMessage`
@@ -27,6 +28,7 @@ from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.middleware.assistant.async_assistant import AsyncAssistant
 
 from adapters.base import AdapterStartError, PlatformAdapter
+from adapters.slack.agent_view import ChannelsInView, offer_prompts, viewed_channel_id
 from adapters.slack.api import Failure, call, make_client
 from adapters.slack.files import FileDownloader
 from adapters.slack.inbound import to_inbound
@@ -43,7 +45,7 @@ from adapters.slack.render import mrkdwn, plain
 from adapters.slack.sessions import AgentSessions
 from adapters.slack.stream import StreamingSupport
 from bot.config import ChannelPolicy, SlackSettings, SuggestedPrompt
-from bot.events import ThreadKey
+from bot.events import InboundMessage, ThreadKey
 
 if TYPE_CHECKING:
     from bot.dispatcher import Dispatcher
@@ -76,6 +78,7 @@ class SlackAdapter(PlatformAdapter):
         self._client = make_client(self._token, settings.api_url)
         self._timezones = TimezoneBook(self._client)
         self._sessions = AgentSessions(self._client)
+        self._in_view = ChannelsInView(self._client)
         self._team_id = ""
         self._bot_user_id = ""
         #: One connection pool for Web API calls and file downloads (slack_sdk opens a new
@@ -161,6 +164,8 @@ class SlackAdapter(PlatformAdapter):
         app.event("app_mention")(self._on_message)
         app.event("message")(self._on_message)
         app.event("agent_session_stopped")(self._on_session_stopped)
+        app.event("app_home_opened")(self._on_home_opened)
+        app.event("app_context_changed")(self._on_context_changed)
         app.action(STOP_ACTION_ID)(self._on_stop)
         app.action(FEEDBACK_ACTION_ID)(self._on_feedback)
         return app
@@ -220,6 +225,9 @@ class SlackAdapter(PlatformAdapter):
         if message.user_id and not message.is_bot:
             user_id = message.user_id
             message = dataclasses.replace(message, timezone=lambda: self._timezones.of(user_id))
+        # Only a DM thread's first message (a top-level one) can take the viewed channel's policy.
+        first_in_dm = message.is_dm and not message.is_bot and not event.get("thread_ts")
+        viewed = self._viewed_for(event, message.user_id) if first_in_dm else None
         outbox = SlackOutbox(
             self._client,
             key=message.key,
@@ -231,7 +239,55 @@ class SlackAdapter(PlatformAdapter):
             sessions=self._sessions,
             question=message.text,
         )
-        self.dispatch(message, outbox, name=f"slack turn {message.message_id}")
+        if viewed is not None:
+            self._tasks.spawn(self._dispatch_viewing(message, outbox, viewed), name=f"slack turn {message.message_id}")
+        else:
+            self.dispatch(message, outbox, name=f"slack turn {message.message_id}")
+
+    def _viewed_for(self, event: Mapping[str, Any], user: str) -> str | None:
+        """The channel a DM's author views, where it has a policy to lend: the message's own
+        ``app_context``, else the last ``app_context_changed`` this replica saw for them."""
+        channel = viewed_channel_id(event.get("app_context")) or self._in_view.viewed_by(user)
+        return channel if channel is not None and f"slack:{channel}" in self._channels else None
+
+    async def _dispatch_viewing(self, message: InboundMessage, outbox: SlackOutbox, channel: str) -> None:
+        """Ask Slack whether the author is a member of the channel they view, then hand on the turn."""
+        viewing = await self._in_view.describe(channel, message.user_id)
+        await self._dispatcher.handle(dataclasses.replace(message, viewing=viewing), outbox)
+
+    async def _on_home_opened(self, event: Mapping[str, Any], context: AsyncBoltContext) -> None:
+        """The app's Messages tab was opened: greet the person the first time ever (remembered in
+        the store, so reopening, restarts and replicas post nothing more) and offer the prompts."""
+        if event.get("tab") != "messages":
+            return
+        user, dm = str(event.get("user") or ""), str(event.get("channel") or "")
+        if not user or not dm:
+            return
+        if (viewed := viewed_channel_id(event.get("app_context"))) is not None:
+            self._in_view.remember(user, viewed)
+        self._tasks.spawn(self._welcome(context.team_id or self._team_id, dm, user), name=f"slack home {user}")
+
+    async def _welcome(self, team: str, dm: str, user: str) -> None:
+        greet = await self._dispatcher.first_visit(platform="slack", workspace=team, channel=dm, user_id=user)
+        if greet:
+            await call(
+                "chat.postMessage",
+                self._client.chat_postMessage(channel=dm, text=mrkdwn(self._settings.assistant.greeting).text),
+            )
+        if greet or self._dispatcher.may_open(platform="slack", channel=dm, user_id=user):
+            await offer_prompts(self._client, dm, self._prompts_for(self._in_view.viewed_by(user) or ""))
+
+    async def _on_context_changed(self, event: Mapping[str, Any]) -> None:
+        """The person looks at another channel (or canvas, or message): remember it, and offer
+        that channel's prompts in their DM with the app."""
+        user, dm = str(event.get("user") or ""), str(event.get("channel") or "")
+        if not user:
+            return
+        viewed = viewed_channel_id(event.get("context"))
+        self._in_view.remember(user, viewed)
+        if dm and self._dispatcher.may_open(platform="slack", channel=dm, user_id=user):
+            prompts = self._prompts_for(viewed or "")
+            self._tasks.spawn(offer_prompts(self._client, dm, prompts), name=f"slack prompts {user}")
 
     async def _on_assistant_thread_started(self, event: Mapping[str, Any]) -> None:
         """A new assistant thread: greet, offer prompts, and name it after its first question."""

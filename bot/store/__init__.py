@@ -14,7 +14,7 @@ Alembic (:mod:`bot.store.migrate`, at :meth:`Store.open`).
   reported interrupted;
 - :mod:`~bot.store.owners`: which replica's kernel holds a thread's variables;
 - :mod:`~bot.store.usage`, :mod:`~bot.store.feedback`, :mod:`~bot.store.processed` (platform
-  message ids already handled) and :mod:`~bot.store.schedules`.
+  message ids already handled), :mod:`~bot.store.schedules` and :mod:`~bot.store.greetings`.
 
 What the store keeps is plain data: an executed cell arrives as nbformat outputs
 (:class:`bot.transcript.NewCell`), so formatting for export lives outside it.
@@ -23,6 +23,7 @@ What the store keeps is plain data: an executed cell arrives as nbformat outputs
 from __future__ import annotations
 
 from bot.store.feedback import FeedbackBook, FeedbackCounts
+from bot.store.greetings import Greetings
 from bot.store.migrate import SCHEMA_VERSION, StoreError
 from bot.store.owners import KernelOwner, KernelOwners
 from bot.store.processed import ProcessedMessages
@@ -39,6 +40,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "FeedbackBook",
     "FeedbackCounts",
+    "Greetings",
     "InterruptedTurn",
     "KernelOwner",
     "KernelOwners",

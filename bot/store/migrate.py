@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 _MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 
 #: The Alembic revision this code writes (the newest in ``bot/migrations/versions``).
-SCHEMA_VERSION = "0005"
+SCHEMA_VERSION = "0006"
 
 #: Any number: the key of the PostgreSQL advisory lock held while migrating.
 _MIGRATION_LOCK = 0x7468726561640001

@@ -9,6 +9,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from bot.database import Database, database_url, open_database
 from bot.store.feedback import FeedbackBook
+from bot.store.greetings import Greetings
 from bot.store.migrate import StoreError, current_revision, migrate
 from bot.store.owners import KernelOwners
 from bot.store.processed import ProcessedMessages
@@ -26,7 +27,7 @@ class Store:
     Its repositories, each about one concept and each taking a :class:`~bot.events.ThreadKey`
     where a thread is meant: :attr:`threads`, :attr:`transcripts`, :attr:`turns`,
     :attr:`replicas`, :attr:`kernel_owners`, :attr:`usage`, :attr:`feedback`,
-    :attr:`processed` and :attr:`schedules`.
+    :attr:`processed`, :attr:`schedules` and :attr:`greetings`.
     """
 
     def __init__(self, db: Database, *, replica_timeout_s: float) -> None:
@@ -49,6 +50,8 @@ class Store:
         self.processed = ProcessedMessages(db)
         #: Scheduled analyses (``schedule`` in a thread).
         self.schedules = ScheduleBook(db)
+        #: Whom a bot home has greeted.
+        self.greetings = Greetings(db)
 
     @classmethod
     async def open(cls, target: Path | str, *, replica_timeout_s: float = 15.0) -> Store:

@@ -31,6 +31,28 @@ class Threads:
         )
         await self._db.write(lambda conn: conn.execute(statement))
 
+    async def viewed_channel(self, key: ThreadKey) -> str | None:
+        """The channel a direct-message thread took its policy from (``""``: its own); None
+        while undecided (a new thread)."""
+        statement = sa.select(threads.c.viewed_channel).where(threads.c.key == str(key))
+        return await self._db.read(lambda conn: conn.execute(statement).scalar())
+
+    async def decide_viewed_channel(self, key: ThreadKey, channel_key: str) -> str:
+        """Set the thread's viewed channel unless it is decided already; the one in force."""
+        now = time.time()
+
+        def decide(conn: Connection) -> str:
+            ensure_thread(self._db, conn, key, now)
+            conn.execute(
+                sa.update(threads)
+                .where(threads.c.key == str(key), threads.c.viewed_channel.is_(None))
+                .values(viewed_channel=channel_key)
+            )
+            decided = conn.execute(sa.select(threads.c.viewed_channel).where(threads.c.key == str(key))).scalar()
+            return str(decided or "")
+
+        return await self._db.write(decide)
+
     async def exists(self, key: ThreadKey) -> bool:
         """True when the thread has been seen before (touched or written to)."""
         statement = sa.select(threads.c.key).where(threads.c.key == str(key))

@@ -122,6 +122,11 @@ class _Received:
     content_length: int | None = None
 
 
+def app_context(channel: str) -> dict[str, Any]:
+    """The ``app_context`` (and ``app_context_changed`` ``context``) of a person viewing ``channel``."""
+    return {"entities": [{"type": "slack#/types/channel_id", "value": channel, "team_id": "T1"}]}
+
+
 class FakeSlack:
     """A local Slack workspace with one bot; see the module docstring."""
 
@@ -153,6 +158,10 @@ class FakeSlack:
         self.statuses: dict[tuple[str, str], list[str]] = {}
         self.titles: dict[tuple[str, str], str] = {}
         self.suggested_prompts: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        #: Each channel's members (``conversations.members``) and name (``conversations.info``);
+        #: a channel not listed has no members and no name.
+        self.channel_members: dict[str, set[str]] = {}
+        self.channel_names: dict[str, str] = {}
         #: ``agents.sessions.setStatus`` statuses per (channel, thread_ts), and each session's title.
         self.sessions: dict[tuple[str, str], list[str]] = {}
         self.session_titles: dict[tuple[str, str], str] = {}
@@ -374,6 +383,27 @@ class FakeSlack:
                 "thread_ts": thread_ts,
             },
             "event_ts": thread_ts,
+        }
+
+    def app_home_opened(
+        self, user: str, dm_channel: str, *, tab: str = "messages", viewing: str | None = None
+    ) -> dict[str, Any]:
+        """An ``app_home_opened`` event: ``user`` opened the app's Messages tab (their DM
+        ``dm_channel``), with the channel they view as its ``app_context`` when given."""
+        event: dict[str, Any] = {"type": "app_home_opened", "user": user, "channel": dm_channel, "tab": tab}
+        event["event_ts"] = self.next_ts()
+        if viewing is not None:
+            event["app_context"] = app_context(viewing)
+        return event
+
+    def app_context_changed(self, user: str, dm_channel: str, viewing: str | None) -> dict[str, Any]:
+        """An ``app_context_changed`` event: ``user`` now views channel ``viewing`` (None: nothing)."""
+        return {
+            "type": "app_context_changed",
+            "user": user,
+            "channel": dm_channel,
+            "context": app_context(viewing) if viewing is not None else {},
+            "event_ts": self.next_ts(),
         }
 
     def agent_session_stopped(self, channel: str, thread_ts: str, *, user: str = "U1") -> dict[str, Any]:
@@ -634,7 +664,21 @@ class FakeSlack:
         channel = str(args.get("channel", ""))
         if channel in self.deleted_channels:
             return {"ok": False, "error": "channel_not_found"}
-        return {"ok": True, "channel": {"id": channel, "is_archived": channel in self.archived_channels}}
+        info: dict[str, Any] = {"id": channel, "is_archived": channel in self.archived_channels}
+        if channel in self.channel_names:
+            info["name"] = self.channel_names[channel]
+        return {"ok": True, "channel": info}
+
+    def _conversation_members(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``conversations.members``, paged as Slack pages it (``limit``, ``cursor``)."""
+        channel = str(args.get("channel", ""))
+        if channel in self.deleted_channels or not channel:
+            return {"ok": False, "error": "channel_not_found"}
+        members = sorted(self.channel_members.get(channel, set()))
+        limit, start = int(args.get("limit") or 100), int(args.get("cursor") or 0)
+        page = members[start : start + limit]
+        following = str(start + limit) if start + limit < len(members) else ""
+        return {"ok": True, "members": page, "response_metadata": {"next_cursor": following}}
 
     def _user_info(self, args: dict[str, Any]) -> dict[str, Any]:
         user = str(args.get("user", ""))
@@ -741,7 +785,8 @@ class FakeSlack:
 
     def _assistant(self, args: dict[str, Any], field_name: str) -> dict[str, Any]:
         where = (str(args.get("channel_id", "")), str(args.get("thread_ts", "")))
-        if not all(where):
+        # An agent app sets a DM's prompts without thread_ts (recorded under (channel, "")).
+        if not where[0] or (not where[1] and field_name != "prompts"):
             return {"ok": False, "error": "invalid_arguments"}
         if field_name == "status":
             self.statuses.setdefault(where, []).append(str(args.get("status", "")))
@@ -785,6 +830,7 @@ _METHODS: dict[str, Callable[[FakeSlack, dict[str, Any]], dict[str, Any]]] = {
     "reactions.remove": lambda s, a: s._reaction(a, False),
     "conversations.replies": FakeSlack._replies,
     "conversations.info": FakeSlack._conversation_info,
+    "conversations.members": FakeSlack._conversation_members,
     "users.info": FakeSlack._user_info,
     "files.getUploadURLExternal": FakeSlack._get_upload_url,
     "files.completeUploadExternal": FakeSlack._complete_upload,

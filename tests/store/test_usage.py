@@ -44,6 +44,8 @@ async def test_rows_from_before_get_their_channel(tmp_path: Path) -> None:
     async with await Store.open(path) as store:
         pass
     with sqlite3.connect(path) as raw:  # back to revision 0003 with one old row
+        raw.execute("DROP TABLE greetings")  # 0006
+        raw.execute("ALTER TABLE threads DROP COLUMN viewed_channel")
         raw.execute("DROP TABLE schedules")
         raw.execute("DROP INDEX usage_user_at")
         raw.execute("DROP INDEX usage_channel_at")
