@@ -79,6 +79,7 @@ TARGETS = (
     Target("burst", "fork", "max_ms", 5000, "100 new threads at once (fork server): all within 5 s"),
     Target("burst", "fork", "idle_pss_mib", 30, "idle kernel with pandas/numpy/matplotlib: <= 30 MiB PSS"),
     Target("turn_overhead", "pool", "p50_ms", 30, "bot overhead per turn via Slack, print(1): p50 <= 30 ms"),
+    Target("turn_api", "pool", "delta_p50_ms", 2, "a Responses API turn's overhead within 2 ms of a chat turn's (p50)"),
     Target("concurrent", "pool", "errors", 0, "100 concurrent threads answered, no error (warm pool)"),
     Target("concurrent", "fork", "errors", 0, "100 concurrent threads answered, no error (fork server)"),
     Target("concurrent", "spawn", "errors", 0, "100 concurrent threads answered, no error (spawn)"),
@@ -112,6 +113,7 @@ def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[st
         "fork_path": lambda mode, root: fork_path.fork_path(root, sizes.first * 2, sandbox=sandbox),
         "burst": lambda mode, root: kernels.burst(mode, root, sizes.burst, sandbox=sandbox),
         "turn_overhead": lambda mode, root: slack.turn_overhead(mode, root, sizes.turns, sandbox=sandbox),
+        "turn_api": lambda mode, root: slack.api_overhead(mode, root, sizes.turns, sandbox=sandbox),
         "concurrent": lambda mode, root: slack.concurrent_threads(mode, root, sizes.concurrent, sandbox=sandbox),
         "queued": lambda mode, root: slack.queued_threads(mode, root, sizes.queued, sandbox=sandbox),
         "restore": lambda mode, root: snapshots.restore(mode, root, sizes.restores, sandbox=sandbox),
@@ -133,6 +135,7 @@ SCENARIO_MODES: dict[str, tuple[str, ...]] = {
     "fork_path": ("fork",),
     "sources": sources.MODES,
     "freeze": ("spawn", "fork"),
+    "turn_api": ("pool",),
 }
 
 
@@ -188,6 +191,8 @@ _ALSO = {
     "cpu_per_kernel_ms": "CPU {:.0f} ms/kernel",
     "peak_mib": "bot peak +{:.1f} MiB (1M rows)",
     "load_1m_ms": "1M rows {:.0f} ms",
+    "chat_p50_ms": "chat p50 {:.1f} ms",
+    "delta_p50_ms": "Responses − chat p50 {:+.1f} ms",
 }
 
 

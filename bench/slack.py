@@ -2,15 +2,16 @@
 
 The model answers each turn with one tool call ``print(1)`` and then a text answer; the
 time measured runs from the event's delivery (HTTP Events API) to the turn's final ✅
-reaction, which the adapter adds after the reply is posted.
+reaction, which the adapter adds after the reply is posted. ``api_overhead`` runs the same
+turns over chat completions and over the Responses API side by side.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from adapters.slack import SlackAdapter
 from bench.kernels import Sandbox, mode_config, summary
 from bot.app import Core
 from bot.config import parse_settings
-from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
+from tests.fakes.openai_server import ScriptedOpenAI, answer, last_tool_output, tool_call
 from tests.fakes.slack_server import FakeSlack
 
 DONE = frozenset({"white_check_mark", "x"})
@@ -31,15 +32,37 @@ def _model(request: dict[str, Any]) -> Any:
     return tool_call("print(1)")
 
 
+def _reasoning_model(request: dict[str, Any]) -> Any:
+    """:func:`_model` as a reasoning model answers: its thinking first, on either API."""
+    if last_tool_output(request) is not None:
+        return answer("It printed 1.", reasoning="The code printed 1, so the answer is 1.")
+    return tool_call("print(1)", reasoning="Run print(1) to see what it prints.")
+
+
 @asynccontextmanager
 async def running_bot(
-    mode: str, root: Path, *, warm: int, sandbox: Sandbox = "none", max_kernels: int = 120
+    mode: str,
+    root: Path,
+    *,
+    warm: int,
+    sandbox: Sandbox = "none",
+    max_kernels: int = 120,
+    api: str = "chat",
+    model: Callable[[dict[str, Any]], Any] = _model,
 ) -> AsyncIterator[tuple[FakeSlack, str, Core]]:
-    """Fake Slack, model, Core and Slack adapter with kernels of ``mode``; yields (slack, events url, core)."""
-    async with FakeSlack() as slack, ScriptedOpenAI() as llm:
-        llm.script(*[_model] * 10_000)
+    """Fake Slack, model, Core and Slack adapter with kernels of ``mode``; yields (slack, events url, core).
+
+    ``api``: the one API the model server speaks, and ``llm.api``."""
+    async with FakeSlack() as slack, ScriptedOpenAI(apis=(api,)) as llm:
+        llm.script(*[model] * 10_000)
         raw = {
-            "llm": {"base_url": llm.base_url, "api_key": "k", "model": "fake-model", "request_timeout_s": 60},
+            "llm": {
+                "base_url": llm.base_url,
+                "api_key": "k",
+                "model": "fake-model",
+                "request_timeout_s": 60,
+                "api": api,
+            },
             "slack": {
                 "bot_token": slack.bot_token,
                 "signing_secret": slack.signing_secret,
@@ -93,6 +116,37 @@ async def turn_overhead(mode: str, root: Path, turns: int, *, sandbox: Sandbox =
                 raise RuntimeError(f"turn {i} failed")
             times.append(elapsed)
     return summary(times)
+
+
+async def api_overhead(mode: str, root: Path, turns: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
+    """``turn_overhead`` over chat completions and over the Responses API at once: two bots, the
+    same reasoning model's turns (its reasoning handed back with the tool result on the Responses
+    API), turns alternating between them so both meet the same machine. The result is the
+    Responses turns' figures, with ``chat_p50_ms`` and ``delta_p50_ms`` (Responses − chat)."""
+    times: dict[str, list[float]] = {"chat": [], "responses": []}
+    for api in times:
+        (root / api).mkdir()
+    async with AsyncExitStack() as stack:
+        bots = {
+            api: await stack.enter_async_context(
+                running_bot(mode, root / api, warm=1, sandbox=sandbox, api=api, model=_reasoning_model)
+            )
+            for api in times
+        }
+        firsts = {}
+        for api, (slack, url, _) in bots.items():
+            firsts[api] = slack.mention("C1", "start")
+            await _turn(slack, url, firsts[api], 120)
+        for i in range(turns):
+            for api in ("chat", "responses") if i % 2 == 0 else ("responses", "chat"):
+                slack, url, _ = bots[api]
+                event = slack.message_event("C1", f"again {i}", thread_ts=firsts[api]["ts"])
+                elapsed, ok = await _turn(slack, url, event, 60)
+                if not ok:
+                    raise RuntimeError(f"{api} turn {i} failed")
+                times[api].append(elapsed)
+    chat, responses = summary(times["chat"]), summary(times["responses"])
+    return {**responses, "chat_p50_ms": chat["p50_ms"], "delta_p50_ms": responses["p50_ms"] - chat["p50_ms"]}
 
 
 async def concurrent_threads(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
