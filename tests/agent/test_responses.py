@@ -22,7 +22,10 @@ from tests.fakes.openai_server import (
     ScriptedOpenAI,
     Strictness,
     answer,
+    delay,
     encrypted,
+    error,
+    garbage,
     last_tool_output,
     raw_tool_call,
     text_tool_call,
@@ -296,3 +299,32 @@ async def test_a_context_refusal_on_responses_shrinks_the_history(responses_only
     finally:
         await agent.close()
     assert result.text == "fits now" and result.shrunk and len(responses_only.rejected) == 1
+
+
+async def test_retries_timeouts_and_unreadable_replies_are_handled_alike(responses_only: ScriptedOpenAI) -> None:
+    responses_only.script(error(503), delay(10), garbage(), answer("at last", usage=(12, 5)))
+    client = LLMClient(llm_settings(responses_only, api="responses", request_timeout_s=0.3, max_retries=3))
+    try:
+        reply = await client.complete([{"role": "user", "content": "q"}])
+    finally:
+        await client.close()
+    assert reply.content == "at last" and len(responses_only.requests) == 4
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.usage.reasoning_tokens) == (12, 5, 0)
+
+
+async def test_a_server_that_will_not_stream_responses_is_asked_plainly(responses_only: ScriptedOpenAI) -> None:
+    responses_only.strict = Strictness(no_stream=True)
+    responses_only.script(answer("plain one"), answer("plain two"))
+    shown: list[str] = []
+
+    async def on_text(text: str) -> None:
+        shown.append(text)
+
+    client = LLMClient(llm_settings(responses_only, api="responses"))
+    try:
+        first = await client.complete([{"role": "user", "content": "a"}], on_text=on_text)
+        second = await client.complete([{"role": "user", "content": "b"}], on_text=on_text)
+    finally:
+        await client.close()
+    assert (first.content, second.content) == ("plain one", "plain two")
+    assert [bool(r.get("stream")) for r in responses_only.requests] == [True, False, False]
