@@ -253,7 +253,7 @@ class LLMClient:
                     raise endpoint_missing(url, status, api="chat", other=other) from exc
                 if probing:  # the server has the path: whatever it said, it speaks this API
                     probing = False
-                    self._settle(api, f"llm.api: auto, POST {_PATHS[api]} answered")
+                    self._settle(api, missing)
                 message = error_message(exc)
                 if exc.status_code in (400, 422) and not is_context_exceeded(message, exc.body):
                     refused = (
@@ -274,8 +274,7 @@ class LLMClient:
                 log.warning("LLM request failed (%r); retry %d/%d in %.1fs", exc, attempt + 1, retries, pause)
             else:
                 if probing:
-                    reason = f"POST {_PATHS['chat']} answered HTTP {missing['chat'][1]}" if missing else "it answered"
-                    self._settle(api, f"llm.api: auto, {reason}")
+                    self._settle(api, missing)
                 if not self._announced:
                     self._announced = True
                     log.info("LLM API: %s at %s (%s)", _PATHS[api].lstrip("/"), self._settings.base_url, self._why)
@@ -283,10 +282,15 @@ class LLMClient:
             attempt += 1
             await asyncio.sleep(pause)
 
-    def _settle(self, api: Api, why: str) -> None:
-        """Keep ``api`` for the process (``auto`` found it out)."""
+    def _settle(self, api: Api, missing: dict[Api, tuple[str, int]]) -> None:
+        """Keep ``api`` for the process: ``auto`` found the server has its path (``missing``: the
+        other path's URL and status, when it answered that it has none)."""
         if self._api is None:
-            self._api, self._why = api, why
+            other = missing.get(_OTHER[api])
+            because = (
+                f"POST {_PATHS[_OTHER[api]]} answered HTTP {other[1]}" if other else f"POST {_PATHS[api]} answered"
+            )
+            self._api, self._why = api, f"llm.api: auto, {because}"
 
     def _failure(self, exc: openai.OpenAIError, model: str) -> LLMError:
         return to_llm_error(
