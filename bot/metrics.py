@@ -105,7 +105,7 @@ LLM_SECONDS = Histogram(
 )
 LLM_TOKENS = Counter(
     "threadbook_llm_tokens",
-    "Tokens spent, by model and kind (prompt, completion).",
+    "Tokens spent, by model and kind (prompt, completion; reasoning: the part of completion a reasoning model spent thinking).",
     ["model", "kind"],
     registry=REGISTRY,
 )
