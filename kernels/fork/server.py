@@ -202,6 +202,13 @@ class ForkServer:
         self.starts += 1
         self.running = True
         self._reader = asyncio.create_task(self._read(self._proc), name="fork-server-reader")
+        # Not frozen, and it dies with the bot by itself (its stdin, bwrap's --die-with-parent);
+        # the warden takes its tree along too, the kernels still being forked in it included.
+        try:
+            await asyncio.to_thread(self.launcher.lifeline.add_process, _zygote_key(self._proc), self._proc.pid)
+        except BaseException:
+            await self._kill()
+            raise
         try:
             ready = await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
         except BaseException:
@@ -249,6 +256,7 @@ class ForkServer:
                 # Not the protocol: log it and keep reading, so a zygote that dies is still noticed.
                 log.error("the fork server wrote an unreadable line: %r", line[:200])
         await proc.wait()
+        await asyncio.to_thread(self.launcher.lifeline.drop, _zygote_key(proc))
         self.running = False
         for future in self._pending.values():
             if not future.done():
@@ -312,6 +320,11 @@ class ForkServer:
             await proc.wait()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
+
+
+def _zygote_key(proc: asyncio.subprocess.Process) -> str:
+    """The zygote's name in the kernel warden's registry."""
+    return f"fork-server-{proc.pid}"
 
 
 class ForkProvisioner(ThreadbookProvisioner):
@@ -402,6 +415,7 @@ class ForkingLauncher(KernelLauncher):
             cgroups=spawn.cgroups,
             python=spawn.python,
             start_slots=FORK_START_SLOTS,
+            lifeline=spawn.lifeline,
         )
         if not self.supports(spawn):
             raise ValueError(f"no fork-server profile for {type(spawn).__name__}")
@@ -449,6 +463,7 @@ class ForkingLauncher(KernelLauncher):
         """A :class:`ForkProvisioner` wired to this launcher's fork server."""
         return ForkProvisioner(
             plan=plan,
+            lifeline=self.lifeline,
             cgroups=self.cgroups,
             server=self.server,
             jail=None if self.sandbox is None else jail_for(plan, self.sandbox.support),
@@ -458,12 +473,15 @@ class ForkingLauncher(KernelLauncher):
         )
 
     async def open(self) -> None:
-        """Start the fork server (kernels are spawned until it is up)."""
+        """Start the kernel warden (raises when it cannot, see :meth:`KernelLauncher.open`),
+        then the fork server (kernels are spawned until it is up)."""
+        await super().open()
         await self.server.launch()
 
     async def close(self) -> None:
-        """Stop the fork server; it kills the kernels it forked that still run."""
+        """Stop the fork server (it kills the kernels it forked that still run), then the warden."""
         await self.server.stop()
+        await super().close()
 
     async def start(self, plan: LaunchPlan) -> KernelHandle:
         """A forked kernel when the fork server is up and ``plan`` fits, else a spawned one."""

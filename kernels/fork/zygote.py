@@ -33,7 +33,8 @@ and runs ``%matplotlib inline`` through the ``exec_lines`` it is given.
 A forked kernel is tied to the bot, not to the zygote: the lifeline pipe's write end lives
 only in the bot, so when the bot dies every kernel sees EOF and kills its process group (a
 jailed kernel's supervisor exits, which ends its pid namespace), while a zygote that dies
-(and is restarted) leaves running kernels alone.
+(and is restarted) leaves running kernels alone. A kernel frozen between turns reads nothing:
+the bot's kernel warden (``kernels/launch/warden.py``) kills and thaws it instead.
 """
 
 from __future__ import annotations

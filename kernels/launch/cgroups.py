@@ -21,8 +21,10 @@ bot (v1 ``cpu.shares`` 512 against 1024 for each of the bot's threads; v2 ``cpu.
 against the bot leaf's 100), so all kernels together cannot starve the bot, and each kernel
 has the default weight within it, so a spinning kernel gets no more than its neighbours.
 
-The cgroup of a bot process that died (a ``kill -9``) is removed by the next bot that
-starts on the host: its name carries the dead bot's pid.
+The cgroups of a bot process that died (a ``kill -9``) are emptied and removed within
+milliseconds by its kernel warden (:mod:`kernels.launch.warden`); whatever is left (a warden
+killed with the bot) is removed by the next bot that starts on the host: its name carries the
+dead bot's pid.
 """
 
 from __future__ import annotations

@@ -12,6 +12,12 @@ process of its tree gets ``SIGSTOP`` (``SIGCONT`` to thaw): what double-forked o
 tree is not reached, but the leftover sweep after each execution has killed it already
 (unless the channel allows background processes).
 
+A frozen process acts on no signal until it is thawed, the death signal of a dead bot
+(``bwrap --die-with-parent``, the fork server's lifeline) included: the kernel warden
+(:mod:`kernels.launch.lifeline`, a process of its own that is never frozen) kills and thaws
+every kernel when the bot dies, and no kernel is frozen while no warden runs (the freeze of
+:class:`~kernels.launch.local.LocalKernelHandle` asks for one first).
+
 CPU time: the cgroup's own counter (ended processes included); without one, the process
 tree's times plus what each member reaped (``children_user``/``children_system``).
 """

@@ -22,7 +22,9 @@ gives each kernel its own pid namespace and uid. Where the host allows it, every
 gets its own cgroup (:mod:`kernels.launch.cgroups`: memory for all its processes together, pids, CPU
 weight), entered in the child's ``preexec_fn`` before any of its code runs, together with
 ``oom_score_adj`` 1000 and a new session keyring (:func:`child_setup`); what a cell leaves
-running is killed after it (:mod:`kernels.launch.leftovers`).
+running is killed after it (:mod:`kernels.launch.leftovers`). Every kernel is registered with
+the launcher's kernel warden (:mod:`kernels.launch.lifeline`) before it can be frozen, so it
+dies with the bot, frozen or not.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from kernels.fork.jail import KERNEL_OOM_SCORE_ADJ, PR_SET_DUMPABLE, join_sessio
 from kernels.launch import freezing, leftovers
 from kernels.launch.cgroups import Cgroups, KernelCgroup
 from kernels.launch.interpreter import KernelPython, inspect_interpreter
+from kernels.launch.lifeline import Lifeline
 from kernels.launch.plan import Identity, KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
 from kernels.options import KernelOptions
 from kernels.result import KernelStartError
@@ -148,13 +151,16 @@ def _raise_oom_score() -> None:
 
 class ThreadbookProvisioner(LocalProvisioner):
     """A ``LocalProvisioner`` for one :class:`LaunchPlan`: the plan's environment, identity
-    and rlimits, a per-kernel cgroup and whole-group kill."""
+    and rlimits, a per-kernel cgroup and whole-group kill; the kernel is registered with the
+    launcher's :class:`~kernels.launch.lifeline.Lifeline` so it dies with the bot."""
 
-    def __init__(self, *, plan: LaunchPlan, cgroups: Cgroups | None = None, **kwargs: Any) -> None:
-        """``cgroups``: where this kernel's cgroup comes from (None or disabled: rlimits only);
-        ``kwargs`` go to ``LocalProvisioner`` (``kernel_id``, ``kernel_spec``, ``parent``)."""
+    def __init__(self, *, plan: LaunchPlan, lifeline: Lifeline, cgroups: Cgroups | None = None, **kwargs: Any) -> None:
+        """``lifeline``: the kernel warden's (kills this kernel if the bot dies); ``cgroups``:
+        where this kernel's cgroup comes from (None or disabled: rlimits only); ``kwargs`` go
+        to ``LocalProvisioner`` (``kernel_id``, ``kernel_spec``, ``parent``)."""
         super().__init__(**kwargs)
         self.plan = plan
+        self.lifeline = lifeline
         self.cgroups = cgroups
         self.cgroup: KernelCgroup | None = None
 
@@ -173,9 +179,12 @@ class ThreadbookProvisioner(LocalProvisioner):
             del env[name]
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
-        """Start the process in its own session and cgroup, then finish its set-up."""
+        """Start the process in its own session and cgroup, both registered with the kernel
+        warden (raises :class:`~kernels.launch.lifeline.WardenUnavailableError`, a
+        ``KernelStartError``, when there is none), then finish its set-up."""
         self.cgroup = await self.make_cgroup()
         try:
+            await asyncio.to_thread(self.lifeline.ensure)
             self.process = await self.launch_process(cmd, kwargs)
         except BaseException:
             await self.remove_cgroup()
@@ -183,6 +192,7 @@ class ThreadbookProvisioner(LocalProvisioner):
         self.pid = self.pgid = self.process.pid  # a new session: the kernel leads its group
         self.cwd = kwargs.get("cwd")
         try:
+            await asyncio.to_thread(self.lifeline.add_process, self.plan.kernel_id, self.pid)
             await self.after_launch(kwargs)
         except BaseException:
             await self.kill()
@@ -215,18 +225,29 @@ class ThreadbookProvisioner(LocalProvisioner):
                 pass
 
     async def cleanup(self, restart: bool = False) -> None:
-        """Also kill what is left in the kernel's cgroup and remove it."""
+        """Also kill what is left in the kernel's cgroup and remove it; the warden forgets it."""
         await self.remove_cgroup()
+        await asyncio.to_thread(self.lifeline.drop, self.plan.kernel_id)
         await super().cleanup(restart=restart)
 
     async def make_cgroup(self) -> KernelCgroup | None:
-        """A new cgroup for this kernel, or None without cgroups."""
+        """A new cgroup for this kernel, registered with the kernel warden, or None without cgroups."""
         if self.cgroups is None or not self.cgroups.enabled:
             return None
         try:
-            return await asyncio.to_thread(self.cgroups.create, self.plan.kernel_id)
+            return await asyncio.to_thread(self._create_cgroup, self.cgroups)
         except OSError as exc:
             raise KernelStartError(f"could not create the kernel's cgroup: {exc}") from exc
+
+    def _create_cgroup(self, cgroups: Cgroups) -> KernelCgroup | None:
+        cgroup = cgroups.create(self.plan.kernel_id)
+        if cgroup is not None:
+            try:
+                self.lifeline.add_cgroup(self.plan.kernel_id, cgroup.folders)
+            except BaseException:
+                cgroup.remove()
+                raise
+        return cgroup
 
     async def remove_cgroup(self) -> None:
         """Kill whatever is left in the kernel's cgroup and remove it (logged, never raised)."""
@@ -376,7 +397,13 @@ class LocalKernelHandle:
         return await asyncio.to_thread(self.freeze_blocking)
 
     def freeze_blocking(self) -> bool:
-        """(Blocking, any thread) :meth:`freeze`."""
+        """(Blocking, any thread) :meth:`freeze`. Never without a kernel warden (it kills a
+        frozen kernel if the bot dies): raises
+        :class:`~kernels.launch.lifeline.WardenUnavailableError` when none can run."""
+        lifeline: Lifeline | None = getattr(self.manager.provisioner, "lifeline", None)
+        if lifeline is None:
+            raise KernelStartError("a kernel without a kernel warden is never frozen")
+        lifeline.ensure()
         return freezing.freeze(self.cgroup, self.pid)
 
     async def thaw(self) -> None:
@@ -419,11 +446,14 @@ class KernelLauncher:
         cgroups: Cgroups | None = None,
         python: KernelPython | None = None,
         start_slots: int = START_SLOTS,
+        lifeline: Lifeline | None = None,
     ) -> None:
         """(Blocking the first time) ``cgroups``: where kernels' cgroups come from (default:
         what this host allows, detected once per process); ``python``: the kernel interpreter
-        (default: ``settings.python``, inspected once); ``start_slots``: kernels started at once."""
+        (default: ``settings.python``, inspected once); ``start_slots``: kernels started at
+        once; ``lifeline``: the kernel warden's (default: a new one, started when first needed)."""
         self.settings = settings
+        self.lifeline = lifeline or Lifeline()
         self.python = python or inspect_interpreter(settings.python)
         self.limits = ResourceLimits.from_settings(settings)
         self.packages_dir = Path(os.path.abspath(settings.packages.dir))
@@ -496,6 +526,7 @@ class KernelLauncher:
         """The provisioner that carries out ``plan`` for ``manager``."""
         return ThreadbookProvisioner(
             plan=plan,
+            lifeline=self.lifeline,
             cgroups=self.cgroups,
             kernel_id=manager.kernel_id,
             kernel_spec=manager.kernel_spec,
@@ -507,10 +538,15 @@ class KernelLauncher:
         return None
 
     async def open(self) -> None:
-        """Nothing runs in the background of a spawning launcher."""
+        """Start the kernel warden (:mod:`kernels.launch.lifeline`); raises
+        :class:`~kernels.launch.lifeline.WardenUnavailableError` (one line naming the fix) when
+        it cannot run: then no kernel could start anyway."""
+        await asyncio.to_thread(self.lifeline.ensure)
 
     async def close(self) -> None:
-        """Nothing runs in the background of a spawning launcher."""
+        """Close the lifeline: the warden kills every kernel of this launcher still running
+        (none once the pool shut them down) and exits."""
+        await asyncio.to_thread(self.lifeline.close)
 
     async def start(self, plan: LaunchPlan) -> KernelHandle:
         """Start a kernel as ``plan`` says and wait until it answers (kernel_info + iopub);

@@ -257,9 +257,12 @@ class Launcher(Protocol):
         ...
 
     async def open(self) -> None:
-        """Start background work the launcher needs (a fork server); never raises for it."""
+        """Start background work the launcher needs: local launchers' kernel warden (raises
+        :class:`kernels.result.SandboxUnavailableError` when it cannot run), a fork server
+        (never raises for it)."""
         ...
 
     async def close(self) -> None:
-        """Stop that background work; kernels started from this launcher are not touched."""
+        """Stop that background work. Local launchers' kernel warden kills the kernels they
+        started that still run; a gateway's kernels are not touched."""
         ...

@@ -149,6 +149,7 @@ class BwrapLauncher(KernelLauncher):
         """A :class:`BwrapProvisioner` with the plan's bwrap command."""
         return BwrapProvisioner(
             plan=plan,
+            lifeline=self.lifeline,
             cgroups=self.cgroups,
             prefix=sandbox_args(self.support, plan),
             network=self.network if plan.network else None,
