@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Literal, Protocol
 
 from bot.safetext import cut
 
@@ -101,12 +101,79 @@ class ViewedChannel:
 
 
 @dataclass(frozen=True, slots=True)
+class Number:
+    """A table cell that is a number: its value (finite) and the text it is shown as."""
+
+    value: float
+    text: str
+
+
+#: A table cell: text, or a :class:`Number`.
+Cell = str | Number
+
+Align = Literal["left", "right", "center"]
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """A table to show, as data (never markup): a header row and body rows of :data:`Cell` s.
+
+    Made from a Markdown table in an answer (:func:`bot.tables.answer_parts`) or from a
+    DataFrame the code showed (``display_dataframe_to_user``, :func:`bot.displays.table_from`).
+    Every text in it is untrusted: platforms show it as plain text, never as markup.
+    """
+
+    header: tuple[str, ...]
+    rows: tuple[tuple[Cell, ...], ...]
+    #: What the table is (a DataFrame's name and size); empty for a table in an answer.
+    caption: str = ""
+    #: One alignment per column, where the Markdown said.
+    aligns: tuple[Align, ...] = ()
+    #: The whole table's size when ``rows`` / ``header`` are its beginning (a DataFrame shown by code).
+    total_rows: int | None = None
+    total_columns: int | None = None
+    #: The name of the file in the reply that holds the whole table (empty: none).
+    file: str = ""
+
+    @property
+    def columns(self) -> int:
+        """How many columns the widest row has."""
+        return max([len(self.header), *(len(row) for row in self.rows)])
+
+
+ChartKind = Literal["bar", "line", "area", "pie"]
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One named series of a chart: one value per category (finite; a pie's > 0)."""
+
+    name: str
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    """A chart's data beside its picture (:attr:`ImageOut.chart`), read from the kernel's chart
+    bundle (:func:`bot.displays.chart_from`); platforms that draw charts themselves use it."""
+
+    kind: ChartKind
+    title: str
+    categories: tuple[str, ...]
+    series: tuple[Series, ...]
+    x_label: str = ""
+    y_label: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ImageOut:
-    """An image to post into the thread (PNG unless ``mime`` says otherwise)."""
+    """An image to post into the thread (PNG unless ``mime`` says otherwise), and the chart's
+    data when the picture is a chart the kernel could read."""
 
     data: bytes
     title: str
     mime: str = "image/png"
+    chart: Chart | None = None
 
     @property
     def filename(self) -> str:
@@ -135,11 +202,14 @@ class FileOut:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """Everything one turn sends back: markdown text, images and files."""
+    """Everything one turn sends back: markdown text, images (charts with their data) and files,
+    and the tables the code showed."""
 
     text: str
     images: tuple[ImageOut, ...] = ()
     files: tuple[FileOut, ...] = ()
+    #: Tables the code showed (``display_dataframe_to_user``), each file in ``files`` too.
+    tables: tuple[Table, ...] = ()
     ok: bool = True
     #: The model's answer to a question: platforms offer 👍/👎 under it (not under notices or commands).
     rateable: bool = False

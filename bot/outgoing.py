@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from bot.events import CellProgress, Outbox, Progress, Reply, ThreadKey, ThreadReach
+from bot.events import Cell, CellProgress, Chart, Number, Outbox, Progress, Reply, Table, ThreadKey, ThreadReach
 from bot.hostpaths import HostPaths
 
 Hide = Callable[[str], str]
@@ -50,10 +50,45 @@ class _HidingOutbox:
         await self._outbox.notify(self._hide(text))
 
     async def post(self, reply: Reply) -> None:
-        await self._outbox.post(dataclasses.replace(reply, text=self._hide(reply.text)))
+        await self._outbox.post(hidden_reply(reply, self._hide))
 
     def progress(self) -> Progress:
         return _HidingProgress(self._outbox.progress(), self._hide)
+
+
+def hidden_reply(reply: Reply, hide: Hide) -> Reply:
+    """``reply`` with ``hide`` applied to its text and to every text in its tables and charts
+    (cells, captions, titles, labels, series names: they come from the kernel too)."""
+    images = tuple(
+        dataclasses.replace(image, chart=_hidden_chart(image.chart, hide)) if image.chart is not None else image
+        for image in reply.images
+    )
+    return dataclasses.replace(
+        reply, text=hide(reply.text), images=images, tables=tuple(_hidden_table(t, hide) for t in reply.tables)
+    )
+
+
+def _hidden_table(table: Table, hide: Hide) -> Table:
+    def cell(value: Cell) -> Cell:
+        return value if isinstance(value, Number) else hide(value)
+
+    return dataclasses.replace(
+        table,
+        caption=hide(table.caption),
+        header=tuple(hide(h) for h in table.header),
+        rows=tuple(tuple(cell(c) for c in row) for row in table.rows),
+    )
+
+
+def _hidden_chart(chart: Chart, hide: Hide) -> Chart:
+    return dataclasses.replace(
+        chart,
+        title=hide(chart.title),
+        x_label=hide(chart.x_label),
+        y_label=hide(chart.y_label),
+        categories=tuple(hide(c) for c in chart.categories),
+        series=tuple(dataclasses.replace(s, name=hide(s.name)) for s in chart.series),
+    )
 
 
 class _HidingProgress:

@@ -19,7 +19,8 @@ from bot.agent.prompt import PromptFile, build_system_prompt
 from bot.attachments import IngestResult, add_previews, describe_for_model, ingest
 from bot.budgets import Budgets, TokenAllowance
 from bot.config import ChannelPolicy, Settings
-from bot.events import FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, ThreadKey
+from bot.displays import chart_from, table_from
+from bot.events import Chart, FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, Table, ThreadKey
 from bot.live import LiveCell
 from bot.safetext import shown
 from bot.sources.registry import Sources
@@ -29,13 +30,23 @@ from bot.transcript import NewCell
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace, safefs
 from kernels.oneshot import OneShot
 from kernels.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
-from kernels.result import KernelUnavailableError, QueueFullError, QueueLeftError, QueueTimeoutError, UnsafePathError
+from kernels.result import (
+    CHAT_IMAGE_MIMES,
+    DisplayOutput,
+    KernelUnavailableError,
+    QueueFullError,
+    QueueLeftError,
+    QueueTimeoutError,
+    UnsafePathError,
+)
 from kernels.safefs import PinnedFile
 
 log = logging.getLogger(__name__)
 
 MAX_IMAGES = 10
 MAX_FILES = 10
+#: Tables the code showed (``display_dataframe_to_user``) sent with one answer.
+MAX_TABLES = 5
 MAX_PROMPT_FILES = 50
 IMAGE_SUFFIXES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
 _FIGURE_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg"}
@@ -432,7 +443,8 @@ class TurnRunner:
             "turn in %s: %s after %d cells, %.1fs", key, result.stop_reason, len(runner.results), time.time() - started
         )
         # A kernel that stopped unasked or variables that could not be saved: told once, here.
-        return _reply(result, t.outputs.images, t.outputs.files, [*runner.notes, *session.take_thread_notices()])
+        notes = [*runner.notes, *session.take_thread_notices()]
+        return _reply(result, t.outputs.images, t.outputs.files, notes, tables=t.outputs.tables)
 
 
 def _or(value: float | None, fallback: float) -> float:
@@ -443,16 +455,33 @@ def _add_notice(result: ExecutionResult, note: str) -> None:
     result.notice = f"{result.notice} {note}" if result.notice else note
 
 
-def _reply(result: TurnResult, images: list[ImageOut], files: list[FileOut], extra: list[str] | None = None) -> Reply:
+def _reply(
+    result: TurnResult,
+    images: list[ImageOut],
+    files: list[FileOut],
+    extra: list[str] | None = None,
+    *,
+    tables: list[Table] | None = None,
+) -> Reply:
     notes = list(extra or [])
+    tables = tables or []
     if len(images) > MAX_IMAGES:
         notes.append(f"_{len(images) - MAX_IMAGES} more images were made; showing the first {MAX_IMAGES}._")
+    if len(tables) > MAX_TABLES:
+        notes.append(f"_{len(tables) - MAX_TABLES} more tables were shown; showing the first {MAX_TABLES}._")
     if len(files) > MAX_FILES:
         notes.append(f"_{len(files) - MAX_FILES} more files were made; say `files` to list them all._")
     text, full = cap_answer(result.text)
     attached = [*files[:MAX_FILES], *([full] if full is not None else [])]
     text = "\n\n".join([text, *notes]).strip() or "(no answer)"
-    return Reply(text=text, images=tuple(images[:MAX_IMAGES]), files=tuple(attached), ok=result.ok, rateable=result.ok)
+    return Reply(
+        text=text,
+        images=tuple(images[:MAX_IMAGES]),
+        files=tuple(attached),
+        tables=tuple(tables[:MAX_TABLES]),
+        ok=result.ok,
+        rateable=result.ok,
+    )
 
 
 def cap_answer(text: str, limit: int = MAX_REPLY_CHARS) -> tuple[str, FileOut | None]:
@@ -475,6 +504,8 @@ class Outputs:
 
     images: list[ImageOut] = field(default_factory=list)
     files: list[FileOut] = field(default_factory=list)
+    #: Tables the code showed, in order.
+    tables: list[Table] = field(default_factory=list)
     _open: list[PinnedFile] = field(default_factory=list)
 
     def add_file(self, pinned: PinnedFile, name: str) -> None:
@@ -494,35 +525,49 @@ async def collect_outputs(results: list[ExecutionResult], workspace: Workspace, 
 
     A saved image file is sent inline as an image; a cell that both showed figures and saved
     image files counts as one chart per saved file (``plt.savefig`` then ``plt.show``), so the
-    shown copies are dropped. Identical bytes are sent once. Files are opened without
-    following links (:mod:`kernels.safefs`) and sent from those descriptors.
+    shown copies are dropped. Identical bytes are sent once. A shown chart whose data the kernel
+    could read carries it (:attr:`ImageOut.chart`), and tables the code showed
+    (``display_dataframe_to_user``) are read from their bundles (:mod:`bot.displays`). Files are
+    opened without following links (:mod:`kernels.safefs`) and sent from those descriptors.
     """
     changed: list[str] = []
-    displayed_images: list[tuple[bytes, str]] = []
+    displayed_images: list[tuple[bytes, str, Chart | None]] = []
     for result in results:
         saved_images = [n for n in result.changed_files if PurePosixPath(n).suffix.lower() in IMAGE_SUFFIXES]
-        displayed = result.chat_images
+        outputs_shown = [*result.displays, *([result.result_data] if result.result_data else [])]
+        displayed = [image for out in outputs_shown if (image := _chat_image(out)) is not None]
         if saved_images and len(displayed) <= len(saved_images):
             displayed = []
         displayed_images.extend(displayed)
+        outputs.tables.extend(table for out in outputs_shown if (table := table_from(out.data)) is not None)
         changed.extend(n for n in result.changed_files if n not in changed)
 
     seen: set[str] = set()
 
-    def add_image(data: bytes, title: str, mime: str) -> None:
+    def add_image(data: bytes, title: str, mime: str, chart: Chart | None = None) -> None:
         digest = hashlib.sha256(data).hexdigest()
         if digest not in seen:
             seen.add(digest)
-            outputs.images.append(ImageOut(data=data, title=shown(title), mime=mime))
+            outputs.images.append(ImageOut(data=data, title=shown(title), mime=mime, chart=chart))
 
-    for index, (data, mime) in enumerate(displayed_images, start=1):
-        add_image(data, f"figure-{index}{_FIGURE_SUFFIXES.get(mime, '.png')}", mime)
+    for index, (data, mime, chart) in enumerate(displayed_images, start=1):
+        add_image(data, f"figure-{index}{_FIGURE_SUFFIXES.get(mime, '.png')}", mime, chart)
     for name, found in await asyncio.to_thread(_changed_files, workspace, changed):
         base = PurePosixPath(name).name
         if isinstance(found, bytes):
             add_image(found, base, IMAGE_SUFFIXES[PurePosixPath(name).suffix.lower()])
         else:
             outputs.add_file(found, base)
+
+
+def _chat_image(out: DisplayOutput) -> tuple[bytes, str, Chart | None] | None:
+    """An output's best chat image (:meth:`DisplayOutput.image`) with the chart data beside it
+    (a PNG only: a chart's picture)."""
+    image = out.image()
+    if image is None:
+        return None
+    data, mime = image
+    return data, mime, chart_from(out.data) if mime == CHAT_IMAGE_MIMES[0] else None
 
 
 def _changed_files(workspace: Workspace, names: list[str]) -> list[tuple[str, PinnedFile | bytes]]:
