@@ -5,9 +5,10 @@ outputs (a chart's ``show()``, its snapshot) inside the thread's sandboxed kerne
 bot needs for itself (upload previews, the ``export html`` page) in a fresh sandboxed one-shot
 process (``python -I -m threadbook_kernel.preview`` / ``.export``) that no thread's code has
 touched. :func:`setup` runs first in every kernel (spawned or forked, before any user
-code): it puts the shared folder of packages installed on demand at the end of ``sys.path``
-and routes every display through :mod:`threadbook_kernel.display` (charts and SVG gain a
-PNG, HTML-only outputs readable text).
+code): it puts the shared folder of packages installed on demand at the end of ``sys.path``,
+routes every display through :mod:`threadbook_kernel.display` (charts and SVG gain a
+PNG, HTML-only outputs readable text) and gives user code ``display_dataframe_to_user``
+(:mod:`threadbook_kernel.frames`) and ``show_chart`` (:mod:`threadbook_kernel.charts`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,23 @@ def setup() -> None:
     from threadbook_kernel.display import install
 
     install()
+    _offer_helpers()
+
+
+def _offer_helpers() -> None:
+    """Put the functions the model is told about into the user namespace, as hidden names
+    (``user_ns_hidden``: snapshots and ``%who`` leave them out; the next kernel gets them anew)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    from threadbook_kernel.charts import show_chart
+    from threadbook_kernel.frames import display_dataframe_to_user
+
+    shell.push({"display_dataframe_to_user": display_dataframe_to_user, "show_chart": show_chart}, interactive=False)
 
 
 def workspace_fd() -> int | None:

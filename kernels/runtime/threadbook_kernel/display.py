@@ -5,7 +5,9 @@ display hook (a cell's last expression), so each MIME bundle passes through :fun
 
 * an SVG, Vega-Lite/Vega or Plotly bundle without ``image/png`` gains one (see
   :mod:`threadbook_kernel.render`); the original types stay in the bundle, so a notebook
-  export keeps the interactive chart;
+  export keeps the interactive chart; a Plotly or Vega-Lite chart whose data can be read also
+  gains Threadbook's chart bundle (:mod:`threadbook_kernel.chartdata`), which a platform that
+  draws charts itself can use;
 * an HTML, LaTeX or Markdown bundle whose ``text/plain`` is only a default repr
   (``<IPython.core.display.HTML object>``) gets readable ``text/plain`` made from it;
 * a render that fails, times out or is refused leaves the bundle as it was, with a short
@@ -66,7 +68,7 @@ def _improved(data: dict[str, Any]) -> dict[str, Any]:
             png = make()
         except RenderError as exc:
             return _with_note(data, what, str(exc))
-        return {**data, "image/png": base64.b64encode(png).decode("ascii")}
+        return {**data, "image/png": base64.b64encode(png).decode("ascii"), **_chart_data(data)}
     plain = data.get("text/plain")
     if isinstance(plain, str) and not _DEFAULT_REPR.match(plain.strip()):
         return data
@@ -90,6 +92,23 @@ def _renderer(data: dict[str, Any]) -> tuple[str, Callable[[], bytes]] | None:
     if isinstance(svg, str):
         return "SVG image", lambda: svg_to_png(svg)
     return None
+
+
+def _chart_data(data: dict[str, Any]) -> dict[str, Any]:
+    """The chart bundle (:mod:`threadbook_kernel.chartdata`) of a Plotly or Vega-Lite bundle whose
+    data can be read, as ``{CHART_MIME: bundle}``; empty for anything else, or on any failure."""
+    from threadbook_kernel.chartdata import CHART_MIME, from_plotly, from_vegalite
+
+    try:
+        figure = data.get(PLOTLY_MIME)
+        if isinstance(figure, dict):
+            chart = from_plotly(figure)
+        else:
+            specs = [spec for mime, spec in data.items() if isinstance(spec, dict) and _VEGALITE_MIME.match(mime)]
+            chart = from_vegalite(specs[0]) if specs else None
+    except Exception:
+        return {}  # a figure we cannot read stays a picture
+    return {CHART_MIME: chart} if chart is not None else {}
 
 
 def _readable_text(data: dict[str, Any]) -> str | None:
