@@ -32,6 +32,7 @@ from adapters.slack.agent_view import ChannelsInView, offer_prompts, viewed_chan
 from adapters.slack.api import Failure, call, make_client
 from adapters.slack.files import FileDownloader
 from adapters.slack.inbound import to_inbound
+from adapters.slack.layout import NativeSupport
 from adapters.slack.lookups import TimezoneBook, thread_open
 from adapters.slack.outbox import (
     FEEDBACK_ACTION_ID,
@@ -73,6 +74,8 @@ class SlackAdapter(PlatformAdapter):
         self._settings = settings
         self._channels = dict(channels or {})
         self._streaming = StreamingSupport() if settings.streaming else None
+        #: Native block kinds Slack refused, for every outbox of this process.
+        self._native = NativeSupport()
         self._untitled: dict[str, None] = {}
         self._token = settings.bot_token.get_secret_value()
         self._client = make_client(self._token, settings.api_url)
@@ -142,7 +145,7 @@ class SlackAdapter(PlatformAdapter):
         # Any workspace: an org-wide (Enterprise Grid) install serves several team ids.
         if key.platform != "slack":
             return None
-        return SlackOutbox(self._client, key=key, message_ts="", user_id="")
+        return SlackOutbox(self._client, key=key, message_ts="", user_id="", native=self._native)
 
     async def thread_open(self, key: ThreadKey) -> bool:
         """False when Slack says ``key``'s channel or thread is gone or archived (see
@@ -235,6 +238,7 @@ class SlackAdapter(PlatformAdapter):
             user_id=message.user_id,
             turn_id=message.message_id,
             streaming=self._streaming,
+            native=self._native,
             assistant=assistant,
             sessions=self._sessions,
             question=message.text,

@@ -2,9 +2,12 @@
 
 The answer streams in while the model writes it (:mod:`adapters.slack.stream`) and ends with
 the feedback buttons; charts and files follow. An answer that did not stream is posted whole,
-its last part in one message with its charts and files where there are any. In an assistant
-thread (Slack's AI-app surface) the status goes to Slack's own status line instead of a
-status message, and the first question names the thread.
+its last part in one message with its charts and files where there are any. Tables and charts
+go out as Slack's native blocks where it draws them (:mod:`adapters.slack.layout`); a message
+whose native block Slack refuses is posted again as text and pictures, and the refused kind is
+not sent again (:class:`~adapters.slack.layout.NativeSupport`). In an assistant thread (Slack's
+AI-app surface) the status goes to Slack's own status line instead of a status message, and
+the first question names the thread.
 """
 
 from __future__ import annotations
@@ -18,14 +21,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from adapters.slack.api import Failure, call
+from adapters.slack.blocks import NativeKind
+from adapters.slack.layout import (
+    BLOCK_REFUSALS,
+    SECTION_LIMIT,
+    Layout,
+    NativeSupport,
+    Post,
+    TablePiece,
+    lay_out,
+    pieces,
+)
 from adapters.slack.render import Mention, Mrkdwn, cut, mrkdwn, mrkdwn_chunks, plain, split_rendered
 from adapters.slack.sessions import AgentSessions
 from adapters.slack.stream import AnswerStream, StreamingSupport
 from adapters.slack.uploads import UploadItem, share_files
 from bot.attachments import human_size
-from bot.events import CellProgress, Reply, ThreadKey
+from bot.events import CellProgress, FileOut, Reply, ThreadKey
 
 STOP_ACTION_ID = "threadbook_stop"
 FEEDBACK_ACTION_ID = "threadbook_feedback"
@@ -72,11 +87,13 @@ class SlackOutbox:
         assistant: AssistantThread | None = None,
         sessions: AgentSessions | None = None,
         question: str = "",
+        native: NativeSupport | None = None,
     ) -> None:
         """``turn_id``: the question's message id, which feedback clicks refer to (none: no
         buttons); ``streaming``: stream answers (None: post them whole); ``assistant``: the
         thread is an assistant thread; ``sessions``: the thread is an agent session while the
-        turn runs, titled with ``question`` (None: no sessions)."""
+        turn runs, titled with ``question`` (None: no sessions); ``native``: the native block
+        kinds Slack refused so far (the adapter's, shared by its outboxes)."""
         self._client = client
         self.key = key
         self._message_ts = message_ts
@@ -86,6 +103,7 @@ class SlackOutbox:
         self.assistant = assistant
         self.sessions = sessions
         self.question = question
+        self._native = native if native is not None else NativeSupport()
         self._stream: AnswerStream | None = None
         #: The last upload's message carried the answer's last part.
         self._shared_text = False
@@ -119,14 +137,35 @@ class SlackOutbox:
         images and files shared in the last part's message; 👍/👎 under an answer."""
         await self.received()
         feedback = feedback_blocks(self.key, self._turn_id) if reply.rateable and self._turn_id else []
-        if self._stream is not None and await self._stream.finish(reply.text, feedback):
-            if reply.images or reply.files:
-                for note in await self._upload(reply):
-                    await self.say(note)
-        else:
-            await self._post_whole(reply, feedback)
+        if self._stream is None or not await self._finish_stream(self._stream, reply, feedback):
+            await self._post_layout(*lay_out(pieces(reply.text, self._native), reply, self._native, feedback), reply)
         self._stream = None
         await self.finished(reply.ok)
+
+    async def _finish_stream(self, stream: AnswerStream, reply: Reply, feedback: list[dict[str, Any]]) -> bool:
+        """End the draft with the answer up to its first table Slack draws (that table's block
+        closing the streamed message), then post the rest; False when the draft could not be
+        finished (deleted: the caller posts the answer whole)."""
+        answer = pieces(reply.text, self._native)
+        head: list[str] = []
+        first: TablePiece | None = None
+        while answer:
+            piece = answer.pop(0)
+            if isinstance(piece, TablePiece):
+                first = piece
+                break
+            head.append(piece)
+        layout, left = lay_out(answer, reply, self._native, feedback)
+        alone = not layout.posts and layout.last is None  # nothing but files and charts follow
+        blocks = [*(_table_blocks(first) if first is not None else []), *(left if alone else [])]
+        if not await stream.finish("\n".join(head), blocks):
+            if first is not None and stream.refused in BLOCK_REFUSALS:
+                self._native.refuse(first.native.kind, stream.refused)
+            return False
+        if first is not None and first.csv is not None:
+            layout.files.insert(0, first.csv)
+        await self._post_layout(layout, [] if alone else left, reply)
+        return True
 
     def answer_stream(self) -> AnswerStream | None:
         """The draft of this turn's answer (made on first use); None when answers are not streamed."""
@@ -149,23 +188,49 @@ class SlackOutbox:
             stream, self._stream = self._stream, None
             await stream.drop()
 
-    async def _post_whole(self, reply: Reply, feedback: list[dict[str, Any]]) -> None:
-        chunks = mrkdwn_chunks(reply.text)
-        # The last part goes with the buttons, in a section block (which holds 3,000 characters).
-        last = split_rendered(chunks.pop(), _SECTION_LIMIT) if chunks else []
-        chunks += last[:-1]
-        for chunk in chunks:
-            await self.say(chunk)
-        final = last[-1] if last else None
-        blocks = [section(final), *feedback] if final else []
+    async def _post_layout(self, layout: Layout, feedback: list[dict[str, Any]], reply: Reply) -> None:
+        """Post the laid-out messages, then the last one: its text, charts and buttons shared
+        with the pictures and files in one message where there are any."""
+        for post in layout.posts:
+            await self._send(post)
+        final = layout.last
+        charts = bool(layout.charts) and self._native.allows("data_visualization")
+        blocks = layout.final_blocks(feedback, charts=charts)
         notes: list[Mrkdwn] = []
         self._shared_text = False
-        if reply.images or reply.files:
-            notes = await self._upload(reply, text=final, blocks=blocks)  # text, buttons and files in one message
-        if final and not self._shared_text:
-            await self.say(final, blocks=blocks if feedback else None)
+        if reply.images or reply.files or layout.files:
+            plain_blocks = layout.final_blocks(feedback, charts=False)
+            # Text, charts, buttons and files in one message.
+            notes = await self._upload(
+                reply, extra=layout.files, text=final, blocks=blocks, without_charts=plain_blocks if charts else None
+            )
+        if not self._shared_text and (final is not None or (charts and blocks)):
+            native: NativeKind | None = "data_visualization" if charts else None
+            rich = blocks if (feedback or charts) else []
+            await self._send(Post(final or mrkdwn("Charts"), tuple(rich), native, (final,) if final else ()))
         for note in notes:
             await self.say(note)
+
+    async def _send(self, post: Post) -> None:
+        """Post one laid-out message: natively while Slack takes its kind, else its fallback
+        (the same words and buttons, a table as an aligned code block, charts left to their pictures)."""
+        if post.native is None:
+            await self.say(post.text, blocks=list(post.blocks) or None)
+            return
+        if self._native.allows(post.native):
+            result = await self._post_message(post.text, list(post.blocks))
+            if not isinstance(result, Failure):
+                return
+            if result.error not in BLOCK_REFUSALS:
+                await self._explain(result)
+                return
+            self._native.refuse(post.native, result.error)
+        buttons = [b for b in post.blocks if b.get("type") == "context_actions"]
+        texts = list(post.fallback) if post.fallback or post.native == "data_visualization" else [post.text]
+        if buttons and texts:
+            texts[-1:] = split_rendered(texts[-1], SECTION_LIMIT)
+        for number, text in enumerate(texts, 1):
+            await self.say(text, blocks=[section(text), *buttons] if buttons and number == len(texts) else None)
 
     def progress(self) -> SlackProgress:
         """A status message with a Stop button, edited in place."""
@@ -173,16 +238,19 @@ class SlackOutbox:
 
     async def say(self, text: Mrkdwn, blocks: list[dict[str, Any]] | None = None) -> str | None:
         """Post one rendered message in the thread; returns its ts (None if Slack refused it)."""
-        result = await call(
+        result = await self._post_message(text, blocks)
+        if isinstance(result, Failure):
+            await self._explain(result)
+            return None
+        return str(result["ts"])
+
+    async def _post_message(self, text: Mrkdwn, blocks: list[dict[str, Any]] | None) -> AsyncSlackResponse | Failure:
+        return await call(
             "chat.postMessage",
             self._client.chat_postMessage(
                 channel=self.channel, thread_ts=self.thread_ts, text=text.text, blocks=blocks, unfurl_links=False
             ),
         )
-        if isinstance(result, Failure):
-            await self._explain(result)
-            return None
-        return str(result["ts"])
 
     async def received(self) -> None:
         """Mark the user's message with :eyes: (once)."""
@@ -213,18 +281,25 @@ class SlackOutbox:
         await call(method, request, expected=frozenset({"already_reacted", "no_reaction"}))
 
     async def _upload(
-        self, reply: Reply, *, text: Mrkdwn | None = None, blocks: list[dict[str, Any]] | None = None
+        self,
+        reply: Reply,
+        *,
+        extra: list[FileOut] | None = None,
+        text: Mrkdwn | None = None,
+        blocks: list[dict[str, Any]] | None = None,
+        without_charts: list[dict[str, Any]] | None = None,
     ) -> list[Mrkdwn]:
-        """Stream the reply's images and files to Slack and share them in the thread as one
-        message, carrying ``text`` and ``blocks`` when given (a message that was not shared
-        carries nothing). Returns the notes to post after it: files kept back or that failed."""
+        """Stream the reply's images and files (and ``extra`` ones) to Slack and share them in the
+        thread as one message, carrying ``text`` and ``blocks`` when given (a message that was not
+        shared carries nothing); where Slack refuses the blocks' charts, ``without_charts`` instead.
+        Returns the notes to post after it: files kept back or that failed."""
         # Names come with control characters escaped from the core (FileOut, ImageOut); titles are plain text.
         items = [
             UploadItem(image.filename, plain(image.title), len(image.data), functools.partial(io.BytesIO, image.data))
             for image in reply.images
         ]
         notes: list[Mrkdwn] = []
-        for file in reply.files:
+        for file in [*reply.files, *(extra or [])]:
             name = file.name
             if file.size > MAX_UPLOAD_BYTES:
                 notes.append(
@@ -238,8 +313,16 @@ class SlackOutbox:
         if not items:
             return notes
         outcome = await share_files(
-            self._client, items, channel=self.channel, thread_ts=self.thread_ts, text=text, blocks=blocks
+            self._client,
+            items,
+            channel=self.channel,
+            thread_ts=self.thread_ts,
+            text=text,
+            blocks=blocks,
+            retry_blocks=without_charts,
         )
+        if outcome.refused is not None:
+            self._native.refuse("data_visualization", outcome.refused)
         self._shared_text = outcome.shared
         notes += [mrkdwn(f":warning: I could not read {_code(name)} to send it.") for name in outcome.unreadable]
         by_error: dict[str, list[str]] = {}
@@ -433,6 +516,14 @@ def status_blocks(status: str, key: ThreadKey) -> list[dict[str, Any]]:
 def section(text: Mrkdwn) -> dict[str, Any]:
     """A section block showing rendered text."""
     return {"type": "section", "text": {"type": "mrkdwn", "text": text.text}}
+
+
+_NATIVE_KINDS = frozenset({"table", "data_table", "data_visualization"})
+
+
+def _table_blocks(piece: TablePiece) -> list[dict[str, Any]]:
+    """A table's block and, when it is cut, the line saying so."""
+    return [piece.native.block, *([section(mrkdwn(piece.note))] if piece.note else [])]
 
 
 def _code(name: str) -> str:

@@ -5,6 +5,10 @@ where Slack allows it. Where it refuses (an app or workspace it will not stream 
 draft is one posted message edited in place, and the adapter remembers the refusal
 (:class:`StreamingSupport`), so later turns go straight to editing.
 
+A Markdown table is not drafted: the draft stops where one starts (:func:`_before_table`), since
+the answer shows it as a native table block, which :meth:`AnswerStream.finish` puts under the
+streamed text; what follows it is posted after (:mod:`adapters.slack.outbox`).
+
 Calls are buffered by time, not by size: the first once the model has written for
 :data:`FIRST_DRAFT_S` (a quick answer is posted whole instead), then at most one call per
 :data:`STREAM_INTERVAL_S` per answer (≤ 50 a minute, the floor of Slack's Tier 3 and its
@@ -32,6 +36,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from adapters.slack.api import Failure, call
 from adapters.slack.format import MESSAGE_LIMIT
 from adapters.slack.render import markdown_text, mrkdwn
+from bot.tables import answer_parts
 
 log = logging.getLogger("threadbook.slack")
 
@@ -89,6 +94,8 @@ class AnswerStream:
         self._wanted = ""
         self._last = 0.0
         self._failed = False
+        #: Slack's answer when it refused to finish the draft (a block it would not take, say).
+        self.refused: str | None = None
         self._lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
 
@@ -96,7 +103,7 @@ class AnswerStream:
         """Show ``text`` (the whole answer so far): now if the last call is old enough, else soon."""
         if self._failed:
             return
-        self._wanted = text
+        self._wanted = _before_table(text)
         if self._flusher is not None and not self._flusher.done():
             return  # the scheduled call sends the newest text
         now = time.monotonic()
@@ -144,6 +151,8 @@ class AnswerStream:
                     channel=self._channel, ts=self._ts, markdown_text=rest or None, blocks=blocks
                 ),
             )
+            if isinstance(stopped, Failure):
+                self.refused = stopped.error
             return not isinstance(stopped, Failure)
         # The final text is not the draft continued (a cut, a retried request): replace it whole.
         stopped = await call("chat.stopStream", self._client.chat_stopStream(channel=self._channel, ts=self._ts))
@@ -161,6 +170,8 @@ class AnswerStream:
                 channel=self._channel, ts=self._ts, text=rendered, blocks=[*section, *blocks] if section else None
             ),
         )
+        if isinstance(updated, Failure):
+            self.refused = updated.error
         return not isinstance(updated, Failure)
 
     async def _discard_unfinished(self) -> None:
@@ -257,6 +268,26 @@ class AnswerStream:
             self._failed = True
             return
         self._sent = text
+
+
+def _before_table(text: str) -> str:
+    """``text`` up to the first Markdown table in it, or up to a table row still being written
+    at its end (a line starting with ``|``: its delimiter row has not come yet); the whole text
+    when it has neither."""
+    parts = answer_parts(text)
+    head = parts[0] if parts and isinstance(parts[0], str) else ""
+    if len(parts) > 1 or not parts or not isinstance(parts[0], str):
+        return head + "\n" if head else ""
+    lines = text.split("\n")
+    if len(lines) >= 2 and _row(lines[-2]) and not lines[-1].strip("-|: "):
+        return "\n".join(lines[:-2]) + "\n"  # a header, and a delimiter row being written
+    if _row(lines[-1]):
+        return "\n".join(lines[:-1]) + ("\n" if len(lines) > 1 else "")
+    return text
+
+
+def _row(line: str) -> bool:
+    return line.lstrip().startswith("|")
 
 
 def _settled(text: str) -> str:

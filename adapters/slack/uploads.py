@@ -21,8 +21,10 @@ from typing import Any, BinaryIO
 
 import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from adapters.slack.api import Failure, call, log
+from adapters.slack.layout import BLOCK_REFUSALS
 from adapters.slack.render import Mrkdwn
 from bot.events import OpenReader
 
@@ -52,6 +54,8 @@ class UploadOutcome:
     failed: dict[str, str] = field(default_factory=dict)
     #: Whether a message with the files that arrived was shared in the thread.
     shared: bool = False
+    #: Slack's answer when it refused the blocks first given (shared with ``retry_blocks`` instead).
+    refused: str | None = None
 
 
 class _ReadFailed(Exception):
@@ -74,9 +78,11 @@ async def share_files(
     thread_ts: str,
     text: Mrkdwn | None = None,
     blocks: list[dict[str, Any]] | None = None,
+    retry_blocks: list[dict[str, Any]] | None = None,
 ) -> UploadOutcome:
     """Upload ``items`` one after another (each streamed) and share those that arrived in the
-    thread, in one message that also carries ``blocks`` (or else ``text``) when given."""
+    thread, in one message that also carries ``blocks`` (or else ``text``) when given; where
+    Slack refuses those blocks (:data:`BLOCK_REFUSALS`), with ``retry_blocks`` instead."""
     outcome = UploadOutcome()
     uploaded: list[tuple[str, UploadItem]] = []
     session, owned = client.session, client.session is None
@@ -107,8 +113,28 @@ async def share_files(
             await session.close()
     if not uploaded:
         return outcome
+    result = await _complete(client, uploaded, channel, thread_ts, text, blocks)
+    if isinstance(result, Failure) and result.error in BLOCK_REFUSALS and retry_blocks is not None:
+        outcome.refused = result.error
+        result = await _complete(client, uploaded, channel, thread_ts, text, retry_blocks)
+    if isinstance(result, Failure):
+        outcome.failed.update((item.filename, result.error) for _, item in uploaded)
+    else:
+        outcome.shared = True
+    return outcome
+
+
+async def _complete(
+    client: AsyncWebClient,
+    uploaded: list[tuple[str, UploadItem]],
+    channel: str,
+    thread_ts: str,
+    text: Mrkdwn | None,
+    blocks: list[dict[str, Any]] | None,
+) -> AsyncSlackResponse | Failure:
+    """Share the uploaded files in the thread as one message carrying ``blocks`` (or ``text``)."""
     words: dict[str, Any] = {"blocks": json.dumps(blocks)} if blocks else {"initial_comment": text.text} if text else {}
-    result = await call(
+    return await call(
         "files.completeUploadExternal",
         client.files_completeUploadExternal(
             files=[{"id": file_id, "title": item.title} for file_id, item in uploaded],
@@ -117,11 +143,6 @@ async def share_files(
             **words,
         ),
     )
-    if isinstance(result, Failure):
-        outcome.failed.update((item.filename, result.error) for _, item in uploaded)
-    else:
-        outcome.shared = True
-    return outcome
 
 
 async def _send(client: AsyncWebClient, session: aiohttp.ClientSession, url: str, item: UploadItem) -> None:

@@ -22,7 +22,10 @@ will not stream for); ``assistant.threads.setStatus`` / ``setTitle`` / ``setSugg
 in :attr:`FakeSlack.sessions` / :attr:`FakeSlack.session_titles`; :attr:`FakeSlack.refuse_sessions`
 makes Slack refuse them, as for an app not declared an agent), and Slack's own Stop on a session,
 :meth:`FakeSlack.agent_session_stopped`. Events for the AI-app surface: :meth:`FakeSlack.assistant_thread_started`,
-and :meth:`FakeSlack.feedback_action` clicks an answer's feedback buttons. Every call is recorded in :attr:`FakeSlack.calls`. A wrong token gets
+and :meth:`FakeSlack.feedback_action` clicks an answer's feedback buttons. Blocks are checked
+against Block Kit's documented limits (:mod:`tests.fakes.slack_blocks`): out of schema, or of a
+type in :attr:`FakeSlack.refuse_blocks` (not rolled out in this workspace), Slack answers
+``invalid_blocks``; blocks out of schema also fail the test when the fake stops. Every call is recorded in :attr:`FakeSlack.calls`. A wrong token gets
 ``invalid_auth``; :meth:`FakeSlack.fail` makes the next calls of a method fail with an error
 (``"ratelimited"`` answers HTTP 429 with ``Retry-After: 1``); channels in
 :attr:`FakeSlack.not_in_channel` refuse posts, as do :attr:`FakeSlack.archived_channels` and
@@ -55,6 +58,7 @@ from aiohttp import WSMsgType, web
 from aiohttp.client import ClientSession
 
 from tests.fakes.local_http import serve_locally
+from tests.fakes.slack_blocks import check_blocks
 
 T = TypeVar("T")
 
@@ -167,6 +171,14 @@ class FakeSlack:
         self.session_titles: dict[tuple[str, str], str] = {}
         #: The error ``agents.sessions.*`` answer with (an app not declared as an agent); None: sessions work.
         self.refuse_sessions: str | None = None
+        #: Block types this workspace does not have yet: a message carrying one gets ``invalid_blocks``.
+        self.refuse_blocks: set[str] = set()
+        #: Every call answered ``invalid_blocks``: (method, why). Those for blocks out of schema
+        #: (:mod:`tests.fakes.slack_blocks`) fail the test when the fake stops, unless
+        #: :attr:`allow_invalid_blocks` says the test means to send them.
+        self.refused_blocks: list[tuple[str, str]] = []
+        self.schema_errors: list[str] = []
+        self.allow_invalid_blocks = False
         self.downloads: list[tuple[str, bool]] = []  # (file id, authorised)
         self._failures: dict[str, list[str]] = {}
         self._files: dict[str, tuple[bytes, str]] = {}
@@ -209,6 +221,8 @@ class FakeSlack:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+        if exc[0] is None and self.schema_errors and not self.allow_invalid_blocks:
+            raise AssertionError(f"the bot sent blocks Slack refuses: {self.schema_errors}")
 
     @property
     def base_url(self) -> str:
@@ -520,6 +534,8 @@ class FakeSlack:
         expected = self.app_token if method == "apps.connections.open" else self.bot_token
         if token != expected:
             return web.json_response({"ok": False, "error": "invalid_auth"})
+        if method in _BLOCK_METHODS and args.get("blocks") and (refused := self._refused(method, args["blocks"])):
+            return web.json_response({"ok": False, "error": "invalid_blocks", "errors": [refused]})
         failures = self._failures.get(method)
         if failures:
             error = failures.pop(0)
@@ -532,6 +548,18 @@ class FakeSlack:
         result = handler(self, args)
         self._notify()
         return web.json_response(result)
+
+    def _refused(self, method: str, blocks: Any) -> str | None:
+        """Why Slack refuses a message's blocks: out of schema, or of a type not rolled out here."""
+        why = check_blocks(blocks)
+        if why is not None:
+            self.schema_errors.append(f"{method}: {why}")
+        else:
+            kinds = {str(b.get("type")) for b in blocks if isinstance(b, dict)} & self.refuse_blocks
+            why = f"unsupported block type {sorted(kinds)[0]}" if kinds else None
+        if why is not None:
+            self.refused_blocks.append((method, why))
+        return why
 
     async def _upload(self, request: web.Request) -> web.Response:
         file_id = request.match_info["file_id"]
@@ -844,6 +872,10 @@ _METHODS: dict[str, Callable[[FakeSlack, dict[str, Any]], dict[str, Any]]] = {
     "agents.sessions.setStatus": lambda s, a: s._agent_session(a, rename=False),
     "agents.sessions.rename": lambda s, a: s._agent_session(a, rename=True),
 }
+
+
+#: Methods whose ``blocks`` the fake checks against Block Kit's documented limits.
+_BLOCK_METHODS = frozenset({"chat.postMessage", "chat.update", "chat.stopStream", "files.completeUploadExternal"})
 
 
 def _as_event(message: Message, slack: FakeSlack) -> dict[str, Any]:
