@@ -3,10 +3,12 @@
 The query is parsed with sqlglot in the source's dialect; what passes is exactly one
 statement whose root is a ``SELECT`` (a ``WITH … SELECT``, a ``UNION``/``INTERSECT``/
 ``EXCEPT`` of them, or one in parentheses) holding no data-changing, locking or session
-part anywhere (a ``DELETE … RETURNING`` in a ``WITH``, ``SELECT … INTO``, ``FOR UPDATE``).
-What the parser cannot read is refused too. This is the first of three walls: the
-database session is read-only as well, and the drivers used send one statement only
-(PostgreSQL's extended protocol, ``sqlite3``'s ``execute``).
+part anywhere (a ``DELETE … RETURNING`` in a ``WITH``, ``SELECT … INTO``, ``FOR UPDATE``),
+and calling only functions on the allow-list of :mod:`bot.sources.functions` (a ``SELECT`` can
+write through a function: ``lo_from_bytea``, ``dblink_exec``). What the parser cannot read is
+refused too. This is the first of three walls: the database session is read-only as well
+(with ``statement_timeout``), and the drivers used send one statement only (PostgreSQL's
+extended protocol, ``sqlite3``'s ``execute``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import logging
 import sqlglot
 from sqlglot import expressions as exp
 from sqlglot.errors import SqlglotError
+
+from bot.sources.functions import refusal
 
 #: SQLAlchemy dialect name → sqlglot dialect (others are parsed as generic SQL).
 _DIALECTS = {
@@ -91,6 +95,9 @@ def check_query(query: str, dialect: str) -> None:
     found = statement.find(*_FORBIDDEN)
     if found is not None:
         raise QueryRefused(f"it contains {_kind(found)}; only reads are run")
+    calls = refusal(statement, dialect)
+    if calls is not None:
+        raise QueryRefused(calls)
 
 
 def _kind(node: exp.Expr) -> str:
