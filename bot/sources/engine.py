@@ -6,12 +6,16 @@
   query changed is reset when the connection goes back to the pool), as one prepared
   statement (the extended protocol takes one statement only), read through a server-side
   cursor in batches. A timeout in the bot cancels the query on the server (asyncpg sends the
-  cancel request).
+  cancel request). Rows come by bytes, not by count (:mod:`bot.sources.budget`): a first fetch
+  of one row, then as many as fit a few MB at the widest row seen; a :class:`~bot.sources.wire.WireWatch`
+  on the connection refuses a row over the row cap from its header, before it is received.
 - **SQLite** (``sqlite:///file.db``): the file opened ``mode=ro`` (URI) with
   ``PRAGMA query_only``; **any other SQLAlchemy dialect** through SQLAlchemy's synchronous
   engine in a worker thread, ``stream_results`` on, the transaction always rolled back (grant
   such sources a read-only database user). A timeout interrupts an SQLite query
-  (``sqlite3.Connection.interrupt``); other drivers' queries are abandoned to finish.
+  (``sqlite3.Connection.interrupt``); other drivers' queries are abandoned to finish. Rows are
+  fetched by bytes here too, measured once the driver has made them; SQLite itself refuses to
+  make a value over the row cap (``SQLITE_LIMIT_LENGTH``).
 
 Each source allows ``max_concurrent`` queries at once (the others wait) over a pool of as many
 connections. Errors come back as :class:`QueryFailed` with credentials scrubbed.
@@ -21,11 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import asyncpg
 import pyarrow as pa
@@ -33,16 +39,19 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import NoSuchModuleError
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.errors import SqlglotError
 
+from bot.sources import budget
+from bot.sources.budget import FETCH_CAP, ROW_CAP, Pacer, Stop
 from bot.sources.guard import sqlglot_dialect
 from bot.sources.parquet import SinkFailed, arrow_type_for
 from bot.sources.scrub import scrub, secrets_of
 from bot.sources.settings import SourceSettings
+from bot.sources.wire import WatchUnavailable, WireWatch
 
 log = logging.getLogger(__name__)
 
-#: Rows fetched (and written as one row group) at a time.
-BATCH_ROWS = 20_000
 #: How long an abandoned query of a driver that cannot be interrupted is waited for.
 _ABANDON_WAIT_S = 5.0
 #: Tables and columns listed for the model, at most.
@@ -86,11 +95,13 @@ class RowSink(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Fetched:
-    """How a query went: rows written, whether ``max_rows`` cut it, its wall time."""
+    """How a query went: rows written, whether ``max_rows`` cut it, its wall time, and why it
+    stopped early by bytes (a row too wide, the result past ``max_result_mb``; "" when it did not)."""
 
     rows: int
     cut: bool
     seconds: float
+    stopped: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +124,8 @@ class Source:
         self.dialect = self._url.get_backend_name()
         self.sql_dialect = sqlglot_dialect(self.dialect)
         self._limit = asyncio.Semaphore(settings.max_concurrent)
+        #: A result's rows stop once they pass this many bytes.
+        self.max_bytes = int(settings.max_result_mb * 2**20)
 
     def scrub(self, text: str) -> str:
         """``text`` without this source's credentials or any URL."""
@@ -163,7 +176,7 @@ class PostgresSource(Source):
         async with self._limit:
             try:
                 async with asyncio.timeout(self.settings.statement_timeout_s):
-                    rows = await self._fetch(query, sink, limit)
+                    rows, stopped = await self._fetch(query, sink, limit)
             except TimeoutError:
                 raise QueryTimedOut(self._timed_out()) from None
             except asyncpg.QueryCanceledError as exc:
@@ -175,39 +188,95 @@ class PostgresSource(Source):
             except (OSError, asyncpg.InterfaceError, asyncpg.InternalClientError) as exc:
                 log.warning("source %s: %s", self.name, self.scrub(str(exc)))
                 raise QueryFailed(f"the database could not be reached ({self.scrub(str(exc))[:200]})") from None
-        return Fetched(rows=min(rows, limit), cut=rows > limit, seconds=time.perf_counter() - started)
+            except WatchUnavailable as exc:
+                log.error("source %s: %s (asyncpg changed?); no query runs unwatched", self.name, exc)
+                raise QueryFailed(f"{exc}, so the bot runs no query on it") from None
+        return Fetched(rows=min(rows, limit), cut=rows > limit, seconds=time.perf_counter() - started, stopped=stopped)
 
-    async def _fetch(self, query: str, sink: RowSink, limit: int) -> int:
-        """Rows read (``limit + 1`` at most: one more says the result was cut)."""
+    async def _fetch(self, query: str, sink: RowSink, limit: int) -> tuple[int, str]:
+        """Rows read (``limit + 1`` at most: one more says the result was cut), and why they
+        stopped early by bytes ("" when they did not)."""
         pool = await self._connections()
-        async with pool.acquire() as conn:
-            async with conn.transaction(readonly=True, isolation="repeatable_read"):
-                await conn.execute(f"SET LOCAL statement_timeout = {self._timeout_ms}")
-                statement = await conn.prepare(query)
-                attributes = statement.get_attributes()
-                types = [arrow_type_for(a.type.name) for a in attributes]
-                await _to_sink(sink.start, [a.name for a in attributes], types)
-                cursor = await statement.cursor()
-                read = 0
-                # The next batch is read from the server while the last one is written.
-                writing: asyncio.Task[None] | None = None
+        watch: WireWatch | None = None
+        try:
+            async with pool.acquire() as conn:
+                watch = WireWatch.install(conn, row_cap=ROW_CAP, fetch_cap=FETCH_CAP)
+                # Not ``async with``: a connection the watch aborted cannot be rolled back (there
+                # is nothing to roll back then), and its exit would raise over the rows kept.
+                transaction = conn.transaction(readonly=True, isolation="repeatable_read")
+                await transaction.start()
                 try:
-                    while read <= limit:
-                        batch = await cursor.fetch(min(BATCH_ROWS, limit + 1 - read))
-                        if writing is not None:
-                            await writing
-                            writing = None
-                        if not batch:
-                            break
-                        read += len(batch)
-                        keep = batch if read <= limit else batch[: len(batch) - (read - limit)]
-                        writing = asyncio.create_task(_to_sink(sink.add, keep))
-                    if writing is not None:
-                        await writing
+                    return await self._read(conn, watch, query, sink, limit)
                 finally:
-                    if writing is not None and not writing.done():
-                        writing.cancel()  # its thread finishes the batch; the caller drops the file
-                return read
+                    # What is left (a cancelled query's rows still on their way, the rollback,
+                    # the pool's reset) comes through the watch too, with a fetch's caps.
+                    watch.start_fetch()
+                    if not _closed(conn):
+                        await transaction.rollback()  # read-only: nothing to commit
+        finally:
+            if watch is not None:
+                watch.remove()  # the pool has the connection back; no other task ran since
+
+    async def _read(self, conn: Any, watch: WireWatch, query: str, sink: RowSink, limit: int) -> tuple[int, str]:
+        await conn.execute(f"SET LOCAL statement_timeout = {self._timeout_ms}")
+        statement = await conn.prepare(query)
+        # One thread writes all of a query's batches: spread over the default pool's threads, each
+        # thread's allocator would keep its own share of freed batches (tens of MB more at peak).
+        writer = ThreadPoolExecutor(1, thread_name_prefix=f"sql-{self.name}")
+        try:
+            return await self._rows(statement, sink, limit, writer, watch)
+        finally:
+            writer.shutdown(wait=False)  # a write still running finishes its batch; the caller drops the file
+
+    async def _rows(
+        self, statement: Any, sink: RowSink, limit: int, writer: Executor, watch: WireWatch
+    ) -> tuple[int, str]:
+        attributes = statement.get_attributes()
+        types = [arrow_type_for(a.type.name) for a in attributes]
+        await _to_sink(writer, sink.start, [a.name for a in attributes], types)
+        cursor = await statement.cursor()
+        pacer = Pacer(left=limit + 1, cap=self.max_bytes)
+        stopped = ""
+        # A narrow batch is written while the next one is read from the server; a wide one
+        # (over budget.BATCH_BYTES) is written first, so the bot never holds two wide ones.
+        writing: asyncio.Task[None] | None = None
+        try:
+            while want := pacer.next_rows():
+                watch.start_fetch()
+                try:
+                    batch = await cursor.fetch(want)
+                except Exception:
+                    if watch.over is None:
+                        raise
+                    if watch.over.row_bytes is not None:
+                        row = pacer.rows + watch.over.index + 1
+                        stopped = str(budget.row_too_wide(pacer.rows, row, watch.over.row_bytes))
+                    else:
+                        stopped = str(budget.fetch_too_wide(pacer.rows, want))
+                    break
+                if writing is not None:
+                    await writing
+                    writing = None
+                if not batch:
+                    break
+                try:
+                    pacer.took(len(batch), watch.fetched)
+                except Stop as stop:
+                    stopped = str(stop)
+                    break
+                read = pacer.rows
+                keep = batch if read <= limit else batch[: len(batch) - (read - limit)]
+                writing = asyncio.create_task(_to_sink(writer, sink.add, keep))
+                del batch, keep
+                if watch.fetched > budget.BATCH_BYTES:
+                    await writing
+                    writing = None
+            if writing is not None:
+                await writing
+        finally:
+            if writing is not None and not writing.done():
+                writing.cancel()  # its thread finishes the batch; the caller drops the file
+        return pacer.rows, stopped
 
     async def tables(self) -> list[TableColumns]:
         query = (
@@ -270,7 +339,7 @@ class SyncSource(Source):
                     connection.interrupt()  # sqlite3: thread-safe; the query ends with "interrupted"
 
         try:
-            rows = await asyncio.wait_for(asyncio.shield(work), self.settings.statement_timeout_s)
+            rows, stopped = await asyncio.wait_for(asyncio.shield(work), self.settings.statement_timeout_s)
         except asyncio.CancelledError:
             interrupt()  # the turn was stopped: the thread ends the query and drops the rows
             raise
@@ -287,31 +356,66 @@ class SyncSource(Source):
             raise QueryFailed(self.scrub(str(exc.orig))) from None
         except sa.exc.SQLAlchemyError as exc:
             raise QueryFailed(self.scrub(str(exc).split("\n")[0])) from None
-        return Fetched(rows=min(rows, limit), cut=rows > limit, seconds=time.perf_counter() - started)
+        return Fetched(rows=min(rows, limit), cut=rows > limit, seconds=time.perf_counter() - started, stopped=stopped)
 
-    def _fetch(self, query: str, sink: RowSink, limit: int, stop: threading.Event, held: list[Any]) -> int:
+    def _fetch(self, query: str, sink: RowSink, limit: int, stop: threading.Event, held: list[Any]) -> tuple[int, str]:
         with self._engine.connect() as conn:
             held.append(conn.connection.dbapi_connection)
             try:
-                result = conn.execution_options(stream_results=True).exec_driver_sql(query)
+                value_cap = _bound_sqlite_values(conn, query) if self.dialect == "sqlite" else ROW_CAP
+                try:
+                    result = conn.execution_options(stream_results=True).exec_driver_sql(query)
+                except sa.exc.DBAPIError as exc:
+                    if _too_big(exc):  # SQLite refused to make a value before the first row
+                        raise QueryFailed(budget.value_refused(value_cap)) from None
+                    raise
                 if stop.is_set():  # abandoned while the query ran: the sink may be aborted already
                     result.close()
                     raise QueryTimedOut("stopped")
                 _sync_sink(sink.start, list(result.keys()), [None] * len(result.keys()))
-                read = 0
-                while read <= limit and not stop.is_set():
-                    batch = result.fetchmany(min(BATCH_ROWS, limit + 1 - read))
-                    if not batch:
-                        break
-                    read += len(batch)
-                    keep = batch if read <= limit else batch[: len(batch) - (read - limit)]
-                    _sync_sink(sink.add, [tuple(row) for row in keep])
+                rows, stopped = self._read(result, sink, limit, stop, value_cap)
                 result.close()
                 if stop.is_set():
                     raise QueryTimedOut("stopped")
-                return read
+                return rows, stopped
             finally:
                 conn.rollback()
+                if self.dialect == "sqlite":  # the listing of tables reads longer values
+                    _sqlite(conn).setlimit(sqlite3.SQLITE_LIMIT_LENGTH, ROW_CAP)
+
+    def _read(
+        self, result: sa.CursorResult[Any], sink: RowSink, limit: int, stop: threading.Event, value_cap: int
+    ) -> tuple[int, str]:
+        """Rows read by bytes (measured as the driver made them) into ``sink``, and why they stopped early."""
+        pacer = Pacer(left=limit + 1, cap=self.max_bytes)
+        while not stop.is_set() and (want := pacer.next_rows()):
+            try:
+                batch = [tuple(row) for row in result.fetchmany(want)]
+            except sa.exc.DBAPIError as exc:
+                if not _too_big(exc):
+                    raise
+                return pacer.rows, str(budget.value_too_big(pacer.rows, want, value_cap))
+            if not batch:
+                break
+            size = budget.rows_bytes(batch)
+            wide: Stop | None = None
+            if size > ROW_CAP:
+                index, width = budget.widest_row(batch)
+                if index >= 0:
+                    wide = budget.row_too_wide(pacer.rows + index, pacer.rows + index + 1, width)
+                    batch = batch[:index]
+                    size = budget.rows_bytes(batch)
+            try:
+                pacer.took(len(batch), size)
+            except Stop as too_big:
+                return pacer.rows, str(too_big)
+            read = pacer.rows
+            keep = batch if read <= limit else batch[: len(batch) - (read - limit)]
+            if keep:
+                _sync_sink(sink.add, keep)
+            if wide is not None:
+                return pacer.rows, str(wide)
+        return pacer.rows, ""
 
     async def tables(self) -> list[TableColumns]:
         async with self._limit:
@@ -336,10 +440,10 @@ class SyncSource(Source):
         await asyncio.to_thread(self._engine.dispose)
 
 
-async def _to_sink(call: Callable[..., None], *args: Any) -> None:
-    """A sink's (blocking) call in a worker thread; its OS errors are not the database's."""
+async def _to_sink(writer: Executor, call: Callable[..., None], *args: Any) -> None:
+    """A sink's (blocking) call in the query's writer thread; its OS errors are not the database's."""
     try:
-        await asyncio.to_thread(call, *args)
+        await asyncio.get_running_loop().run_in_executor(writer, call, *args)
     except OSError as exc:
         raise SinkFailed(str(exc)) from exc
 
@@ -406,6 +510,61 @@ def _query_only(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA query_only = ON")
     cursor.close()
+    dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, ROW_CAP)
+
+
+#: An SQLite value may always be this long, however many columns the result has.
+_MIN_VALUE_CAP = 1024
+#: The columns assumed when the result's cannot be learnt beforehand.
+_UNKNOWN_COLUMNS = 32
+
+
+def _bound_sqlite_values(conn: sa.Connection, query: str) -> int:
+    """Hold every value SQLite makes for ``query`` (also on the way: a ``length()`` reads its
+    argument whole) to the row cap ÷ the result's columns, and return that cap.
+
+    SQLite runs in the bot's process and makes a whole row before the driver hands it over;
+    its length limit refuses a longer value as it is made ("string or blob too big"). The
+    columns come from the query wrapped in ``LIMIT 0`` (prepared, no row made)."""
+    dbapi = _sqlite(conn)
+    dbapi.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, ROW_CAP)
+    try:
+        probe = conn.exec_driver_sql(f"SELECT * FROM (\n{_without_trailing_semicolons(query)}\n) LIMIT 0")
+        columns = len(probe.keys())
+        probe.close()
+    except sa.exc.DBAPIError:
+        columns = _UNKNOWN_COLUMNS  # running the query itself says what is wrong with it
+    cap = max(ROW_CAP // max(columns, 1), _MIN_VALUE_CAP)
+    dbapi.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, cap)
+    return cap
+
+
+def _sqlite(conn: sa.Connection) -> sqlite3.Connection:
+    return cast(sqlite3.Connection, conn.connection.dbapi_connection)
+
+
+def _without_trailing_semicolons(query: str) -> str:
+    """``query`` up to its last token that is not a ``;`` (comments after it dropped)."""
+    try:
+        tokens = Dialect.get_or_raise("sqlite").tokenize(query)
+    except SqlglotError:
+        return query  # the probe fails and the query itself says what is wrong with it
+    while tokens and tokens[-1].token_type.name == "SEMICOLON":
+        tokens.pop()
+    return query[: tokens[-1].end + 1] if tokens else query
+
+
+def _too_big(exc: sa.exc.DBAPIError) -> bool:
+    """SQLite refused to make a value over its length limit."""
+    return isinstance(exc.orig, sqlite3.Error) and "too big" in str(exc.orig)
+
+
+def _closed(conn: Any) -> bool:
+    """Whether an asyncpg pool connection is closed (a closed one has left the pool's proxy)."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:
+        return True
 
 
 def _postgres_message(exc: asyncpg.PostgresError) -> str:

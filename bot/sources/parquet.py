@@ -84,7 +84,9 @@ class ParquetSink:
             if self.schema is None:
                 arrays = [_first_array(column, given) for column, given in zip(values, self._given)]
                 self.schema = pa.schema([pa.field(name, array.type) for name, array in zip(self.columns, arrays)])
-                self._writer = pq.ParquetWriter(self._file, self.schema, compression="snappy")
+                # No statistics: nothing reads them (the kernel reads the whole file), and for a
+                # wide value they cost copies of it (min and max) in memory.
+                self._writer = pq.ParquetWriter(self._file, self.schema, compression="snappy", write_statistics=False)
             else:
                 arrays = [_array_as(column, field) for column, field in zip(values, self.schema)]
             assert self._writer is not None
@@ -231,7 +233,12 @@ def _text(value: Any) -> str:
 
 
 def _short(value: Any) -> str:
-    text = "NULL" if value is None else _text(value)
+    # Cut before anything else: splitting a wide value on its spaces would take many times its size.
+    if isinstance(value, str):
+        value = value[: _PREVIEW_CHARS * 4]
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        value = bytes(value[:_PREVIEW_CHARS])
+    text = "NULL" if value is None else _text(value)[: _PREVIEW_CHARS * 4]
     text = " ".join(text.split())
     return text if len(text) <= _PREVIEW_CHARS else text[: _PREVIEW_CHARS - 1] + "…"
 

@@ -22,6 +22,9 @@ class SourceSettings(BaseModel):
     statement_timeout_s: float = Field(30.0, gt=0, le=3600)
     #: At most this many rows are fetched; the model is told when a result was cut.
     max_rows: int = Field(100_000, ge=1, le=10_000_000)
+    #: A result stops once its rows pass this many MB as the database sends them (the thread's
+    #: workspace quota also holds); the model is told where and why. One row is at most 4 MB.
+    max_result_mb: float = Field(512.0, gt=0, le=100_000)
     #: Told to the model with the source's tables: what the data is about.
     description: str = ""
     #: Queries on this source at once (also its connection pool's size); more wait their turn.

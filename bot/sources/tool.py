@@ -6,7 +6,7 @@ parsed and refused unless it is one read (:mod:`bot.sources.guard`) → the stat
 the rows streamed from the database into a Parquet file of the workspace
 (:mod:`bot.sources.parquet`, within the quota) → one line of code in the thread's kernel reads
 the file into the variable (the cell lands in the thread's notebook) → the file is deleted.
-The model gets back the variable, the row count (and whether ``max_rows`` cut it), the
+The model gets back the variable, the row count (and whether ``max_rows`` or a size cap cut it), the
 columns with their types and the first rows; every text it gets is scrubbed of credentials.
 """
 
@@ -18,6 +18,7 @@ import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from bot.sources.budget import ROW_CAP, megabytes
 from bot.sources.cell import SQL_TOOL, arguments_of, code_span, loader_code, parquet_file, valid_name, variable_of
 from bot.sources.engine import Fetched, QueryFailed, Source
 from bot.sources.guard import QueryRefused, check_query
@@ -221,7 +222,12 @@ def _summary(source: Source, name: str, fetched: Fetched, sink: ParquetSink) -> 
         f"Ran on `{source.name}` in {fetched.seconds:.2f} s. `{name}` is now a pandas DataFrame in the kernel: "
         f"{fetched.rows:,} row{'' if fetched.rows == 1 else 's'} × {len(sink.columns)} columns."
     ]
-    if fetched.cut:
+    if fetched.stopped:
+        lines.append(
+            f"The result was CUT by size: {fetched.stopped}. Select fewer or narrower columns "
+            "(substr(), length()), filter, or aggregate in SQL."
+        )
+    elif fetched.cut:
         lines.append(
             f"The result was CUT at max_rows = {source.settings.max_rows:,}: the query returned more rows. "
             "Aggregate or filter in SQL if you need all of them."
@@ -250,8 +256,10 @@ def _spec(granted: Sequence[str], schema: str) -> dict[str, Any]:
         "Run one read-only SQL query (a SELECT) on a database of this channel. The rows are loaded into this "
         "thread's Python kernel as a pandas DataFrame (variable `name`, default `result`) for the python tool; "
         "you get back the row count, the columns with types and the first rows. Aggregate and filter in SQL "
-        "where you can; a result is cut at the source's max_rows. Only SELECT runs: anything that writes, locks "
-        "or holds several statements is refused.\n\n" + schema
+        "where you can; a result is cut at the source's max_rows, and by size (one row at most "
+        f"{megabytes(ROW_CAP)}). Only SELECT runs, calling the usual side-effect-free functions (aggregates, window, "
+        "maths, string, date/time, JSON, casts): anything that writes, locks, calls a function off that list or holds "
+        "several statements is refused.\n\n" + schema
     )
     properties: dict[str, Any] = {
         "query": {"type": "string", "description": "One SELECT query in the source's SQL dialect."},

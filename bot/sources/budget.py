@@ -1,0 +1,144 @@
+"""How many bytes of a query's result the bot holds at once, and when it stops taking more.
+
+A row count says nothing about memory (100 rows of 4 MB are 400 MB), so rows are fetched by
+bytes: the first fetch takes one row, each next one as many as fit :data:`BATCH_BYTES` at
+the widest bytes-per-row seen so far (at most 8 times the last, at most :data:`BATCH_ROWS`).
+A row over :data:`ROW_CAP` is never taken whole (PostgreSQL: refused from its header, as it
+arrives, by :mod:`bot.sources.wire`), nor a fetch over :data:`FETCH_CAP`; a result whose
+rows pass the source's ``max_result_mb`` stops there. Each stop keeps the rows before it and
+says why in one sentence for the model (:class:`Stop`). Bytes are as the database sent them
+(PostgreSQL: the wire's ``DataRow`` messages; other drivers: the values' size in memory).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+#: Rows fetched at a time, at most (narrow rows: the batch is this many rows).
+BATCH_ROWS = 20_000
+#: What a fetch aims at, in bytes.
+BATCH_BYTES = 2 * 2**20
+#: One row may take this much at most (a single value included).
+ROW_CAP = 4 * 2**20
+#: One fetch may bring this much at most: a row at the cap and the protocol's messages around it.
+FETCH_CAP = ROW_CAP + 2**16
+#: A fetch may take this many times as many rows as the one before it.
+_GROWTH = 8
+
+
+def megabytes(size: float) -> str:
+    """``8 MB``, ``40.5 MB``, ``0.3 MB``: a size as the model is told it (MB = 2**20 bytes)."""
+    value = size / 2**20
+    return f"{value:.0f} MB" if value >= 10 or value == int(value) else f"{value:.1f} MB"
+
+
+class Stop(Exception):
+    """The result stops before its end: ``rows`` rows were kept; ``str()`` says why, for the model."""
+
+    def __init__(self, why: str, rows: int) -> None:
+        super().__init__(why)
+        self.rows = rows
+
+
+def _rows(count: int) -> str:
+    return f"{count:,} row{'' if count == 1 else 's'}"
+
+
+def row_too_wide(rows: int, row: int, size: int) -> Stop:
+    """Row ``row`` (counted from 1) is ``size`` bytes, over :data:`ROW_CAP`; ``rows`` rows were kept."""
+    return Stop(
+        f"the result stopped at {_rows(rows)}, before row {row:,}, which is {megabytes(size)}, "
+        f"over the {megabytes(ROW_CAP)} one row may take",
+        rows,
+    )
+
+
+def fetch_too_wide(rows: int, count: int) -> Stop:
+    """The ``count`` rows after row ``rows`` came to more than :data:`FETCH_CAP` together."""
+    return Stop(
+        f"the result stopped at {_rows(rows)}: the {count:,} rows after them are much wider than those before "
+        f"and came to over {megabytes(FETCH_CAP)} at once",
+        rows,
+    )
+
+
+def result_too_big(rows: int, size: int, cap: int) -> Stop:
+    """The rows after row ``rows`` (``size`` bytes so far) would take the result past ``cap``."""
+    return Stop(
+        f"the result stopped at {_rows(rows)} ({megabytes(size)}): the next rows would take it past the "
+        f"{megabytes(cap)} a query may return",
+        rows,
+    )
+
+
+def value_too_big(rows: int, count: int, cap: int) -> Stop:
+    """The database refused to make a value over ``cap`` for one of the ``count`` rows after
+    row ``rows`` (SQLite's length limit)."""
+    which = f"row {rows + 1:,}" if count == 1 else f"one of the next {count:,} rows"
+    return Stop(f"the result stopped at {_rows(rows)}: {which} {_needed(cap)}", rows)
+
+
+def value_refused(cap: int) -> str:
+    """Why a query whose first row needed a value over ``cap`` was stopped."""
+    return f"it {_needed(cap)}"
+
+
+def _needed(cap: int) -> str:
+    return (
+        f"needed a value over {megabytes(cap)}, more than a value may take ({megabytes(ROW_CAP)} a row, "
+        "shared by its columns)"
+    )
+
+
+@dataclass(slots=True)
+class Pacer:
+    """How many rows to fetch next, from the bytes the fetches so far brought."""
+
+    #: Rows still wanted (``max_rows + 1``: one more says the result was cut).
+    left: int
+    #: The result may take this many bytes (the source's ``max_result_mb``).
+    cap: int
+    #: Rows and bytes taken so far.
+    rows: int = 0
+    bytes: int = 0
+    _width: float = 1.0
+    _last: int = 0
+
+    def next_rows(self) -> int:
+        """Rows for the next fetch (0: none is wanted any more)."""
+        if self.left <= 0:
+            return 0
+        if self._last == 0:
+            return 1
+        fit = int(BATCH_BYTES // self._width)
+        return max(1, min(fit, self._last * _GROWTH, BATCH_ROWS, self.left))
+
+    def took(self, rows: int, size: int) -> None:
+        """A fetch brought ``rows`` rows of ``size`` bytes. :class:`Stop` when they would take the
+        result past :attr:`cap` (they are not counted then: the rows before them are the result)."""
+        if rows and self.bytes + size > self.cap:
+            raise result_too_big(self.rows, self.bytes, self.cap)
+        self.rows += rows
+        self.bytes += size
+        self.left -= rows
+        self._last = max(rows, 1)
+        if rows:
+            self._width = max(self._width, size / rows)
+
+
+def rows_bytes(rows: Sequence[Sequence[Any]]) -> int:
+    """The size of ``rows`` in memory (for drivers that hand rows over whole, not bytes)."""
+    return sum(map(sys.getsizeof, chain.from_iterable(rows)))
+
+
+def widest_row(rows: Sequence[Sequence[Any]]) -> tuple[int, int]:
+    """(index, size) of the first row over :data:`ROW_CAP`, or (-1, 0)."""
+    for index, row in enumerate(rows):
+        size = sum(map(sys.getsizeof, row))
+        if size > ROW_CAP:
+            return index, size
+    return -1, 0
