@@ -96,6 +96,7 @@ TARGETS = (
         "sources", "spawn", "p50_ms", 1500, "100,000 rows x 5 columns from PostgreSQL into a DataFrame: p50 <= 1.5 s"
     ),
     Target("sources", "spawn", "peak_mib", 100, "the bot's memory while fetching 1,000,000 rows: <= +100 MiB"),
+    Target("sources", "spawn", "wide_peak_mib", 100, "the bot's memory while fetching 100 rows of 4 MB: <= +100 MiB"),
     Target(
         "replicas",
         "2-replicas",
@@ -191,6 +192,8 @@ _ALSO = {
     "cpu_per_kernel_ms": "CPU {:.0f} ms/kernel",
     "peak_mib": "bot peak +{:.1f} MiB (1M rows)",
     "load_1m_ms": "1M rows {:.0f} ms",
+    "wide_peak_mib": "bot peak +{:.1f} MiB (100 rows of 4 MB)",
+    "wide_ms": "wide rows {:.0f} ms",
     "chat_p50_ms": "chat p50 {:.1f} ms",
     "delta_p50_ms": "Responses − chat p50 {:+.1f} ms",
 }

@@ -6,7 +6,9 @@ PostgreSQL (:mod:`bench.postgres`). ``p50_ms``/``max_ms``: the ``sql`` tool's wh
 workspace, ``read_parquet`` in the thread's kernel, the summary for the model).
 ``peak_mib``: how much the bot process's resident memory rose over its level before, at
 most, while the tool fetched all 1,000,000 rows (sampled every 5 ms; the kernel is another
-process). ``load_1m_ms``: that call's time.
+process). ``load_1m_ms``: that call's time. ``wide_peak_mib``/``wide_ms`` (issue 39): the same
+for 100 rows of 4 MB each (``repeat('x', 4000000)``), the attack run's query, which took the
+bot from 255 to 2,324 MiB before rows were fetched by bytes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from bot.sources.tool import SqlTool
 MODES = ("spawn",)
 ROWS = 1_000_000
 SAMPLE_ROWS = 100_000
+#: Issue 39's wide rows: 100 of 4 MB each.
+WIDE_QUERY = "SELECT n, repeat('x', 4000000) AS blob FROM generate_series(1, 100) AS n"
 KEY = "bench:sources"
 _TABLE = f"""
 CREATE TABLE orders AS
@@ -82,7 +86,20 @@ async def _measure(mode: str, root: Path, samples: int, sources: Sources, sandbo
             raise RuntimeError(f"the DataFrame is not in the kernel: {check.result} {check.error}")
 
         peak, took = await _peak_while(call(ROWS))
-        return {**summary(times), "peak_mib": peak / 2**20, "load_1m_ms": took * 1000}
+
+        async def wide() -> None:
+            told = await tool.call(json.dumps({"query": WIDE_QUERY, "name": "wide"}))
+            if "100 rows × 2 columns" not in told:
+                raise RuntimeError(f"the wide rows were not loaded: {told[:300]}")
+
+        wide_peak, wide_took = await _peak_while(wide())
+        return {
+            **summary(times),
+            "peak_mib": peak / 2**20,
+            "load_1m_ms": took * 1000,
+            "wide_peak_mib": wide_peak / 2**20,
+            "wide_ms": wide_took * 1000,
+        }
 
 
 async def _peak_while(work: Any) -> tuple[int, float]:
