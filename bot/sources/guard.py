@@ -14,6 +14,7 @@ extended protocol, ``sqlite3``'s ``execute``).
 from __future__ import annotations
 
 import logging
+import re
 
 import sqlglot
 from sqlglot import expressions as exp
@@ -98,6 +99,24 @@ def check_query(query: str, dialect: str) -> None:
     calls = refusal(statement, dialect)
     if calls is not None:
         raise QueryRefused(calls)
+    if dialect == "duckdb" and (path := _file_table(statement)) is not None:
+        raise QueryRefused(f"it reads {path!r} as a table, which DuckDB takes from a file; only tables are read")
+
+
+#: A table name DuckDB reads as a file (a replacement scan): a path, a URL, a glob, a data file's name.
+_FILE_LIKE = re.compile(
+    r"[/\\:*?]|\.(csv|tsv|txt|parquet|json|jsonl|ndjson|xlsx?|gz|zst|arrow|avro|db)$", re.IGNORECASE
+)
+
+
+def _file_table(statement: exp.Expr) -> str | None:
+    """The first table whose name DuckDB would read as a file, if any."""
+    for table in statement.find_all(exp.Table):
+        for part in table.parts:
+            name = part.name if isinstance(part, exp.Identifier | exp.Literal) else ""
+            if _FILE_LIKE.search(name):
+                return name
+    return None
 
 
 def _kind(node: exp.Expr) -> str:

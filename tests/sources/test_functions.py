@@ -193,3 +193,15 @@ def test_names_are_lower_case_and_nothing_dangerous_is_listed() -> None:
     dangerous = ("lo_", "dblink", "set_config", "current_setting", "nextval", "setval", "currval", "query_to_xml")
     assert [name for name in names if name.startswith(dangerous)] == []
     assert sorted(name for name in names if name.startswith("pg_")) == ["pg_size_pretty", "pg_sleep", "pg_typeof"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["SELECT * FROM 'orders.csv'", 'SELECT * FROM "/etc/passwd"', "SELECT count(*) FROM 's3://bucket/*.parquet'"],
+)
+def test_duckdb_refuses_a_table_it_would_read_from_a_file(query: str) -> None:
+    """DuckDB reads a table named like a file, path or URL from the server's disk or network
+    (a replacement scan, no function called): refused like a file function."""
+    with pytest.raises(QueryRefused, match="DuckDB takes from a file"):
+        check_query(query, "duckdb")
+    check_query("SELECT * FROM sales.orders o JOIN main.items i ON o.id = i.id", "duckdb")
