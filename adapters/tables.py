@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from bot.events import Align, Table
+from bot.events import Align, Number, Table
 from bot.tables import cell_text, parse_table, split_row
 
 __all__ = ["align_tables", "display_width", "render_table", "split_row", "table_at"]
@@ -28,6 +28,8 @@ _SEPARATOR = " | "
 
 def display_width(text: str) -> int:
     """Columns ``text`` takes in a monospace font (wide characters 2, combining marks 0)."""
+    if text.isascii() and text.isprintable():
+        return len(text)
     width = 0
     for char in text:
         if unicodedata.category(char) in _ZERO_WIDTH:
@@ -40,6 +42,8 @@ def render_table(table: Table) -> list[str]:
     """The table as aligned lines: header, a dashed line, the rows (no trailing spaces)."""
     columns = table.columns
     aligns: list[Align] = list(table.aligns) + ["left"] * (columns - len(table.aligns))
+    if not table.aligns:  # no Markdown said (a DataFrame the code showed): numbers to the right
+        aligns = ["right" if _numbers(table, c) else "left" for c in range(columns)]
     rows = [[cell_text(cell) for cell in row] for row in table.rows]
     grid = [_pad_row(list(table.header), columns), *(_pad_row(row, columns) for row in rows)]
     widths = [max(1, *(display_width(row[c]) for row in grid)) for c in range(columns)]
@@ -49,6 +53,12 @@ def render_table(table: Table) -> list[str]:
     ]
     rule = "-+-".join("-" * width for width in widths)
     return [lines[0], rule, *lines[1:]]
+
+
+def _numbers(table: Table, column: int) -> bool:
+    """Whether ``column`` holds numbers only (empty cells aside), at least one."""
+    cells = [row[column] for row in table.rows if column < len(row) and cell_text(row[column])]
+    return bool(cells) and all(isinstance(cell, Number) for cell in cells)
 
 
 def table_at(lines: list[str], start: int) -> tuple[list[str], int] | None:

@@ -53,6 +53,7 @@ from adapters.discord.inbound import (
     to_inbound,
 )
 from adapters.discord.interactions import InteractionReplies
+from adapters.discord.layout import LayoutSupport
 from adapters.discord.outbox import STOPPED, Conversation, DiscordOutbox, StopView
 from adapters.discord.slash import CommandTree, build_tree
 from bot.config import DiscordSettings
@@ -135,6 +136,8 @@ class DiscordAdapter(PlatformAdapter):
         self._stopping = False
         self._tree: CommandTree | None = None
         self._feedback_item = feedback_item(self._feedback_clicked)
+        #: Whether Discord takes components-v2 messages (False once refused, for the process).
+        self._layout = LayoutSupport()
 
     @property
     def client(self) -> discord.Client:
@@ -239,7 +242,12 @@ class DiscordAdapter(PlatformAdapter):
         # No question to react to: the thread's starter message stands in (only a status would use it).
         source = self.client.get_partial_messageable(int(key.channel)).get_partial_message(int(key.thread))
         conversation = Conversation(channel=channel, source=source, me=me, key=key, stop_turn=self._dispatcher.stop)
-        return DiscordOutbox(conversation, upload_limit=self._upload_limit, status_interval_s=self._status_interval_s)
+        return DiscordOutbox(
+            conversation,
+            upload_limit=self._upload_limit,
+            status_interval_s=self._status_interval_s,
+            layout=self._layout,
+        )
 
     async def thread_open(self, key: ThreadKey) -> bool:
         """False when Discord says the thread (or DM) of ``key`` is gone: deleted (404), out of
@@ -313,6 +321,7 @@ class DiscordAdapter(PlatformAdapter):
             status_interval_s=self._status_interval_s,
             turn_id=turn_id,
             feedback=functools.partial(feedback_view, self._feedback_item),
+            layout=self._layout,
         )
 
     # ---- slash commands ------------------------------------------------------------------
@@ -365,7 +374,7 @@ class DiscordAdapter(PlatformAdapter):
             return False
 
     async def _command(self, interaction: discord.Interaction, text: str) -> None:
-        replies = InteractionReplies(interaction, upload_limit=self._upload_limit)
+        replies = InteractionReplies(interaction, upload_limit=self._upload_limit, layout=self._layout)
         try:
             channel = await self._interaction_channel(interaction)
             if not isinstance(channel, (discord.Thread, discord.DMChannel)):

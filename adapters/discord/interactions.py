@@ -12,6 +12,7 @@ from typing import Any
 
 import discord
 
+from adapters.discord.layout import LayoutSupport
 from adapters.discord.replies import message_extras, send_reply, send_text
 from bot.events import CellProgress, Reply
 
@@ -45,9 +46,13 @@ class QuietProgress:
 class InteractionReplies:
     """An :class:`~bot.events.Outbox` whose posts are followups of one (deferred) interaction."""
 
-    def __init__(self, interaction: discord.Interaction[Any], *, upload_limit: int) -> None:
+    def __init__(
+        self, interaction: discord.Interaction[Any], *, upload_limit: int, layout: LayoutSupport | None = None
+    ) -> None:
+        """``layout``: whether components v2 may lay answers out (None: never)."""
         self._interaction = interaction
         self._upload_limit = upload_limit
+        self._layout = layout
         self.answered = False
 
     async def notify(self, text: str) -> None:
@@ -57,7 +62,11 @@ class InteractionReplies:
     async def post(self, reply: Reply) -> None:
         """Post the reply as followups: text, the last chunk carrying its files."""
         await send_reply(
-            self._send, reply, upload_limit=self._upload_limit, where=f"interaction {self._interaction.id}"
+            self._send,
+            reply,
+            upload_limit=self._upload_limit,
+            where=f"interaction {self._interaction.id}",
+            layout=self._layout,
         )
 
     def progress(self) -> QuietProgress:
@@ -71,7 +80,9 @@ class InteractionReplies:
         except discord.HTTPException as exc:
             log.warning("could not answer interaction %s: %s", self._interaction.id, exc)
 
-    async def _send(self, text: str | None, files: list[discord.File], view: discord.ui.View | None) -> None:
+    async def _send(
+        self, text: str | None, files: list[discord.File], view: discord.ui.View | discord.ui.LayoutView | None
+    ) -> None:
         extras = message_extras(files, view)
         if text is not None:
             extras["content"] = text

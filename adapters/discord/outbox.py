@@ -21,6 +21,7 @@ import aiohttp
 import discord
 
 from adapters.discord import render
+from adapters.discord.layout import LayoutSupport
 from adapters.discord.replies import MESSAGE_LIMIT, message_extras, send_reply, send_text
 from bot.events import CellProgress, Reply, ThreadKey
 
@@ -169,14 +170,17 @@ class DiscordOutbox:
         status_interval_s: float = 1.5,
         turn_id: str | None = None,
         feedback: FeedbackButtons | None = None,
+        layout: LayoutSupport | None = None,
     ) -> None:
         """``turn_id``: the question's id, which 👍/👎 clicks refer to; ``feedback`` makes those
-        buttons (either None: no buttons)."""
+        buttons (either None: no buttons); ``layout``: whether components v2 may lay answers out
+        (the adapter's, shared by its outboxes; None: never)."""
         self._to = conversation
         self._upload_limit = upload_limit
         self._status_interval_s = status_interval_s
         self._turn_id = turn_id
         self._feedback = feedback
+        self._layout = layout
 
     async def notify(self, text: str) -> None:
         """Post a short notice into the thread."""
@@ -188,13 +192,17 @@ class DiscordOutbox:
         view = None
         if reply.rateable and self._turn_id is not None and self._feedback is not None:
             view = self._feedback(self._turn_id)
-        await send_reply(self._send, reply, upload_limit=self._upload_limit, view=view, where=self._to.key)
+        await send_reply(
+            self._send, reply, upload_limit=self._upload_limit, view=view, where=self._to.key, layout=self._layout
+        )
 
     def progress(self) -> DiscordProgress:
         """A progress handle for this turn."""
         return DiscordProgress(self._to, interval_s=self._status_interval_s)
 
-    async def _send(self, text: str | None, files: list[discord.File], view: discord.ui.View | None) -> None:
+    async def _send(
+        self, text: str | None, files: list[discord.File], view: discord.ui.View | discord.ui.LayoutView | None
+    ) -> None:
         await self._to.channel.send(text, **message_extras(files, view))
 
 

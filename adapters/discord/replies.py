@@ -2,8 +2,11 @@
 the images and files (up to 10 per message) and the buttons; the same for a thread and for an
 interaction's followups.
 
-A chart thus arrives in the same message as the answer it belongs to. Tables become aligned
-code blocks first (:mod:`adapters.tables`): Discord renders no Markdown tables.
+A chart thus arrives in the same message as the answer it belongs to. Where Discord takes
+components v2 and everything fits one message, that last message is a container instead: the
+text, a gallery of the charts, the files (:mod:`adapters.discord.layout`); refused once, never
+again in the process. Tables become aligned code blocks first (:mod:`adapters.tables`): Discord
+renders no Markdown tables; tables the code showed come first, each with its caption.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import aiohttp
 import discord
 
 from adapters.discord import render
-from adapters.discord.uploads import Upload, open_files, plan_uploads, release
+from adapters.discord.layout import LayoutSupport, answer_view, shown_table
+from adapters.discord.uploads import Upload, UploadPlan, open_files, plan_uploads, release
 from adapters.tables import align_tables
 from adapters.textsplit import split_markdown
 from bot.events import Reply
@@ -26,12 +30,14 @@ log = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 2000
 
-#: Posts one message: its text (None: none), its files, its buttons (None: none). Raises what
-#: discord.py raises.
-SendMessage = Callable[[str | None, list[discord.File], discord.ui.View | None], Awaitable[object]]
+#: Posts one message: its text (None: none), its files, its buttons or components-v2 layout
+#: (None: none). Raises what discord.py raises.
+SendMessage = Callable[
+    [str | None, list[discord.File], discord.ui.View | discord.ui.LayoutView | None], Awaitable[object]
+]
 
 
-def message_extras(files: list[discord.File], view: discord.ui.View | None) -> dict[str, Any]:
+def message_extras(files: list[discord.File], view: discord.ui.View | discord.ui.LayoutView | None) -> dict[str, Any]:
     """The ``files`` and ``view`` keyword arguments of a discord.py send, only those given."""
     extras: dict[str, Any] = {}
     if files:
@@ -54,16 +60,28 @@ async def send_text(send: SendMessage, text: str) -> None:
 
 
 async def send_reply(
-    send: SendMessage, reply: Reply, *, upload_limit: int, view: discord.ui.View | None = None, where: object = ""
+    send: SendMessage,
+    reply: Reply,
+    *,
+    upload_limit: int,
+    view: discord.ui.View | None = None,
+    where: object = "",
+    layout: LayoutSupport | None = None,
 ) -> None:
-    """Post ``reply``: its text, whose last chunk carries the first batch of files; further
-    batches follow; ``view`` (buttons) goes on the last message. Notes about files that cannot
-    go (too big, unreadable) end the text; an upload that fails still gets its text through,
-    then a note."""
+    """Post ``reply``: the tables the code showed, then its text, whose last chunk carries the
+    first batch of files; further batches follow; ``view`` (buttons) goes on the last message.
+    Notes about files that cannot go (too big, unreadable) end the text; an upload that fails
+    still gets its text through, then a note. With ``layout`` (components v2 allowed) an answer
+    with pictures or files whose last part and files fit one message is one container message."""
+    for table in reply.tables:
+        await send(shown_table(table, MESSAGE_LIMIT), [], None)
     plan = await plan_uploads(reply.images, reply.files, upload_limit)
     try:
         text = "\n\n".join(part for part in (reply.text.strip("\n"), "\n".join(plan.notes)) if part.strip())
         chunks = text_chunks(text)
+        if layout is not None and layout.enabled and len(plan.batches) == 1 and chunks:
+            if await _send_container(send, chunks, plan, reply, view, layout, where):
+                return
         for chunk in chunks[:-1]:
             await send(chunk, [], None)
         last = chunks[-1] if chunks else None
@@ -81,6 +99,47 @@ async def send_reply(
             await send_text(send, "\n".join(failures))
     finally:
         await asyncio.to_thread(plan.close)
+
+
+async def _send_container(
+    send: SendMessage,
+    chunks: list[str],
+    plan: UploadPlan,
+    reply: Reply,
+    view: discord.ui.View | None,
+    layout: LayoutSupport,
+    where: object,
+) -> bool:
+    """The answer's leading chunks, then its last one with the pictures and files as one
+    components-v2 message; False when that cannot be (the caller posts as before: nothing of
+    the container was posted)."""
+    batch = plan.batches[0]
+    pictures = {image.filename for image in reply.images}
+    images = [u.name for u in batch if u.name in pictures]
+    others = [u.name for u in batch if u.name not in pictures]
+    container = answer_view(chunks[-1], images, others, view)
+    if container is None:
+        return False
+    files, unreadable = await asyncio.to_thread(open_files, batch)
+    try:
+        if unreadable:
+            return False
+        for chunk in chunks[:-1]:
+            await send(chunk, [], None)
+        chunks[:-1] = []
+        await send(None, files, container)
+        return True
+    except discord.HTTPException as exc:
+        log.warning("a components v2 message to %s failed (%s); posting as before", where, exc)
+        if exc.status == 400:
+            layout.refuse(exc.text or str(exc.status))
+        if view is not None and not view.children:
+            for item in container.children[1:]:  # the buttons go back for the message posted instead
+                for button in getattr(item, "children", []):
+                    view.add_item(button)
+        return False
+    finally:
+        await asyncio.to_thread(release, files)
 
 
 async def _send_batch(

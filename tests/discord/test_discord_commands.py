@@ -341,8 +341,8 @@ async def test_an_answer_with_a_chart_is_one_message(world: World) -> None:
     message = await fake.user_message("draw a line", mention_bot=True)
     thread_id = int((await fake.wait_for_thread(message["id"]))["id"])
     assert await world.turn_done(message["id"]) == "✅"
-    [reply] = [s for s in fake.sent[thread_id] if s.files or "chart" in s.content]
-    assert reply.content == "Here is the **chart**." and [f.name.endswith(".png") for f in reply.files] == [True]
+    [reply] = [s for s in fake.sent[thread_id] if s.files or "chart" in s.text]
+    assert reply.text == "Here is the **chart**." and [f.name.endswith(".png") for f in reply.files] == [True]
     assert Image.open(io.BytesIO(reply.files[0].data)).format == "PNG"
     assert len(reply.custom_ids) == 2  # 👍/👎 on the same message
     status, answered = fake.sent[thread_id]

@@ -94,7 +94,7 @@ async def test_mention_with_csv_opens_thread_with_chart_and_follow_up_reuses_var
     thread = fake.threads[thread_id]
     assert thread["name"] == "Plot the sales by month" and int(thread["parent_id"]) == CHANNEL_ID
     assert await world.turn_done(message) == "✅"
-    answer_msg = await fake.wait_for_sent(thread_id, lambda s: "peaking in **March**" in s.content)
+    answer_msg = await fake.wait_for_sent(thread_id, lambda s: "peaking in **March**" in s.text)
     chart = await fake.wait_for_sent(thread_id, lambda s: any(f.name.endswith(".png") for f in s.files))
     image = Image.open(io.BytesIO(chart.files[0].data))
     assert image.format == "PNG" and image.width > 100
@@ -212,8 +212,8 @@ async def test_oversized_files_are_zipped_or_reported(world: World) -> None:
     data = next(f.data for f in zipped.files if f.name == "report.txt.zip")
     assert len(data) <= limit
     assert zipfile.ZipFile(io.BytesIO(data)).read("report.txt") == b"all good here\n" * 40000
-    note = await fake.wait_for_sent(thread_id, lambda s: "noise.bin" in s.content)
-    assert "upload limit" in note.content and "workspace" in note.content
+    note = await fake.wait_for_sent(thread_id, lambda s: "noise.bin" in s.text)
+    assert "upload limit" in note.text and "workspace" in note.text
     assert all(f.name != "noise.bin" for s in fake.sent[thread_id] for f in s.files)
 
 

@@ -82,6 +82,7 @@ from urllib.parse import unquote
 import pytest_asyncio
 from aiohttp import WSMsgType, web
 
+from tests.fakes.discord_components import IS_COMPONENTS_V2, check_v2, is_v2, text_of
 from tests.fakes.local_http import serve_locally
 
 BOT_ID = 1_100_000_000_000_000_001
@@ -150,6 +151,17 @@ class Sent:
     interaction_id: int | None = None  # set for an interaction's original message and its followups
     original: bool = False  # the interaction's original (deferred) message, not a followup
     ephemeral: bool = False  # only the user of the interaction sees it
+    flags: int = 0  # the message's flags (IS_COMPONENTS_V2: laid out by its components)
+
+    @property
+    def v2(self) -> bool:
+        """Whether the message is laid out by components v2 (no content; text displays instead)."""
+        return bool(self.flags & IS_COMPONENTS_V2)
+
+    @property
+    def text(self) -> str:
+        """What the message says: its content, or its text displays joined."""
+        return "\n".join(text_of(self.components)) if self.v2 else self.content
 
     @property
     def custom_ids(self) -> list[str]:
@@ -262,6 +274,12 @@ class FakeDiscord:
         self.message_requests: list[tuple[str, dict[str, Any]]] = []
         self.unknown_routes: list[str] = []
         self.cdn_downloads: list[str] = []
+        #: Discord here refuses the IS_COMPONENTS_V2 flag (400, as for an app or client without it).
+        self.refuse_components_v2 = False
+        #: Components-v2 messages out of schema (:mod:`tests.fakes.discord_components`): answered
+        #: 400, and they fail the test when the fake stops unless it set :attr:`allow_invalid_components`.
+        self.schema_errors: list[str] = []
+        self.allow_invalid_components = False
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -279,6 +297,20 @@ class FakeDiscord:
                 await session.connection.ws.close(code=1001)
         if self._runner is not None:
             await self._runner.cleanup()
+        if exc[0] is None and self.schema_errors and not self.allow_invalid_components:
+            raise AssertionError(f"the bot sent components Discord refuses: {self.schema_errors}")
+
+    def _refused_v2(self, body: dict[str, Any], files: list[SentFile]) -> web.Response | None:
+        """Discord's 400 for a components-v2 message it will not take; None for any other message."""
+        if not is_v2(body):
+            return None
+        if self.refuse_components_v2:
+            return _error(400, 50035, "Invalid Form Body: flags: unknown message flag")
+        why = check_v2(body, [f.name for f in files])
+        if why is None:
+            return None
+        self.schema_errors.append(why)
+        return _error(400, 50035, f"Invalid Form Body: components: {why}")
 
     @property
     def base_url(self) -> str:
@@ -778,13 +810,24 @@ class FakeDiscord:
         content = body.get("content") or ""
         if len(content) > 2000:
             return _error(400, 50035, "Invalid Form Body: content: Must be 2000 or fewer in length.")
-        if not content and not files:
+        if (refused := self._refused_v2(body, files)) is not None:
+            return refused
+        if not content and not files and not is_v2(body):
             return _error(400, 50006, "Cannot send an empty message")
         message = self._message_payload(cid, BOT_USER, content)
         message["components"] = body.get("components") or []
+        message["flags"] = int(body.get("flags") or 0)
         message["attachments"] = [self._store_attachment(cid, f.name, f.data) for f in files]
         self.sent.setdefault(cid, []).append(
-            Sent(int(message["id"]), cid, content, files, message["components"], content_length=request.content_length)
+            Sent(
+                int(message["id"]),
+                cid,
+                content,
+                files,
+                message["components"],
+                content_length=request.content_length,
+                flags=message["flags"],
+            )
         )
         await self._dispatch("MESSAGE_CREATE", message)
         return _json(message)
@@ -925,6 +968,7 @@ class FakeDiscord:
                 interaction_id=int(interaction["id"]),
                 original=original,
                 ephemeral=bool(message["flags"] & _EPHEMERAL),
+                flags=int(message["flags"]),
             )
         )
         return message
@@ -941,7 +985,9 @@ class FakeDiscord:
         content = body.get("content") or ""
         if len(content) > 2000:
             return _error(400, 50035, "Invalid Form Body: content: Must be 2000 or fewer in length.")
-        if not content and not files:
+        if (refused := self._refused_v2(body, files)) is not None:
+            return refused
+        if not content and not files and not is_v2(body):
             return _error(400, 50006, "Cannot send an empty message")
         if any(len(f.data) > self.upload_limit for f in files):
             return _error(413, 40005, "Request entity too large")
