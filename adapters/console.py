@@ -41,10 +41,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from adapters.console_terminal import Terminal
+from adapters.tables import render_table
 from adapters.tasks import BackgroundTasks
 from bot.dispatcher import Dispatcher
 from bot.events import Attachment, CellProgress, InboundMessage, OpenReader, Reply, ThreadKey
 from bot.safetext import shown, without_terminal_control
+from bot.tables import hidden_note
 
 log = logging.getLogger(__name__)
 
@@ -401,9 +403,16 @@ class ConsoleAdapter:
             self._say(text)
 
     async def post(self, reply: Reply) -> None:
-        """Print the reply text; save images and files under the output folder."""
+        """Print the tables the code showed and the reply text; save images and files under the
+        output folder (the whole of each table among them, as CSV)."""
         if self._quitting:
             return
+        for table in reply.tables:
+            if self._terminal is not None:
+                self._terminal.table(table)
+            else:
+                note = hidden_note(table)
+                self._say("\n".join([table.caption, *render_table(table), *([note] if note else [])]))
         if self._terminal is not None:
             self._terminal.markdown(reply.text)
         else:

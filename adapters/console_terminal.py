@@ -29,10 +29,12 @@ from prompt_toolkit.patch_stdout import patch_stdout
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.syntax import Syntax
+from rich.table import Table as RichTable
 from rich.text import Text
 
-from bot.events import CellProgress
+from bot.events import CellProgress, Number, Table
 from bot.safetext import without_terminal_control
+from bot.tables import cell_text, hidden_note
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,21 @@ class Terminal:
     def markdown(self, text: str) -> None:
         """An answer or notice, rendered."""
         self._console().print(Markdown(without_terminal_control(text), hyperlinks=False))
+
+    def table(self, table: Table) -> None:
+        """A table the code showed: a rich table of its rows (cells as plain text, never markup)
+        under its caption, and how much is not shown."""
+        clean = without_terminal_control
+        grid = RichTable(show_lines=False)
+        for number, name in enumerate(table.header):
+            numeric = any(isinstance(row[number], Number) for row in table.rows if number < len(row))
+            grid.add_column(Text(clean(name)), justify="right" if numeric else "left", overflow="fold")
+        for row in table.rows:
+            grid.add_row(*(Text(clean(cell_text(cell))) for cell in row))
+        self._console().print(Text(clean(table.caption), style="bold"), soft_wrap=True)  # not wrapped to the grid
+        self._console().print(grid)
+        if note := hidden_note(table):
+            self._console().print(Text(note, style="dim"))
 
     def status(self, text: str) -> None:
         """A status line, dimmed."""

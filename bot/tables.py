@@ -40,6 +40,8 @@ _MARKS = re.compile(
     r"|`+([^`]+)`+"
 )
 _LINK = re.compile(r"!?\[([^\[\]]*)\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+_MARK_CHARS = re.compile(r"[*_~`\[]")
+_NUMBER_START = frozenset("+-\u2212$€£¥.0123456789")
 #: Cells a spreadsheet would read as a formula when the CSV is opened.
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
@@ -47,7 +49,11 @@ _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 def split_row(line: str) -> list[str]:
     """The cells of a table row: split at pipes outside code spans and not escaped; outer
     pipes optional; each cell stripped, ``\\|`` shown as ``|``."""
-    cells = _cells(line)
+    return _outer(_cells(line))
+
+
+def _outer(cells: list[str]) -> list[str]:
+    """Cells split at the pipes without the empty ones outside the outer pipes, stripped."""
     if len(cells) > 1 and not cells[0].strip():
         cells = cells[1:]
     if len(cells) > 1 and not cells[-1].strip():
@@ -57,6 +63,8 @@ def split_row(line: str) -> list[str]:
 
 def _cells(line: str) -> list[str]:
     """``line`` split at its real pipes (not escaped, not inside a code span), unstripped."""
+    if "`" not in line and "\\" not in line:
+        return line.split("|")  # no code span, no escape: every pipe is one
     cells: list[str] = []
     cell: list[str] = []
     i, n = 0, len(line)
@@ -96,10 +104,6 @@ def _closing_ticks(line: str, start: int, ticks: str) -> int:
         i = end + len(line[end:]) - len(line[end:].lstrip("`"))
 
 
-def _has_pipe(line: str) -> bool:
-    return len(_cells(line)) > 1
-
-
 def _delimiter(line: str) -> list[Align] | None:
     if "|" not in line:
         return None
@@ -124,8 +128,11 @@ def parse_table(lines: list[str], start: int) -> tuple[Table, int] | None:
         return None
     rows: list[tuple[Cell, ...]] = []
     end = start + 2
-    while end < len(lines) and lines[end].strip() and _has_pipe(lines[end]) and not _FENCE.match(lines[end]):
-        rows.append(tuple(_cell(text) for text in split_row(lines[end])))
+    while end < len(lines) and lines[end].strip() and not _FENCE.match(lines[end]):
+        cells = _cells(lines[end])
+        if len(cells) < 2:
+            break  # a line without a pipe ends the table
+        rows.append(tuple(_cell(text) for text in _outer(cells)))
         end += 1
     return Table(header=tuple(header), rows=tuple(rows), aligns=tuple(aligns)), end
 
@@ -180,6 +187,8 @@ def cell_text(cell: Cell) -> str:
 def unmarked(text: str) -> str:
     """``text`` as a reader sees it: emphasis and code marks left out, a link as ``label (target)``.
     For places that show a cell as plain text (a native table), never as markup."""
+    if not _MARK_CHARS.search(text):
+        return text
     text = _LINK.sub(lambda m: f"{m.group(1)} ({m.group(2)})" if m.group(2) else m.group(1), text)
     previous = None
     while previous != text:  # nested marks (``**`x`**``)
@@ -190,7 +199,10 @@ def unmarked(text: str) -> str:
 
 def parse_number(text: str) -> float | None:
     """The value of a cell that reads as a number (``1,234.5``, ``−3``, ``12%``, ``$4.50``), else None."""
-    match = _NUMBER.match(text.strip())
+    text = text.strip()
+    if not text or text[0] not in _NUMBER_START:
+        return None
+    match = _NUMBER.match(text)
     if match is None:
         return None
     value = float(match.group("digits").replace(",", ""))
