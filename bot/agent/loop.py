@@ -61,7 +61,11 @@ PYTHON_TOOL: dict[str, Any] = {
         "description": (
             "Run Python code in this thread's persistent Jupyter kernel. The working directory is the "
             "thread's workspace. Returns stdout, stderr, the last expression's value, errors, and the "
-            "files created or changed. Figures shown with plt.show() are sent to the user."
+            "files created or changed. Figures shown with plt.show() are sent to the user. "
+            "display_dataframe_to_user(name, dataframe) shows a DataFrame to the user as a table (its "
+            "first 100 rows; the whole of it attached as a CSV file). show_chart(data, x=column, "
+            "y=column or [columns], kind='bar'|'line'|'area'|'pie', title=...) shows a simple chart that "
+            "chat apps can draw natively (Plotly and Altair charts can be too; matplotlib stays a picture)."
         ),
         "parameters": {
             "type": "object",
