@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import fork_path, freeze, kernels, replicas, slack, snapshots, sources, warm_trace
+from bench import fork_path, freeze, kernels, rendering, replicas, slack, snapshots, sources, warm_trace
 from bench.gateway import GATEWAY, stop_shared_gateway
 from bench.kernels import Sandbox
 from bench.postgres import find_postgres
@@ -97,6 +97,9 @@ TARGETS = (
     ),
     Target("sources", "spawn", "peak_mib", 100, "the bot's memory while fetching 1,000,000 rows: <= +100 MiB"),
     Target("sources", "spawn", "wide_peak_mib", 100, "the bot's memory while fetching 100 rows of 4 MB: <= +100 MiB"),
+    Target("rendering", "slack_table", "p90_ms", 5, "a 100-row table laid out for Slack (native block): p90 <= 5 ms"),
+    Target("rendering", "discord_table", "p90_ms", 5, "a 100-row table laid out for Discord (code block): p90 <= 5 ms"),
+    Target("rendering", "chart", "p90_ms", 5, "a 6-series chart read and made a Slack chart block: p90 <= 5 ms"),
     Target(
         "replicas",
         "2-replicas",
@@ -121,6 +124,7 @@ def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[st
         "freeze": lambda mode, root: freeze.freeze_cost(mode, root, sizes.turns, sizes.idle_s, sandbox=sandbox),
         "replicas": lambda mode, root: replicas.turns_per_second(mode, root, sizes.replica_threads),
         "sources": lambda mode, root: sources.load_rows(mode, root, sizes.first, sandbox=sandbox),
+        "rendering": lambda mode, root: rendering.render_cost(mode, root, sizes.turns * 10),
         **(
             {"warm_trace": lambda mode, root: warm_trace.replay(mode, root, sizes.trace_burst, sandbox=sandbox)}
             if sizes.trace_burst
@@ -137,6 +141,7 @@ SCENARIO_MODES: dict[str, tuple[str, ...]] = {
     "sources": sources.MODES,
     "freeze": ("spawn", "fork"),
     "turn_api": ("pool",),
+    "rendering": rendering.MODES,
 }
 
 

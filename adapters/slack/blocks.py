@@ -28,6 +28,7 @@ layout (:func:`plain_cell`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -60,6 +61,10 @@ MAX_PIE_SEGMENTS = 6
 CHARTS_PER_MESSAGE = 2
 
 
+#: What :func:`plain_cell` changes: brackets, an ``@``, runs of spaces.
+_UNPLAIN = re.compile(r"[<>@]|\s\s")
+
+
 @dataclass(frozen=True, slots=True)
 class NativeTable:
     """A table as one Slack block, and how much of the table it leaves out."""
@@ -78,8 +83,10 @@ class NativeTable:
 def plain_cell(text: str, limit: int = MAX_CELL_CHARS) -> str:
     """Untrusted text for a plain-text field: one line, no mention, no link token, at most
     ``limit`` characters (``…`` marks a cut), never empty (Slack wants one character)."""
-    flat = " ".join(text.replace("<", "‹").replace(">", "›").split())
-    flat = quiet_mentions(flat)
+    if text.isprintable() and not _UNPLAIN.search(text) and text == text.strip():
+        flat = text  # most cells: nothing to change
+    else:
+        flat = quiet_mentions(" ".join(text.replace("<", "‹").replace(">", "›").split()))
     if len(flat) > limit:
         flat = flat[: limit - 1] + "…"
     return flat or " "

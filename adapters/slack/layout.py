@@ -56,12 +56,19 @@ class NativeSupport:
 @dataclass(frozen=True, slots=True)
 class Post:
     """One message: its text, its blocks (empty: the text alone), the native kind among them,
-    and what to post instead when Slack refuses that kind."""
+    and what to post instead when Slack refuses that kind (rendered text, or Markdown rendered
+    only then: :meth:`fallback_texts`)."""
 
     text: Mrkdwn
     blocks: tuple[dict[str, Any], ...] = ()
     native: NativeKind | None = None
-    fallback: tuple[Mrkdwn, ...] = ()
+    fallback: tuple[Mrkdwn | str, ...] = ()
+
+    def fallback_texts(self) -> list[Mrkdwn]:
+        """The fallback as messages to post."""
+        return [
+            chunk for item in self.fallback for chunk in ([item] if isinstance(item, Mrkdwn) else mrkdwn_chunks(item))
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +165,7 @@ def lay_out(
     shares = bool(reply.images or reply.files or files or layout.charts)
     if layout.last is None and not shares and posts and posts[-1].blocks and feedback:
         end = posts[-1]
-        posts[-1] = Post(end.text, (*end.blocks, *feedback), end.native, (*end.fallback,))
+        posts[-1] = Post(end.text, (*end.blocks, *feedback), end.native, end.fallback)
         return layout, []
     return layout, feedback
 
@@ -169,7 +176,7 @@ def _answer_table(piece: TablePiece, lead: Mrkdwn | None) -> Post:
     if piece.note:
         blocks.append(section(mrkdwn(piece.note)))
     table = to_markdown(piece.table) + (f"\n\n{piece.note}" if piece.note else "")
-    fallback = [*([lead] if lead is not None else []), *mrkdwn_chunks(table)]
+    fallback: list[Mrkdwn | str] = [*([lead] if lead is not None else []), table]
     text = lead if lead is not None else mrkdwn(_summary(piece.table))
     return Post(text, tuple(blocks), piece.native.kind, tuple(fallback))
 
@@ -183,11 +190,12 @@ def _shown_table(table: Table, support: NativeSupport) -> Post:
     if native.cut:
         where = f"; the whole table is attached as {_code(table.file)}" if table.file else ""
         note = f"_{_not_shown(native)}{where}._"
-    fallback = tuple(mrkdwn_chunks(f"{caption}\n\n{to_markdown(table)}" + (f"\n\n{note}" if note else "")))
+    fallback = f"{caption}\n\n{to_markdown(table)}" + (f"\n\n{note}" if note else "")
     if not support.allows(native.kind):
-        return Post(fallback[0], (), None, fallback)
+        texts = tuple(mrkdwn_chunks(fallback))
+        return Post(texts[0], (), None, texts)
     blocks = [native.block, *([section(mrkdwn(note))] if note else [])]
-    return Post(mrkdwn(caption), tuple(blocks), native.kind, fallback)
+    return Post(mrkdwn(caption), tuple(blocks), native.kind, (fallback,))
 
 
 def _chart_blocks(images: tuple[ImageOut, ...], support: NativeSupport) -> list[dict[str, Any]]:

@@ -226,7 +226,7 @@ class SlackOutbox:
                 return
             self._native.refuse(post.native, result.error)
         buttons = [b for b in post.blocks if b.get("type") == "context_actions"]
-        texts = list(post.fallback) if post.fallback or post.native == "data_visualization" else [post.text]
+        texts = post.fallback_texts() if post.fallback or post.native == "data_visualization" else [post.text]
         if buttons and texts:
             texts[-1:] = split_rendered(texts[-1], SECTION_LIMIT)
         for number, text in enumerate(texts, 1):
