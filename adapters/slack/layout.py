@@ -117,6 +117,8 @@ def pieces(text: str, support: NativeSupport) -> list[Piece]:
             prose.append(part)
             continue
         native = table_block(part)
+        if native.kind == "table" and not support.allows("table") and support.allows("data_table"):
+            native = table_block(part, data_table=True)  # a workspace without table blocks may have data tables
         if not support.allows(native.kind):
             prose.append(to_markdown(part))
             continue

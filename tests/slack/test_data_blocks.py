@@ -145,17 +145,33 @@ async def test_hostile_cells_are_shown_as_text(bot: Bot) -> None:
 async def test_a_refused_block_still_delivers_the_whole_answer_and_is_not_sent_again(tmp_path: Path) -> None:
     async with running_bot(tmp_path, socket_mode=False) as plain:
         slack: FakeSlack = plain.slack
-        slack.refuse_blocks = {"table"}  # not rolled out in this workspace
-        for channel in ("C_NO_TABLE", "C_NO_TABLE2"):
+        slack.refuse_blocks = {"table", "data_table"}  # not rolled out in this workspace
+        for channel in ("C_NO_TABLE", "C_NO_DATA_TABLE", "C_NO_NATIVE"):
             plain.llm.script(answer(TABLE_ANSWER))
             messages = await ask(plain, channel)
             text = "\n".join(m.text for m in messages)
             assert "Revenue by region:" in text and "North leads." in text
             assert "North  | 1,234.50 |     12" in text and "```" in text  # the table as an aligned code block
-            assert blocks_of(messages, "table") == []
+            assert blocks_of(messages, "table") == blocks_of(messages, "data_table") == []
             assert blocks_of(messages, "context_actions")
-        # Slack refused once; the second answer did not try the table block again.
-        assert len(slack.refused_blocks) == 1 and slack.schema_errors == []
+        # Slack refused the table block, then the data table tried in its place; each once, and
+        # the third answer tried neither.
+        assert [why for _, why in slack.refused_blocks] == [
+            "unsupported block type table",
+            "unsupported block type data_table",
+        ]
+        assert slack.schema_errors == []
+
+
+async def test_where_only_the_table_block_is_refused_small_tables_are_data_tables(tmp_path: Path) -> None:
+    async with running_bot(tmp_path, socket_mode=False) as plain:
+        plain.slack.refuse_blocks = {"table"}
+        for channel in ("C_FIRST", "C_SECOND"):
+            plain.llm.script(answer(TABLE_ANSWER))
+            messages = await ask(plain, channel)
+            assert "North leads." in "\n".join(m.text for m in messages)
+        assert blocks_of(messages, "table") == [] and len(blocks_of(messages, "data_table")) == 1
+        assert len(plain.slack.refused_blocks) == 1
 
 
 async def test_a_streamed_answer_ends_with_its_table_block(tmp_path: Path) -> None:
