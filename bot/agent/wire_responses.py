@@ -254,9 +254,13 @@ class ResponsesStream:
         return False
 
     def completion(self) -> Completion:
-        """The whole reply."""
+        """The whole reply; :class:`Unreadable` when the stream ended before its last event
+        (``response.completed`` or ``response.incomplete``): a stream closed early holds part of
+        a reply, which must not pass for all of it."""
+        if self.final is None:
+            raise Unreadable("a stream that ended before response.completed")
         items = [self.items[index] for index in sorted(self.items)] or None
-        final = self.final if self.final is not None else {"status": "completed"}
+        final = self.final
         if items is None and not isinstance(final.get("output"), list):
             if not self.texts:
                 raise Unreadable("a stream without output items")

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from pydantic import SecretStr
 
 from bot.agent import Agent, TurnResult
-from bot.agent.llm import LLMClient
+from bot.agent.llm import LLMClient, LLMError
 from bot.config import LLMSettings
 from kernels.result import ExecutionResult, StreamChunk
 from tests.agent.conftest import PreparedRunner, assert_valid_transcript, llm_settings
@@ -328,3 +329,43 @@ async def test_a_server_that_will_not_stream_responses_is_asked_plainly(response
         await client.close()
     assert (first.content, second.content) == ("plain one", "plain two")
     assert [bool(r.get("stream")) for r in responses_only.requests] == [True, False, False]
+
+
+async def test_a_stream_that_ends_before_its_last_event_is_not_taken_for_the_answer() -> None:
+    """A Responses stream closed cleanly before ``response.completed`` (a proxy's cut, a server
+    that died mid-answer) holds part of a reply: it is asked again, never posted as the answer."""
+    streams: list[int] = []
+
+    async def cut_short(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        streams.append(len(streams))
+        reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await reply.prepare(request)
+        delta = {"type": "response.output_text.delta", "output_index": 0, "delta": "The total is 4"}
+        await reply.write(f"event: {delta['type']}\ndata: {json.dumps(delta)}\n\n".encode())
+        await reply.write_eof()  # "2." and response.completed never come
+        return reply
+
+    app = web.Application()
+    app.router.add_post("/v1/responses", cut_short)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    settings = LLMSettings(
+        model="m", base_url=f"http://127.0.0.1:{port}/v1", api="responses", api_key=SecretStr("k"), max_retries=1
+    )
+    client = LLMClient(settings)
+    shown: list[str] = []
+
+    async def on_text(text: str) -> None:
+        shown.append(text)
+
+    try:
+        with pytest.raises(LLMError, match="could not be read"):
+            await client.complete([{"role": "user", "content": "what is 2 + 2?"}], on_text=on_text)
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert len(streams) == 2 and shown == ["The total is 4", "The total is 4"]  # drafted, then asked again
