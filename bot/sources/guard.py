@@ -105,15 +105,17 @@ def check_query(query: str, dialect: str) -> None:
 
 #: A table name DuckDB reads as a file (a replacement scan): a path, a URL, a glob, a data file's name.
 _FILE_LIKE = re.compile(
-    r"[/\\:*?]|\.(csv|tsv|txt|parquet|json|jsonl|ndjson|xlsx?|gz|zst|arrow|avro|db)$", re.IGNORECASE
+    r"[/\\:*?]|\.(csv|tsv|txt|parquet|json|jsonl|ndjson|xlsx?|gz|zst|bz2|lz4|xz|arrow|avro|db)$", re.IGNORECASE
 )
 
 
 def _file_table(statement: exp.Expr) -> str | None:
-    """The first table whose name DuckDB would read as a file, if any."""
+    """The first table whose name DuckDB would read as a file, if any. DuckDB joins a qualified
+    name's parts with dots before it looks for a file (``FROM sales.csv`` reads ``sales.csv``),
+    so each part and the joined name are looked at."""
     for table in statement.find_all(exp.Table):
-        for part in table.parts:
-            name = part.name if isinstance(part, exp.Identifier | exp.Literal) else ""
+        names = [part.name if isinstance(part, exp.Identifier | exp.Literal) else "" for part in table.parts]
+        for name in [*names, ".".join(names)]:
             if _FILE_LIKE.search(name):
                 return name
     return None

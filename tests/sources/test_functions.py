@@ -197,7 +197,14 @@ def test_names_are_lower_case_and_nothing_dangerous_is_listed() -> None:
 
 @pytest.mark.parametrize(
     "query",
-    ["SELECT * FROM 'orders.csv'", 'SELECT * FROM "/etc/passwd"', "SELECT count(*) FROM 's3://bucket/*.parquet'"],
+    [
+        "SELECT * FROM 'orders.csv'",
+        'SELECT * FROM "/etc/passwd"',
+        "SELECT count(*) FROM 's3://bucket/*.parquet'",
+        "SELECT * FROM orders.csv",  # unquoted: DuckDB joins the parts, schema "orders", table "csv"
+        "SELECT * FROM logs.today.json.gz",
+        'SELECT * FROM "orders.csv.bz2"',
+    ],
 )
 def test_duckdb_refuses_a_table_it_would_read_from_a_file(query: str) -> None:
     """DuckDB reads a table named like a file, path or URL from the server's disk or network
