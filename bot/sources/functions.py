@@ -227,8 +227,8 @@ def refusal(tree: exp.Expr, dialect: str) -> str | None:
         if not isinstance(node, exp.Func):
             continue
         name = function_name(node)
-        if isinstance(node.parent, exp.Dot) and node.arg_key == "expression":
-            qualified = f"{node.parent.this.sql(dialect=dialect or None)}.{name}"
+        if (qualifier := _schema_of(node, dialect)) is not None:
+            qualified = f"{qualifier}.{name}"
             return (
                 f"it calls {qualified[:80]}(), a function named with its schema; "
                 "only built-in functions by their plain names may be called"
@@ -238,6 +238,21 @@ def refusal(tree: exp.Expr, dialect: str) -> str | None:
                 return f"it calls {name[:80]}(), which is not on the list of functions a query may call"
         elif type(node) not in ALLOWED_NODES:
             return f"it calls {name[:80]}(), which is not on the list of functions a query may call"
+    return None
+
+
+def _schema_of(node: exp.Func, dialect: str) -> str | None:
+    """The schema (and catalog) ``node`` is called with (``pg_catalog.now()``, ``FROM
+    evil.json_each(…)``: a table function's schema is its table's), None for a plain name."""
+    parent = node.parent
+    if isinstance(parent, exp.Dot) and node.arg_key == "expression":
+        return str(parent.this.sql(dialect=dialect or None))
+    if (
+        isinstance(parent, exp.Table)
+        and node.arg_key == "this"
+        and (parent.args.get("db") or parent.args.get("catalog"))
+    ):
+        return ".".join(part.sql(dialect=dialect or None) for part in parent.parts[:-1])
     return None
 
 

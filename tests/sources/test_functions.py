@@ -116,6 +116,10 @@ POSTGRES_REFUSED = [
     ("SELECT (SELECT max(lo_create(0)) FROM orders)", "lo_create()"),
     ("SELECT public.lower(customer) FROM orders", "public.lower()"),
     ("SELECT pg_catalog.pg_read_file('/etc/passwd')", "pg_catalog.pg_read_file()"),
+    # A table function's schema is its table's: an allowed name in another schema is another function.
+    ("SELECT * FROM evil.json_each('{}')", "evil.json_each()"),
+    ("SELECT * FROM ROWS FROM (evil.json_each('{}'))", "evil.json_each()"),
+    ("SELECT * FROM evil.generate_series(1, 2)", "a function named with its schema"),
     ("SELECT \"LO_FROM_BYTEA\"(0, 'x')", "LO_FROM_BYTEA()"),
     ("SELECT 1 OPERATOR(pg_catalog.+) 1", "OPERATOR("),
     ("SELECT * FROM orders TABLESAMPLE evil_method (10)", "evil_method"),
