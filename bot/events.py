@@ -234,6 +234,15 @@ class CellProgress:
     ended_lines: int = 0
     #: How many of ``lines`` (the last ones) are not ended yet: a progress bar redrawn in place.
     unfinished_lines: int = 0
+    #: ``running``; once the cell ended, ``complete`` (it ran) or ``error`` (an error, a stop, a
+    #: lost kernel). Status messages ignore an ended cell with nothing new to show.
+    state: Literal["running", "complete", "error"] = "running"
+
+    @property
+    def for_status(self) -> bool:
+        """Whether a status message shows this: a running cell, or an ended one's last lines
+        (an ended cell that printed nothing changes no status)."""
+        return self.state == "running" or bool(self.lines)
 
     def shown_lines(self) -> tuple[str, ...]:
         """``lines`` cut to :data:`LINE_CHARS` each, as a status shows them. Platforms call this

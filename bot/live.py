@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import time
@@ -110,12 +111,14 @@ class LiveCell:
         if self._output is not None:
             self._output.record(name, text)
 
-    async def ran(self, *, show: bool = True) -> None:
-        """The cell ended: what it printed last is shown once more (a quick cell's only
-        showing; not with ``show`` false, when the run failed), then nothing more for it."""
-        if show and self._output is not None and self._output.latest()[0]:
-            await self._show()
+    async def ran(self, *, ok: bool = True, show: bool = True) -> None:
+        """The cell ended (``ok``: it ran without an error, a stop or a lost kernel): its last
+        state is shown once more, marked ``complete`` or ``error`` (a quick cell's only showing
+        of its output; not with ``show`` false, when the run itself failed), then nothing more."""
+        cell = self.snapshot()
         self._output = None
+        if show and cell is not None:
+            await self._show(dataclasses.replace(cell, state="complete" if ok else "error"))
 
     async def close(self) -> None:
         """End the ticking (the turn is over)."""
@@ -142,8 +145,8 @@ class LiveCell:
             unfinished_lines=unfinished,
         )
 
-    async def _show(self) -> None:
-        if (cell := self.snapshot()) is None:
+    async def _show(self, cell: CellProgress | None = None) -> None:
+        if cell is None and (cell := self.snapshot()) is None:
             return
         try:
             await self._progress.cell(cell)

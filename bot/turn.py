@@ -22,6 +22,8 @@ from bot.config import ChannelPolicy, Settings
 from bot.displays import chart_from, table_from
 from bot.events import Chart, FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, Table, ThreadKey
 from bot.live import LiveCell
+from bot.mcp.registry import McpServers
+from bot.mcp.tool import McpTool, tools_for
 from bot.safetext import shown
 from bot.sources.registry import Sources
 from bot.sources.tool import SqlTool
@@ -185,9 +187,9 @@ class _RecordingRunner:
             try:
                 result = await self.session.execute(code, timeout, on_output=live.record)
             except BaseException:
-                await live.ran(show=False)
+                await live.ran(ok=False, show=False)
                 raise
-            await live.ran()
+            await live.ran(ok=result.outcome is Outcome.OK)
         if self.turn.stopped and result.outcome is not Outcome.INTERRUPTED:
             result.outcome = Outcome.INTERRUPTED
         return result
@@ -218,12 +220,14 @@ class TurnRunner:
         oneshot: OneShot,
         packages: PackageInstaller | None = None,
         sources: Sources | None = None,
+        mcp: McpServers | None = None,
     ) -> None:
         """``oneshot``: where upload previews are computed; ``packages``: installs missing
         modules on demand (None: never); ``sources``: the data sources channels may be granted
-        (the ``sql`` tool)."""
+        (the ``sql`` tool); ``mcp``: the MCP servers channels may be granted (their tools)."""
         self._oneshot = oneshot
         self._sources = sources
+        self._mcp = mcp
         self._settings = settings
         self._budgets = budgets
         self._packages = packages
@@ -374,6 +378,8 @@ class TurnRunner:
             restored=session.restored.notice() if session.restored is not None else None,
             network=seen.network,
         )
+        if policy.mcp and self._mcp is not None and (down := self._mcp.down_note(policy.mcp)):
+            system_prompt = f"{system_prompt}\n\n{down}"
         live = LiveCell(t.progress)
         runner = _RecordingRunner(
             session=session,
@@ -385,7 +391,7 @@ class TurnRunner:
             live=live,
         )
 
-        tools = []
+        tools: list[SqlTool | McpTool] = []
         if policy.sources and self._sources is not None:
             tools.append(
                 await SqlTool.open(
@@ -397,6 +403,8 @@ class TurnRunner:
                     leave=t.active.leave,
                 )
             )
+        # The granted MCP servers' tools (none without a grant); the bot makes their calls.
+        tools += tools_for(self._mcp, policy.mcp, workspace=t.workspace, status=t.progress.update, leave=t.active.leave)
 
         async def within_budget(spent: Usage) -> str | None:
             return t.allowance.exceeded(spent.prompt_tokens + spent.completion_tokens, self._budgets.clock())
@@ -434,7 +442,7 @@ class TurnRunner:
             completion_tokens=result.usage.completion_tokens,
             # The CPU time the kernel's processes really used (threads a cell started, and the
             # saves since the last turn, included; the cells' wall time where it is not known),
-            # and the data sources' query time.
+            # and the data sources' query time and the MCP calls' wall time.
             kernel_s=_or(session.take_cpu_seconds(), sum(r.duration_s for r in runner.results))
             + sum(tool.seconds for tool in tools),
         )

@@ -108,7 +108,8 @@ class DiscordProgress:
 
     async def cell(self, cell: CellProgress) -> None:
         """Show the running cell (its step, time and latest lines): an edit like any status."""
-        await self.update(cell.markdown())
+        if cell.for_status:
+            await self.update(cell.markdown())
 
     async def finish(self, ok: bool) -> None:
         """Stop typing, close the status (button removed) and swap 👀 for ✅, ❌ or ⏹️."""

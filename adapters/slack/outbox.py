@@ -183,10 +183,11 @@ class SlackOutbox:
         return self._stream
 
     async def abandon_draft(self) -> None:
-        """Delete a draft that no reply finished (the turn failed before its answer)."""
+        """Delete a draft that no reply finished (the turn failed before its answer); a message
+        showing the turn's steps is closed instead, its running step marked ``error``."""
         if self._stream is not None:
             stream, self._stream = self._stream, None
-            await stream.drop()
+            await stream.abandon()
 
     async def _post_layout(self, layout: Layout, feedback: list[dict[str, Any]], reply: Reply) -> None:
         """Post the laid-out messages, then the last one: its text, charts and buttons shared
@@ -439,9 +440,17 @@ class SlackProgress:
             self._flusher = asyncio.create_task(self._flush_later(wait))
 
     async def cell(self, cell: CellProgress) -> None:
-        """Show the running cell: its step, time and latest lines in the status message (one
-        line of them on an assistant thread's status line); throttled like any status."""
-        await self.update(cell.headline() if self._assistant is not None else cell.markdown())
+        """Show the running cell: where the answer streams natively, as the step's task card in
+        the answer's message (the status keeps the step's headline); else its step, time and
+        latest lines in the status message (one line of them on an assistant thread's status
+        line); throttled like any status."""
+        stream = self._outbox.answer_stream()
+        if stream is not None and await stream.task(cell, plan=self._outbox.question):
+            if cell.state == "running":
+                await self.update(cell.headline())
+            return
+        if cell.for_status:
+            await self.update(cell.headline() if self._assistant is not None else cell.markdown())
 
     async def finish(self, ok: bool) -> None:
         """Delete the status message (and a draft no answer finished: the turn failed) and

@@ -9,6 +9,13 @@ A Markdown table is not drafted: the draft stops where one starts (:func:`_befor
 the answer shows it as a native table block, which :meth:`AnswerStream.finish` puts under the
 streamed text; what follows it is posted after (:mod:`adapters.slack.outbox`).
 
+Where Slack streams, the turn's code steps are task cards in the same message, before the
+answer: each step a ``task_update`` chunk (its id stable for the step, the step's label as
+title, ``in_progress`` with its latest printed lines as output while it runs, then ``complete``
+or ``error``), under a ``plan_update`` titling the turn (:meth:`AnswerStream.task`). Once a step
+has been shown the message is never deleted: a reply drafted before a step (the model saying
+what it will do) stays above it, and the answer is appended after the last step.
+
 Calls are buffered by time, not by size: the first once the model has written for
 :data:`FIRST_DRAFT_S` (a quick answer is posted whole instead), then at most one call per
 :data:`STREAM_INTERVAL_S` per answer (≤ 50 a minute, the floor of Slack's Tier 3 and its
@@ -35,7 +42,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters.slack.api import Failure, call
 from adapters.slack.format import MESSAGE_LIMIT
-from adapters.slack.render import markdown_text, mrkdwn
+from adapters.slack.render import markdown_text, mrkdwn, plain
+from bot.events import CellProgress
+from bot.safetext import cut
 from bot.tables import answer_parts
 
 log = logging.getLogger("threadbook.slack")
@@ -48,6 +57,11 @@ STREAM_INTERVAL_S = 1.2
 FIRST_DRAFT_S = 0.5
 #: One ``markdown_text`` may hold 12,000 characters; a longer draft waits for the final answer.
 _APPEND_LIMIT = 12_000
+#: A task card's title and output, at most (the output is a step's latest lines).
+TASK_TITLE_CHARS = 120
+TASK_OUTPUT_CHARS = 1_000
+#: A step's state as a card shows it.
+_TASK_STATUS = {"running": "in_progress", "complete": "complete", "error": "error"}
 
 
 @dataclass
@@ -98,6 +112,39 @@ class AnswerStream:
         self.refused: str | None = None
         self._lock = asyncio.Lock()
         self._flusher: asyncio.Task[None] | None = None
+        #: The plan's title (the question) and each step's card as last shown, by id; the cards
+        #: changed since the last call. Text shown before a step stays, ``_kept`` long.
+        self._plan = ""
+        self._cards: dict[str, dict[str, Any]] = {}
+        self._changed: dict[str, dict[str, Any]] = {}
+        self._kept = ""
+
+    @property
+    def has_cards(self) -> bool:
+        """Whether this message shows task cards (it then outlives every draft in it)."""
+        return bool(self._cards)
+
+    async def task(self, cell: CellProgress, *, plan: str) -> bool:
+        """Show ``cell`` as its step's task card (``plan``: the turn's title, on the first card);
+        False where this answer does not stream natively (the caller shows a status instead)."""
+        if not self._native or self._failed:
+            return False
+        card: dict[str, Any] = {
+            "type": "task_update",
+            "id": f"step-{cell.round}",
+            "title": plain(cut(cell.label, TASK_TITLE_CHARS)) or f"Step {cell.round}",
+            "status": _TASK_STATUS[cell.state],
+        }
+        if output := "\n".join(cell.shown_lines()).strip():
+            card["output"] = markdown_text(cut(output, TASK_OUTPUT_CHARS)).text
+        if self._cards.get(card["id"]) == card:
+            return True
+        self._plan = self._plan or plain(cut(plan, TASK_TITLE_CHARS)) or "Working on it"
+        self._cards[card["id"]] = self._changed[card["id"]] = card
+        if self._flusher is None or self._flusher.done():
+            now = time.monotonic()
+            self._flusher = asyncio.create_task(self._flush_later(max(self._last + self._interval - now, 0.0)))
+        return True
 
     async def write(self, text: str) -> None:
         """Show ``text`` (the whole answer so far): now if the last call is old enough, else soon."""
@@ -116,13 +163,36 @@ class AnswerStream:
             self._flusher = asyncio.create_task(self._flush_later(wait))
 
     async def drop(self) -> None:
-        """Delete the draft: what was shown is not the answer."""
+        """The reply drafted is not the answer: delete the draft, or where steps are shown as
+        task cards, keep what it said above the next step (a streamed message only grows)."""
         await self._cancel_flusher()
         async with self._lock:
+            if self._cards:
+                self._kept += self._sent
+                self._sent, self._flushed, self._wanted, self._began = "", "", "", None
+                return
             if self._ts is not None:
                 if self._native:
                     await call("chat.stopStream", self._client.chat_stopStream(channel=self._channel, ts=self._ts))
                 await call("chat.delete", self._client.chat_delete(channel=self._channel, ts=self._ts))
+            self._reset()
+
+    async def abandon(self) -> None:
+        """The turn ended without an answer: a message with task cards is closed (steps still
+        running marked ``error``), any other draft deleted."""
+        if not self._cards:
+            await self.drop()
+            return
+        await self._cancel_flusher()
+        async with self._lock:
+            for card_id, card in self._cards.items():
+                if card["status"] == "in_progress":
+                    self._changed[card_id] = {**card, "status": "error"}
+            if self._ts is not None:
+                await call(
+                    "chat.stopStream",
+                    self._client.chat_stopStream(channel=self._channel, ts=self._ts, chunks=self._take_changed()),
+                )
             self._reset()
 
     async def finish(self, text: str, blocks: list[dict[str, Any]]) -> bool:
@@ -130,6 +200,8 @@ class AnswerStream:
         False when there is no draft to finish or Slack refused: the caller posts the answer."""
         await self._cancel_flusher()
         async with self._lock:
+            if self._ts is None and self._changed and self._native and not self._failed:
+                await self._start_native("")  # only cards so far, never sent: the answer starts it
             if self._ts is None or self._failed:
                 await self._discard_unfinished()
                 return False
@@ -144,18 +216,33 @@ class AnswerStream:
     async def _stop_native(self, text: str, blocks: list[dict[str, Any]]) -> bool:
         assert self._ts is not None
         rest = _continuation(self._sent, markdown_text(text).text)
+        if rest is not None:
+            rest = self._separated(rest)
         if rest is not None and len(rest) <= _APPEND_LIMIT:
+            cards = self._take_changed()
+            # With cards, the text goes as a chunk after them (never both fields at once).
+            chunks = [*cards, *([{"type": "markdown_text", "text": rest}] if rest else [])] if cards else None
             stopped = await call(
                 "chat.stopStream",
                 self._client.chat_stopStream(
-                    channel=self._channel, ts=self._ts, markdown_text=rest or None, blocks=blocks
+                    channel=self._channel,
+                    ts=self._ts,
+                    markdown_text=None if cards else rest or None,
+                    chunks=chunks,
+                    blocks=blocks,
                 ),
             )
             if isinstance(stopped, Failure):
                 self.refused = stopped.error
             return not isinstance(stopped, Failure)
-        # The final text is not the draft continued (a cut, a retried request): replace it whole.
-        stopped = await call("chat.stopStream", self._client.chat_stopStream(channel=self._channel, ts=self._ts))
+        # The final text is not the draft continued (a cut, a retried request): replace it whole,
+        # unless the message shows steps (stopped as it is; the answer is posted after it).
+        stopped = await call(
+            "chat.stopStream",
+            self._client.chat_stopStream(channel=self._channel, ts=self._ts, chunks=self._take_changed() or None),
+        )
+        if self._cards:
+            return False
         return not isinstance(stopped, Failure) and await self._edit(text, blocks)
 
     async def _edit(self, text: str, blocks: list[dict[str, Any]]) -> bool:
@@ -175,14 +262,22 @@ class AnswerStream:
         return not isinstance(updated, Failure)
 
     async def _discard_unfinished(self) -> None:
-        """A draft the final answer does not replace is deleted (the answer is posted anew)."""
-        if self._ts is not None:
+        """A draft the final answer does not replace is deleted (the answer is posted anew);
+        a message showing steps stays."""
+        if self._ts is not None and not self._cards:
             await call("chat.delete", self._client.chat_delete(channel=self._channel, ts=self._ts))
         self._reset()
 
     def _reset(self) -> None:
         self._ts, self._sent, self._flushed, self._wanted = None, "", "", ""
         self._failed, self._began = False, None
+        self._cards, self._changed, self._kept, self._plan = {}, {}, "", ""
+
+    def _take_changed(self) -> list[dict[str, Any]]:
+        """The cards changed since the last call (the plan's title before the first)."""
+        changed = list(self._changed.values())
+        self._changed = {}
+        return changed
 
     async def _cancel_flusher(self) -> None:
         if self._flusher is not None:
@@ -198,25 +293,36 @@ class AnswerStream:
     async def _flush(self) -> None:
         async with self._lock:
             wanted = self._wanted
-            if self._failed or not wanted.strip() or wanted == self._flushed:
+            text_due = not self._failed and bool(wanted.strip()) and wanted != self._flushed
+            if not text_due and not (self._changed and self._native and not self._failed):
                 return
-            self._last, self._flushed = time.monotonic(), wanted
+            self._last = time.monotonic()
+            if text_due:
+                self._flushed = wanted
             if self._ts is not None:
-                await (self._append_native if self._native else self._update_edited)(wanted)
+                if self._native:
+                    await self._append_native(wanted if text_due else None)
+                else:
+                    await self._update_edited(wanted)
                 return
             if self._native:
-                await self._start_native(wanted)
-            if not self._native:  # refused just now, or before
+                await self._start_native(wanted if text_due else "")
+            if not self._native and text_due:  # refused just now, or before
                 await self._post_edited(wanted)
 
     async def _start_native(self, text: str) -> None:
-        first = markdown_text(_settled(text)).text[:_APPEND_LIMIT]
+        first = markdown_text(_settled(text)).text[:_APPEND_LIMIT] if text else ""
+        chunks = [{"type": "plan_update", "title": self._plan}, *self._take_changed()] if self._changed else []
+        if chunks and first:
+            chunks.append({"type": "markdown_text", "text": first})
         started = await call(
             "chat.startStream",
             self._client.chat_startStream(
                 channel=self._channel,
                 thread_ts=self._thread_ts,
-                markdown_text=first,
+                markdown_text=None if chunks else first,
+                chunks=chunks or None,
+                task_display_mode="timeline" if chunks else None,
                 recipient_team_id=self._team_id or None,
                 recipient_user_id=self._user_id or None,
             ),
@@ -224,24 +330,42 @@ class AnswerStream:
         if isinstance(started, Failure):
             log.info("Slack: no native streaming here (%s); answers are drafted by editing a message", started.error)
             self._native = self._support.native = False
+            self._cards, self._changed = {}, {}  # the steps go to the status message instead
             return
         self._ts, self._sent = str(started["ts"]), first
 
-    async def _append_native(self, text: str) -> None:
+    async def _append_native(self, text: str | None) -> None:
+        """Append what changed: the cards, then the text written since (``None``: no new text)."""
         assert self._ts is not None
-        rendered = markdown_text(_settled(text)).text
-        if not rendered.startswith(self._sent):
-            return  # a retried request started over, or a link closed: the final answer replaces the draft
-        rest = rendered[len(self._sent) :][:_APPEND_LIMIT]
-        if not rest:
+        rest = ""
+        if text is not None:
+            rendered = markdown_text(_settled(text)).text
+            # A retried request started over, or a link closed: the final answer replaces the draft.
+            if rendered.startswith(self._sent):
+                rest = rendered[len(self._sent) :][:_APPEND_LIMIT]
+        shown = self._separated(rest)
+        cards = self._take_changed()
+        if not shown and not cards:
             return
-        appended = await call(
-            "chat.appendStream", self._client.chat_appendStream(channel=self._channel, ts=self._ts, markdown_text=rest)
-        )
+        if cards:
+            chunks = [*cards, *([{"type": "markdown_text", "text": shown}] if shown else [])]
+            appended = await call(
+                "chat.appendStream", self._client.chat_appendStream(channel=self._channel, ts=self._ts, chunks=chunks)
+            )
+        else:
+            appended = await call(
+                "chat.appendStream",
+                self._client.chat_appendStream(channel=self._channel, ts=self._ts, markdown_text=shown),
+            )
         if isinstance(appended, Failure):
             self._failed = True
             return
         self._sent += rest
+
+    def _separated(self, rest: str) -> str:
+        """``rest`` of the reply being drafted as it is appended: a new reply's first text goes
+        under what an earlier one said before a step, a blank line between them."""
+        return "\n\n" + rest if rest and self._kept and not self._sent else rest
 
     async def _post_edited(self, text: str) -> None:
         rendered = mrkdwn(text).text

@@ -88,6 +88,8 @@ class Message:
     pieces: list[str] = field(default_factory=list)
     #: ``streaming`` until ``chat.stopStream``, then ``stopped``; None for a posted message.
     stream_state: str | None = None
+    #: A streamed message: every chunk as it arrived (text, ``task_update``, ``plan_update``).
+    chunks: list[dict[str, Any]] = field(default_factory=list)
     #: Files shared in this very message (``files.completeUploadExternal`` with a comment or blocks).
     files: list[str] = field(default_factory=list)
 
@@ -124,6 +126,35 @@ class _Received:
     size: int = 0
     sha256: str = ""
     content_length: int | None = None
+
+
+#: What a streamed message's chunks may be (docs.slack.dev, chat.appendStream "Using the chunks
+#: parameter"; slack_sdk's ``TaskUpdateChunk``: status pending, in_progress, complete or error).
+_TASK_STATUSES = frozenset({"pending", "in_progress", "complete", "error"})
+
+
+def _check_chunk(chunk: Any) -> None:
+    """Raise :class:`ValueError` unless ``chunk`` is a streaming chunk Slack takes."""
+    if not isinstance(chunk, dict):
+        raise ValueError(f"a chunk that is no object: {chunk!r}")
+    kind = chunk.get("type")
+    if kind == "markdown_text":
+        if not isinstance(chunk.get("text"), str) or len(chunk["text"]) > 12_000:
+            raise ValueError("markdown_text chunk without text, or over 12,000 characters")
+    elif kind == "plan_update":
+        if not isinstance(chunk.get("title"), str) or not chunk["title"]:
+            raise ValueError("plan_update chunk without a title")
+    elif kind == "task_update":
+        if not (isinstance(chunk.get("id"), str) and chunk["id"] and isinstance(chunk.get("title"), str)):
+            raise ValueError("task_update chunk without an id or title")
+        if chunk.get("status") not in _TASK_STATUSES:
+            raise ValueError(f"task_update chunk with status {chunk.get('status')!r}")
+        if any(not isinstance(chunk.get(f, ""), str) for f in ("details", "output")):
+            raise ValueError("task_update details or output that is no text")
+        if set(chunk) - {"type", "id", "title", "status", "details", "output", "sources"}:
+            raise ValueError(f"task_update chunk with unknown fields {sorted(set(chunk))}")
+    elif kind != "blocks":
+        raise ValueError(f"unknown chunk type {kind!r}")
 
 
 def app_context(channel: str) -> dict[str, Any]:
@@ -773,8 +804,9 @@ class FakeSlack:
         if not channel.startswith("D") and not (args.get("recipient_user_id") and args.get("recipient_team_id")):
             return {"ok": False, "error": "missing_recipient_user_id"}  # required outside DMs
         message = Message(channel, self.next_ts(), "", str(args["thread_ts"]), None, stream_state="streaming")
+        if (refused := self._streamed(message, args, "chat.startStream")) is not None:
+            return refused
         self.messages.append(message)
-        self._stream_in(message, args)
         return {"ok": True, "channel": channel, "ts": message.ts}
 
     def _append_stream(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -783,8 +815,10 @@ class FakeSlack:
             return {"ok": False, "error": "message_not_found"}
         if message.stream_state != "streaming":
             return {"ok": False, "error": "message_not_in_streaming_state"}
-        if not self._stream_in(message, args):
+        if not (args.get("markdown_text") or args.get("chunks")):
             return {"ok": False, "error": "no_text"}
+        if (refused := self._streamed(message, args, "chat.appendStream")) is not None:
+            return refused
         return {"ok": True, "channel": message.channel, "ts": message.ts}
 
     def _stop_stream(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -793,23 +827,41 @@ class FakeSlack:
             return {"ok": False, "error": "message_not_found"}
         if message.stream_state != "streaming":
             return {"ok": False, "error": "message_not_in_streaming_state"}
-        self._stream_in(message, args)
+        if (refused := self._streamed(message, args, "chat.stopStream")) is not None:
+            return refused
         message.stream_state = "stopped"
         message.blocks = args.get("blocks")
         return {"ok": True, "channel": message.channel, "ts": message.ts, "message": _as_event(message, self)}
 
+    def _streamed(self, message: Message, args: dict[str, Any], method: str) -> dict[str, Any] | None:
+        """Take the call's text and chunks into ``message``; Slack's refusal (recorded as a
+        schema error, which fails the test) when a chunk is out of schema."""
+        try:
+            self._stream_in(message, args)
+        except ValueError as exc:
+            self.schema_errors.append(f"{method}: {exc}")
+            return {"ok": False, "error": "invalid_arguments"}
+        return None
+
     @staticmethod
     def _stream_in(message: Message, args: dict[str, Any]) -> bool:
-        """Append the call's Markdown (``markdown_text`` or ``markdown_text`` chunks); False if none."""
-        texts = [str(args["markdown_text"])] if args.get("markdown_text") else []
+        """Append the call's chunks in order (``markdown_text`` given alone is one text chunk):
+        text to the message's text, task and plan updates to its ``chunks``; False if none.
+        Raises :class:`ValueError` on a chunk Slack's docs would not take."""
         chunks = args.get("chunks") or []
-        texts += [str(c.get("text", "")) for c in chunks if isinstance(c, dict) and c.get("type") == "markdown_text"]
-        for text in texts:
-            if len(text) > 12_000:
-                raise ValueError("markdown_text over 12,000 characters")
-            message.pieces.append(text)
-            message.text += text
-        return bool(texts)
+        if isinstance(chunks, str):
+            chunks = json.loads(chunks)
+        if chunks and args.get("markdown_text"):
+            raise ValueError("markdown_text and chunks in one call")
+        if args.get("markdown_text"):
+            chunks = [{"type": "markdown_text", "text": str(args["markdown_text"])}]
+        for chunk in chunks:
+            _check_chunk(chunk)
+            if chunk["type"] == "markdown_text":
+                message.pieces.append(chunk["text"])
+                message.text += chunk["text"]
+            message.chunks.append(dict(chunk))
+        return bool(chunks)
 
     def _assistant(self, args: dict[str, Any], field_name: str) -> dict[str, Any]:
         where = (str(args.get("channel_id", "")), str(args.get("thread_ts", "")))

@@ -68,7 +68,10 @@ async def test_an_answer_streams_in_whole_in_order_and_within_the_rate(bot: Bot)
     assert [m.text for m in live(slack, "C_STREAM", event["ts"]) if m is not streamed and "Revenue" in m.text] == []
 
 
-async def test_words_before_code_are_taken_away_and_the_chart_follows_the_answer(bot: Bot) -> None:
+async def test_words_before_code_title_its_step_and_the_chart_follows_the_answer(bot: Bot) -> None:
+    """Where answers stream, the turn is one message: the plan, the step as a task card titled
+    with what the model said it would do (those words never shown as a draft of the answer),
+    then the answer; the chart follows in the next message."""
     slack = bot.slack
     slack.refuse_streaming = None
     # The words before the call take 0.6 s to write: long enough to be shown as a draft.
@@ -78,14 +81,18 @@ async def test_words_before_code_are_taken_away_and_the_chart_follows_the_answer
     await slack.post_event(bot.events_url, event)
     assert await bot.finished(event) == {"white_check_mark"}
     messages = live(slack, "C_STREAM2", event["ts"])
-    assert not any("Let me draw" in m.text for m in messages)
-    started = [c.args["markdown_text"] for c in slack.calls_to("chat.startStream") if c.args["channel"] == "C_STREAM2"]
-    assert len(started) == 1 and started[0].startswith("Let me draw")  # shown, then deleted with its message
-    # The answer was whole within half a second, so it was posted whole: with its chart, in one message.
-    [answered] = [m for m in messages if m.text == "Here is the curve."]
-    [chart] = [u for u in slack.uploads if u.file_id in answered.files]
-    assert chart.data.startswith(b"\x89PNG") and chart.thread_ts == event["ts"]
-    assert feedback_of(answered)
+    assert not any("Let me draw" in m.text for m in messages)  # no draft of the words as an answer
+    [streamed] = [m for m in messages if m.stream_state is not None]
+    assert streamed.stream_state == "stopped" and streamed.text.strip() == "Here is the curve."
+    assert streamed.chunks[0] == {"type": "plan_update", "title": "draw it"}
+    cards = [c for c in streamed.chunks if c["type"] == "task_update"]
+    assert {c["id"] for c in cards} == {"step-1"} and cards[-1]["title"] == "Let me draw that first, one moment."
+    assert cards[-1]["status"] == "complete"
+    assert streamed.chunks[-1] == {"type": "markdown_text", "text": "Here is the curve."}  # after the step
+    assert feedback_of(streamed)
+    # The chart follows the answer, in a message of its own.
+    charts = [u for u in slack.uploads if u.thread_ts == event["ts"] and u.data.startswith(b"\x89PNG")]
+    assert len(charts) == 1
 
 
 async def test_where_slack_refuses_streaming_the_answer_is_an_edited_message(bot: Bot) -> None:
