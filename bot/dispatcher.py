@@ -130,6 +130,10 @@ class Dispatcher:
         """For each thread with messages of this process waiting behind its running turn: how many (metrics)."""
         return [slot.users - 1 for slot in self._slots.values() if slot.users > 1]
 
+    def running(self, key: ThreadKey) -> bool:
+        """Whether a turn of the thread runs in this process now."""
+        return self._turns.running(key)
+
     def may_stop(self, key: ThreadKey, user_id: str) -> bool:
         """Whether ``user_id`` may stop turns in ``key``'s thread: whoever the access lists admit
         to its channel (:meth:`bot.admission.Admission.may_open`); anyone else's Stop is logged

@@ -54,7 +54,8 @@ class CellOutput:
                 line, redraw = "", False
             elif piece == "\r":
                 redraw = True
-            elif piece := without_terminal_control(piece):
+            # Bounded before the escapes go (a piece may be megabytes; what is kept is far less).
+            elif piece := without_terminal_control(piece[: 4 * KEPT_LINE_CHARS]):
                 line = piece if redraw else line + piece[: max(KEPT_LINE_CHARS + 1 - len(line), 0)]
                 redraw = False
         self._open[name], self._redraw[name] = line[: KEPT_LINE_CHARS + 1], redraw

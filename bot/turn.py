@@ -236,6 +236,10 @@ class TurnRunner:
         self._agent = agent
         self._active: dict[ThreadKey, _ActiveTurn] = {}
 
+    def running(self, key: ThreadKey) -> bool:
+        """Whether a turn of the thread runs here now."""
+        return key in self._active
+
     async def stop(self, key: ThreadKey) -> bool:
         """Stop the thread's running turn: interrupt its code, run no further code."""
         turn = self._active.get(key)

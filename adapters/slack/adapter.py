@@ -390,6 +390,8 @@ class SlackAdapter(PlatformAdapter):
         log.info("Slack: session stopped by %s in %s", user, key)
         if self._dispatcher.may_stop(key, user):
             self._tasks.spawn(self._stop_session(key, user), name=f"slack session stop {key}")
+        elif self._dispatcher.running(key):  # Slack shows the session stopped; the turn goes on
+            self._tasks.spawn(self._sessions.resume(channel, thread_ts), name=f"slack session resume {key}")
 
     async def _stop_session(self, key: ThreadKey, user: str) -> None:
         if not await self._dispatcher.stop(key, user_id=user):

@@ -55,6 +55,11 @@ class AgentSessions:
             title = title[: TITLE_CHARS - 1] + "…"
         return await self._set(channel, thread_ts, PROCESSING, title or None)
 
+    async def resume(self, channel: str, thread_ts: str) -> None:
+        """Mark the thread's session ``processing`` again, its title kept: a Stop the bot did
+        not obey (from someone access keeps out) left the turn running."""
+        await self._set(channel, thread_ts, PROCESSING, None)
+
     async def done(self, channel: str, thread_ts: str) -> None:
         """Mark the thread's session ``active`` again (the turn ended, or was stopped)."""
         await self._set(channel, thread_ts, ACTIVE, None)

@@ -177,3 +177,5 @@ async def test_a_stop_from_someone_access_keeps_out_is_ignored(
         assert "finished" in str(tool_result["content"])  # the cell ran to its end
         assert not any("stop" in text.lower() for text in status.updates)
         assert len([r for r in caplog.records if "ignored Stop from U_BOB" in r.getMessage()]) == 2
+        # Slack showed alice's session stopped when bob clicked; it was set processing again, then active.
+        assert slack.sessions[("C_ACL", event["ts"])] == ["processing", "processing", "active"]
