@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from bot.mcp.settings import McpServerSettings, valid_server_name
 from bot.sources.settings import NAME_PATTERN, SourceSettings
 from kernels.settings import KernelSettings
 
@@ -259,6 +260,8 @@ class ChannelPolicy(_Model):
     limits: Limits | None = None
     #: The ``sources`` this channel's threads may query with the model's ``sql`` tool.
     sources: tuple[str, ...] = ()
+    #: The ``mcp`` servers whose tools this channel's threads are offered.
+    mcp: tuple[str, ...] = ()
 
     def in_view_of(self, viewed: ChannelPolicy) -> ChannelPolicy:
         """This (a direct message's) policy with what a viewed channel lends its members' DM
@@ -292,6 +295,8 @@ class Settings(_Model):
     channels: dict[str, ChannelPolicy] = Field(default_factory=dict)
     #: Databases channels may be granted (``channels.*.sources``), by name.
     sources: dict[str, SourceSettings] = Field(default_factory=dict)
+    #: MCP servers channels may be granted (``channels.*.mcp``), by name.
+    mcp: dict[str, McpServerSettings] = Field(default_factory=dict)
 
     @field_validator("sources")
     @classmethod
@@ -301,12 +306,25 @@ class Settings(_Model):
                 raise ValueError(f"source name {name!r} must be letters, digits, '_', '.' or '-' (at most 63)")
         return value
 
+    @field_validator("mcp")
+    @classmethod
+    def _mcp_names(cls, value: dict[str, McpServerSettings]) -> dict[str, McpServerSettings]:
+        for name in value:
+            if not valid_server_name(name):
+                raise ValueError(
+                    f"MCP server name {name!r} must be letters, digits, '-' or single '_' (at most 32, not ending in '_')"
+                )
+        return value
+
     @model_validator(mode="after")
     def _granted_sources_exist(self) -> Settings:
         for key, policy in self.channels.items():
             for name in policy.sources:
                 if name not in self.sources:
                     raise ValueError(f"channels.{key}.sources names {name!r}, which is not under sources")
+            for name in policy.mcp:
+                if name not in self.mcp:
+                    raise ValueError(f"channels.{key}.mcp names {name!r}, which is not under mcp")
         return self
 
     @field_validator("channels")

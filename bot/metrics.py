@@ -136,6 +136,21 @@ EVENT_LOOP_STALLS = Counter(
     "Times the event loop did not turn for over a second (bot/loopwatch.py; each is logged with its stack).",
     registry=REGISTRY,
 )
+#: How an MCP tool call ends (bot.mcp.connection.Outcome's values).
+MCP_OUTCOMES = ("ok", "tool_error", "timeout", "failed", "unreachable", "stopped")
+MCP_CALLS = Counter(
+    "threadbook_mcp_calls",
+    "MCP tool calls, by configured server and how they ended (every outcome but ok and stopped is an error).",
+    ["server", "outcome"],
+    registry=REGISTRY,
+)
+MCP_CALL_SECONDS = Histogram(
+    "threadbook_mcp_call_duration_seconds",
+    "How long one MCP tool call took (the wall time counted in the person's budget), by configured server.",
+    ["server"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+    registry=REGISTRY,
+)
 
 # Every known label value at 0 from the start, so rates and absent() work before the first event.
 for _outcome in TURN_OUTCOMES:
@@ -216,6 +231,12 @@ def scheduled_run(outcome: str) -> None:
 def event_loop_stalled() -> None:
     """Count one stall of the event loop (called from the watchdog's thread)."""
     EVENT_LOOP_STALLS.inc()
+
+
+def mcp_call(server: str, outcome: str, seconds: float) -> None:
+    """Count one MCP tool call of the configured ``server`` (``outcome``: one of :data:`MCP_OUTCOMES`)."""
+    MCP_CALLS.labels(server, outcome).inc()
+    MCP_CALL_SECONDS.labels(server).observe(max(0.0, seconds))
 
 
 def error(kind: str) -> None:
