@@ -27,6 +27,7 @@ from bot.events import Outbox, ThreadKey, ThreadReach
 from bot.health import OpsServer, Readiness
 from bot.hostpaths import HostPaths
 from bot.loopwatch import LoopWatchdog
+from bot.mcp.registry import McpServers
 from bot.outgoing import hiding_reach
 from bot.schedules.runner import POLL_S, Scheduler
 from bot.sources.registry import Sources
@@ -57,6 +58,8 @@ class Core:
     clock: Clock = time.time
     #: Watches the event loop from a thread of its own (``/healthz`` asks it).
     watchdog: LoopWatchdog | None = None
+    #: The MCP servers channels may be granted (``/readyz`` shows them).
+    mcp: McpServers | None = None
 
     def reaching(self, reaches: Sequence[ThreadReach]) -> list[ThreadReach]:
         """``reaches`` whose outboxes hide host paths, as every outbox the dispatcher hands on:
@@ -92,6 +95,10 @@ class Core:
             budgets = Budgets(settings, store.usage, clock=clock)
             sources = Sources(settings.sources)
             stack.push_async_callback(sources.close)
+            # One shared session per MCP server; one that is down is logged and tried again later.
+            mcp = McpServers(settings.mcp)
+            stack.push_async_callback(mcp.close)
+            await mcp.open()
             # The bot's own work (upload previews, export html) runs in fresh sandboxed one-shots.
             oneshot = await asyncio.to_thread(oneshot_for, settings.kernels, launcher)
             turns = TurnRunner(
@@ -103,8 +110,9 @@ class Core:
                 oneshot=oneshot,
                 packages=packages,
                 sources=sources,
+                mcp=mcp,
             )
-            commands = Commands(store=store, pool=pool, settings=settings, oneshot=oneshot, clock=clock)
+            commands = Commands(store=store, pool=pool, settings=settings, oneshot=oneshot, clock=clock, mcp=mcp)
             admission = Admission(settings, store, budgets)
             dispatcher = Dispatcher(
                 settings=settings, store=store, admission=admission, turns=turns, commands=commands, pool=pool
@@ -117,6 +125,7 @@ class Core:
                 dispatcher=dispatcher,
                 clock=clock,
                 watchdog=watchdog,
+                mcp=mcp,
             )
 
 
@@ -126,7 +135,11 @@ async def serve_ops(core: Core, *, host: str | None = None, port: int | None = N
     on ``ops.http_host:ops.http_port`` unless ``host``/``port`` say otherwise (port 0: any
     free port). Raises OSError when it cannot listen."""
     readiness = Readiness(
-        store=core.store, llm=core.settings.llm, kernels=core.settings.kernels, launcher=core.pool.launcher
+        store=core.store,
+        llm=core.settings.llm,
+        kernels=core.settings.kernels,
+        launcher=core.pool.launcher,
+        mcp=core.mcp,
     )
     server = OpsServer(
         readiness,

@@ -16,6 +16,7 @@ from bot.budgets import Clock
 from bot.config import Settings
 from bot.events import FileOut, InboundMessage, Outbox, Reply
 from bot.hostpaths import HostPaths
+from bot.mcp.registry import McpServers
 from bot.notebook import export_notebook
 from bot.readable import readable
 from bot.safetext import shown
@@ -81,10 +82,19 @@ class Commands:
     and the schedule commands."""
 
     def __init__(
-        self, *, store: Store, pool: KernelPool, settings: Settings, oneshot: OneShot, clock: Clock = time.time
+        self,
+        *,
+        store: Store,
+        pool: KernelPool,
+        settings: Settings,
+        oneshot: OneShot,
+        clock: Clock = time.time,
+        mcp: McpServers | None = None,
     ) -> None:
-        """``oneshot``: where ``export html`` renders pages; ``clock``: what the usage reports count time with."""
+        """``oneshot``: where ``export html`` renders pages; ``clock``: what the usage reports count
+        time with; ``mcp``: the MCP servers (``status`` says whether the channel's answer)."""
         self._oneshot = oneshot
+        self._mcp = mcp
         self._clock = clock
         self._store = store
         self._pool = pool
@@ -253,6 +263,7 @@ class Commands:
         )
         # Both lines name no host path (no cgroup folder, workspace root or interpreter).
         sandbox = sandbox_in_force(self._pool.launcher) or f"⚠️ {UNSANDBOXED}"
+        servers = await self._mcp_status(message)
         return Reply(
             text=(
                 f"**Kernel:** {kernel}\n"
@@ -264,8 +275,21 @@ class Commands:
                 f"**Tokens used:** {prompt_tokens + completion_tokens:,} "
                 f"({prompt_tokens:,} prompt, {completion_tokens:,} completion)\n"
                 f"**Feedback on answers:** 👍 {feedback.good} · 👎 {feedback.bad}"
+                f"{servers}"
             )
         )
+
+    async def _mcp_status(self, message: InboundMessage) -> str:
+        """A line on the channel's MCP servers (each pinged, within 3 s), or empty without any."""
+        granted = self._settings.policy_for(message.key.channel_key).mcp
+        if not granted or self._mcp is None:
+            return ""
+        found = await self._mcp.check(granted)
+        shown_servers = [
+            f"`{name}` ✅ answers ({health.detail})" if health.up else f"`{name}` ⚠️ does not answer ({health.detail})"
+            for name, health in found.items()
+        ]
+        return "\n**MCP servers:** " + " · ".join(shown_servers)
 
 
 def _status_of(output: bytes) -> dict[str, Any]:

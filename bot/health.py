@@ -22,6 +22,9 @@ is reported instead of silently unanswered:
     (``GET {llm.base_url}/models``, ``PROBE_TIMEOUT_S``), an answer kept ``PROBE_CACHE_S``;
   - ``stopping``: the process has not begun to stop (SIGTERM).
 
+  The body's ``mcp`` (when MCP servers are configured) says whether each answered when last
+  tried; it informs and decides nothing: a server that is down never makes the bot unready.
+
 - ``/metrics``: :data:`bot.metrics.REGISTRY` in Prometheus' text format.
 """
 
@@ -43,6 +46,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from bot import metrics
 from bot.config import LLMSettings
 from bot.loopwatch import LoopWatchdog
+from bot.mcp.registry import McpServers
 from bot.store import Store
 from kernels.build import UNSANDBOXED, sandbox_in_force
 from kernels.launch.plan import Launcher
@@ -101,8 +105,10 @@ class Readiness:
         probe_cache_s: float = PROBE_CACHE_S,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
         store_timeout_s: float = STORE_TIMEOUT_S,
+        mcp: McpServers | None = None,
     ) -> None:
         self._store = store
+        self._mcp = mcp
         self._llm = llm
         #: Decided once: the launcher was chosen (and the sandbox probed) at start.
         self.sandbox = sandbox_check(kernels, launcher)
@@ -127,6 +133,12 @@ class Readiness:
         store, llm = await asyncio.gather(self.store_check(), self.llm_check())
         stopping = Check(False, "the process is stopping") if self.stopping else Check(True, "running")
         return {"store": store, "sandbox": self.sandbox, "llm": llm, "stopping": stopping}
+
+    def mcp_servers(self) -> dict[str, Check]:
+        """Each MCP server's state as last seen (informational: not part of readiness)."""
+        if not self._mcp:
+            return {}
+        return {name: Check(health.up, health.detail) for name, health in self._mcp.health().items()}
 
     async def store_check(self) -> Check:
         """A cheap read of the store (its schema revision)."""
@@ -272,6 +284,8 @@ class OpsServer:
             "failed": failed,
             "checks": {name: asdict(check) for name, check in checks.items()},
         }
+        if servers := self.readiness.mcp_servers():  # each server's last state, read as it stands
+            body["mcp"] = {name: asdict(check) for name, check in servers.items()}
         return web.json_response(body, status=503 if failed else 200)
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -15,6 +15,8 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from bot.agent.loop import fenced_python, text_tool_call
+from bot.mcp.cell import is_mcp_function
+from bot.mcp.cell import notebook_markdown as mcp_markdown
 from bot.sources.cell import SQL_TOOL, notebook_code, notebook_markdown
 from bot.transcript import CellEntry, TimelineEntry
 
@@ -34,7 +36,9 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
     cells were kept) becomes a code cell whose output is the tool result the model saw.
     System messages and tool results of recorded cells are left out: the notebook shows the
     conversation and the code, not the prompt plumbing. An ``sql`` call becomes a ``%%sql``
-    markdown cell with its query, then the cell that loaded its rows into the kernel.
+    markdown cell with its query, then the cell that loaded its rows into the kernel; an MCP
+    tool's call (``<server>__<tool>``) a markdown cell with the server, the tool, the arguments
+    and the answer the model got (:mod:`bot.mcp.cell`).
     """
     ran_by = _cells_run_by(timeline)
     placed = {cell.seq for found in ran_by.values() for runs in found for cell in runs}
@@ -59,7 +63,13 @@ def export_notebook(timeline: Sequence[TimelineEntry], *, title: str) -> bytes:
                 cells.append(new_markdown_cell(f"**{ASSISTANT_LABEL}:**\n\n{text}"))
             found = iter(ran_by.get(entry.seq, []))
             for call in message.get("tool_calls") or []:
-                sql = call.get("function", {}).get("name") == SQL_TOOL
+                function = str(call.get("function", {}).get("name", ""))
+                if is_mcp_function(function):  # made by the bot, nothing ran in the kernel
+                    next(found, [])
+                    answer = tool_results.get(str(call.get("id")))
+                    cells.append(new_markdown_cell(mcp_markdown(function, call["function"].get("arguments"), answer)))
+                    continue
+                sql = function == SQL_TOOL
                 if sql:
                     cells.append(new_markdown_cell(notebook_markdown(call["function"].get("arguments"))))
                 recorded = next(found, [])
@@ -140,6 +150,8 @@ def _code_of(call: dict[str, Any]) -> str:
     arguments = call.get("function", {}).get("arguments", "")
     if call.get("function", {}).get("name") == SQL_TOOL:
         return notebook_code(arguments)
+    if is_mcp_function(str(call.get("function", {}).get("name", ""))):
+        return ""  # no code: an MCP call runs nothing in the kernel
     try:
         parsed = json.loads(arguments)
     except (TypeError, ValueError):
