@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import fork_path, freeze, kernels, rendering, replicas, slack, snapshots, sources, warm_trace
+from bench import fork_path, freeze, kernels, mcp, rendering, replicas, slack, snapshots, sources, warm_trace
 from bench.gateway import GATEWAY, stop_shared_gateway
 from bench.kernels import Sandbox
 from bench.postgres import find_postgres
@@ -97,6 +97,10 @@ TARGETS = (
     ),
     Target("sources", "spawn", "peak_mib", 100, "the bot's memory while fetching 1,000,000 rows: <= +100 MiB"),
     Target("sources", "spawn", "wide_peak_mib", 100, "the bot's memory while fetching 100 rows of 4 MB: <= +100 MiB"),
+    Target("mcp", "http", "p50_ms", 20, "an MCP tool call against a local streamable HTTP server: p50 <= 20 ms"),
+    Target(
+        "mcp", "http", "big_peak_mib", 64, "the bot's memory while a 3 MB MCP result comes and is saved: <= +64 MiB"
+    ),
     Target("rendering", "slack_table", "p90_ms", 5, "a 100-row table laid out for Slack (native block): p90 <= 5 ms"),
     Target("rendering", "discord_table", "p90_ms", 5, "a 100-row table laid out for Discord (code block): p90 <= 5 ms"),
     Target("rendering", "chart", "p90_ms", 5, "a 6-series chart read and made a Slack chart block: p90 <= 5 ms"),
@@ -125,6 +129,7 @@ def scenarios(sizes: Sizes, sandbox: Sandbox = "none") -> dict[str, Callable[[st
         "replicas": lambda mode, root: replicas.turns_per_second(mode, root, sizes.replica_threads),
         "sources": lambda mode, root: sources.load_rows(mode, root, sizes.first, sandbox=sandbox),
         "rendering": lambda mode, root: rendering.render_cost(mode, root, sizes.turns * 10),
+        "mcp": lambda mode, root: mcp.call_cost(mode, root, sizes.turns * 10),
         **(
             {"warm_trace": lambda mode, root: warm_trace.replay(mode, root, sizes.trace_burst, sandbox=sandbox)}
             if sizes.trace_burst
@@ -142,6 +147,7 @@ SCENARIO_MODES: dict[str, tuple[str, ...]] = {
     "freeze": ("spawn", "fork"),
     "turn_api": ("pool",),
     "rendering": rendering.MODES,
+    "mcp": mcp.MODES,
 }
 
 
@@ -199,6 +205,10 @@ _ALSO = {
     "load_1m_ms": "1M rows {:.0f} ms",
     "wide_peak_mib": "bot peak +{:.1f} MiB (100 rows of 4 MB)",
     "wide_ms": "wide rows {:.0f} ms",
+    "sdk_p50_ms": "bare SDK call p50 {:.2f} ms",
+    "big_peak_mib": "bot peak +{:.1f} MiB (3 MB result)",
+    "big_kept_mib": "+{:.1f} MiB after it",
+    "big_ms": "3 MB result {:.0f} ms",
     "chat_p50_ms": "chat p50 {:.1f} ms",
     "delta_p50_ms": "Responses − chat p50 {:+.1f} ms",
 }
