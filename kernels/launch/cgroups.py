@@ -41,6 +41,8 @@ from pathlib import Path
 
 import psutil
 
+from kernels.launch import proctree
+
 log = logging.getLogger(__name__)
 
 #: The controllers the bot uses, in the order it reports them. ``freezer`` and ``cpuacct`` are
@@ -355,10 +357,8 @@ class KernelCgroup:
         """(Blocking) move ``pid`` and all its descendants into the cgroup."""
         moved: set[int] = set()
         for _ in range(20):  # until no new descendant shows up
-            try:
-                root = psutil.Process(pid)
-                tree = {pid, *(child.pid for child in root.children(recursive=True))}
-            except psutil.NoSuchProcess:
+            tree = set(proctree.pids(pid))
+            if not tree:
                 return
             new = tree - moved
             if not new:
@@ -370,6 +370,11 @@ class KernelCgroup:
                     except ProcessLookupError:
                         break
             moved |= new
+
+    def add(self, pid: int) -> None:
+        """(Blocking) move the one process ``pid`` (one that has started none yet) into the cgroup."""
+        for path in self._procs:
+            _write(Path(os.fsdecode(path)), str(pid))
 
     def pids(self) -> set[int]:
         """(Blocking) the processes in the cgroup now (never zombies)."""

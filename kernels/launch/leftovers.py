@@ -10,7 +10,7 @@ server's supervisor and the kernel) are recorded when it becomes ready, before a
 code (:func:`infrastructure`). After each execution everything else is killed
 (:func:`stop`): every other member of the kernel's cgroup where it has one, which also
 catches processes that called ``setsid`` or double-forked away; else every other
-descendant of the kernel's root process (psutil), which inside the sandbox also holds
+descendant of the kernel's root process (:mod:`kernels.launch.proctree`), which inside the sandbox also holds
 orphans (they are re-parented to the sandbox's own init), but not without it.
 """
 
@@ -20,6 +20,7 @@ import time
 
 import psutil
 
+from kernels.launch import proctree
 from kernels.launch.cgroups import KILL_TIMEOUT_S, KernelCgroup
 
 
@@ -54,11 +55,13 @@ def process_tree(pid: int | None) -> list[psutil.Process]:
     """(Blocking) ``pid`` and all its descendants now (none when it is gone)."""
     if pid is None:
         return []
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
+    found = []
+    for member in proctree.pids(pid):
+        try:
+            found.append(psutil.Process(member))
+        except psutil.Error:  # it ended meanwhile
+            continue
+    return found
 
 
 def _alive(proc: psutil.Process) -> bool:
