@@ -101,6 +101,8 @@ class Core:
             await mcp.open()
             # The bot's own work (upload previews, export html) runs in fresh sandboxed one-shots.
             oneshot = await asyncio.to_thread(oneshot_for, settings.kernels, launcher)
+            await oneshot.open()  # the one-shot fork server starts in the background
+            stack.push_async_callback(oneshot.close)
             turns = TurnRunner(
                 settings=settings,
                 store=store,

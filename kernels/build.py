@@ -117,12 +117,14 @@ def oneshot_for(settings: KernelSettings, launcher: Launcher) -> OneShot:
 
     Gateway kernels run elsewhere: the one-shots then run on this machine, from
     ``kernels.python`` in the sandbox ``kernels.sandbox`` asks for, when both are here;
-    otherwise the runner is unavailable and says why (never a weaker sandbox).
+    otherwise the runner is unavailable and says why (never a weaker sandbox). With
+    ``kernels.fork_server`` one-shots are forked from a one-shot fork server (started by
+    :meth:`OneShot.open`), else spawned.
     """
     if isinstance(launcher, ForkingLauncher):
-        return OneShot(launcher.spawn)
+        return OneShot(launcher.spawn, fork=settings.fork_server)
     if isinstance(launcher, KernelLauncher):
-        return OneShot(launcher)
+        return OneShot(launcher, fork=settings.fork_server)
     try:
         local = spawn_launcher(settings)
     except KernelStartError as exc:  # SandboxUnavailableError included
@@ -130,7 +132,7 @@ def oneshot_for(settings: KernelSettings, launcher: Launcher) -> OneShot:
         log.warning("upload previews and export html are unavailable: %s", reason)
         return OneShot.unavailable(reason)
     log.info("gateway kernels: upload previews and export html run on the bot's machine (%s)", local.isolation)
-    return OneShot(local)
+    return OneShot(local, fork=settings.fork_server)
 
 
 def package_installer(settings: KernelSettings, launcher: KernelLauncher | GatewayLauncher) -> PackageInstaller | None:

@@ -21,6 +21,13 @@ launcher, from data the bot holds:
   process of it: its process tree, its process group, its cgroup, the sandbox's pid
   namespace); what it writes is read back through :mod:`kernels.safefs` with a size cap.
 
+Where the kernels have a fork server (``kernels.fork_server``), one-shots are forked from a
+one-shot fork server instead (:mod:`kernels.fork.oneshots`): a parent that imported the
+one-shot code and never ran anything of a thread forks each job, confined as above (its own
+pid namespace and uid, its scratch folder, the rlimits, its cgroup before it may start); a
+job then costs a fork instead of an interpreter and its imports (~0.4 s). While that server
+is not running, one-shots are spawned.
+
 Gateway deployments have no local kernel launcher: :func:`kernels.build.oneshot_for`
 builds one for the bot's machine when the kernel environment is there, else an
 :meth:`OneShot.unavailable` one whose every run raises :class:`OneShotUnavailableError`.
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import resource
@@ -43,7 +51,9 @@ from pathlib import Path
 import psutil
 
 from kernels import safefs
+from kernels.fork.oneshots import Ahead, OneShotServer
 from kernels.launch.cgroups import KernelCgroup
+from kernels.launch.leftovers import process_tree
 from kernels.launch.local import PACKAGES_ENV, KernelLauncher, child_setup
 from kernels.launch.plan import LaunchPlan
 from kernels.options import KernelOptions
@@ -60,6 +70,8 @@ ONESHOT_PREFIX = "oneshot-"
 MODULES = frozenset({"export", "preview"})
 #: One-shots running at once; more wait their turn (they are short, and each costs a core).
 MAX_RUNNING = max(2, os.cpu_count() or 1)
+#: Forked one-shots running at once: two per core (a fork's start is mostly waiting, its run is not).
+MAX_FORKED = max(4, 2 * (os.cpu_count() or 1))
 #: The end of a one-shot's standard error kept for the log.
 ERRORS_KEPT = 4096
 #: How long a killed run's output pipe may take to close.
@@ -96,20 +108,43 @@ class OneShotResult:
 class OneShot:
     """Runs ``threadbook_kernel`` modules in fresh processes sandboxed like ``launcher``'s kernels."""
 
-    def __init__(self, launcher: KernelLauncher | None, *, reason: str = "") -> None:
+    def __init__(self, launcher: KernelLauncher | None, *, reason: str = "", fork: bool = False) -> None:
         """(Blocking) ``launcher``: the local (spawning) launcher whose interpreter, sandbox,
         limits, run root and cgroups one-shots share; None: unavailable, for ``reason``.
-        Scratch folders a bot process that is gone left behind are removed."""
+        ``fork``: fork one-shots from a one-shot fork server (started by :meth:`open`) where
+        ``launcher`` allows one. Scratch folders a bot process that is gone left behind are removed."""
         if launcher is not None:
             _remove_stale(launcher.run_root)
         self._launcher = launcher
         self._reason = reason
         self._running = asyncio.Semaphore(MAX_RUNNING)
+        self._forking = asyncio.Semaphore(MAX_FORKED)
+        #: The one-shot fork server (None: every one-shot is spawned).
+        self.server: OneShotServer | None = None
+        if fork and launcher is not None and _forkable(launcher):
+            self.server = OneShotServer(
+                launcher, prepare=functools.partial(_prepare, launcher), discard=_discard, ahead=MAX_FORKED
+            )
 
     @classmethod
     def unavailable(cls, reason: str) -> OneShot:
         """A runner whose every run raises :class:`OneShotUnavailableError` saying ``reason``."""
         return cls(None, reason=reason)
+
+    async def open(self) -> None:
+        """Start the one-shot fork server in the background, if there is one (one-shots are
+        spawned until it is ready)."""
+        if self.server is not None:
+            self.server.open()
+
+    async def close(self) -> None:
+        """Stop the one-shot fork server (it kills the jobs still running)."""
+        if self.server is not None:
+            await self.server.stop()
+
+    async def wait_ready(self) -> bool:
+        """Wait until the one-shot fork server has started (tests, benchmarks); whether one-shots are forked."""
+        return self.server is not None and await self.server.wait_ready()
 
     @property
     def available(self) -> bool:
@@ -127,12 +162,19 @@ class OneShot:
         launcher = self._launcher
         if launcher is None:
             raise OneShotUnavailableError(self._reason)
-        plan = _plan(launcher)
-        await asyncio.to_thread(_make_scratch, launcher, plan)
+        ahead = await self.server.take() if self.server is not None else None
+        if ahead is not None:  # its process waits in the job's folder, confined and in its cgroup
+            plan = ahead.plan
+        else:
+            plan = _plan(launcher)
+            await asyncio.to_thread(_make_scratch, launcher, plan)
         try:
-            yield Job(self, launcher, plan)
+            yield Job(self, launcher, plan, ahead)
         finally:
-            await asyncio.to_thread(shutil.rmtree, plan.run_dir.parent, True)
+            if ahead is not None:
+                assert self.server is not None
+                await self.server.finish(ahead)
+            await _discard(plan)
 
     async def run(
         self, module: str, args: Sequence[str], *, timeout: float, max_output: int, fd: int | None = None
@@ -145,10 +187,12 @@ class OneShot:
 class Job:
     """A one-shot's scratch folder (``/workspace`` of its runs) and the runs in it."""
 
-    def __init__(self, runner: OneShot, launcher: KernelLauncher, plan: LaunchPlan) -> None:
+    def __init__(self, runner: OneShot, launcher: KernelLauncher, plan: LaunchPlan, ahead: Ahead | None) -> None:
+        """``ahead``: the process the one-shot fork server made for this job (its first run), or None."""
         self._runner = runner
         self._launcher = launcher
         self.plan = plan
+        self._ahead = ahead
 
     def write(self, name: str, data: bytes) -> None:
         """(Blocking) ``data`` as the new file ``name`` of the scratch folder, readable by the runs."""
@@ -192,8 +236,13 @@ class Job:
         self, python_args: Sequence[str], *, timeout: float, max_output: int, fd: int | None = None
     ) -> OneShotResult:
         """:meth:`run` with the interpreter's own arguments after ``-I`` (tests run ``-c`` code)."""
+        runner = self._runner
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:  # the job's first run; a later one is spawned
+            async with runner._forking:
+                return await _run_ahead(ahead, list(python_args), timeout=timeout, max_output=max_output, fd=fd)
         argv = [str(self._launcher.python.executable), "-I", *python_args]
-        async with self._runner._running:
+        async with runner._running:
             return await _run(self._launcher, self.plan, argv, timeout=timeout, max_output=max_output, fd=fd)
 
 
@@ -219,6 +268,26 @@ def _plan(launcher: KernelLauncher) -> LaunchPlan:
         packages_dir=None,
         identity=launcher.identity(workspace),
     )
+
+
+async def _prepare(launcher: KernelLauncher) -> tuple[LaunchPlan, KernelCgroup | None]:
+    """A fresh job's plan, scratch folder and cgroup (for a process made ahead)."""
+    plan = _plan(launcher)
+    await asyncio.to_thread(_make_scratch, launcher, plan)
+    try:
+        return plan, await _make_cgroup(launcher, plan)
+    except BaseException:
+        await _discard(plan)
+        raise
+
+
+async def _discard(plan: LaunchPlan) -> None:
+    """Remove a job's scratch folder (with anything left in it)."""
+    await asyncio.to_thread(shutil.rmtree, plan.run_dir.parent, True)
+
+
+def _forkable(launcher: KernelLauncher) -> bool:
+    return type(launcher) in (KernelLauncher, BwrapLauncher)
 
 
 def _remove_stale(run_root: Path) -> None:
@@ -311,6 +380,38 @@ async def _run(
     return OneShotResult(exit_code=exit_code, output=b"".join(chunks), cut=cut, timed_out=timed_out, errors=error_text)
 
 
+async def _run_ahead(
+    ahead: Ahead, python_args: list[str], *, timeout: float, max_output: int, fd: int | None
+) -> OneShotResult:
+    """:func:`_run` in a process the one-shot fork server made ahead (confined, in its cgroup):
+    it is given its job, read, and killed at its deadline or once its output passes its cap."""
+    await ahead.send(python_args, fd)
+    errors = asyncio.create_task(_tail(ahead.stderr, ERRORS_KEPT))
+    timed_out = cut = False
+    exit_code: int | None = None
+    chunks: list[bytes] = []
+    try:
+        async with asyncio.timeout(timeout):
+            cut = await _bounded(ahead.stdout, max_output, chunks)
+            if not cut:
+                exit_code = await ahead.ended()
+    except TimeoutError:
+        timed_out = True
+    if timed_out or cut:
+        exit_code = None
+        await asyncio.to_thread(ahead.kill)
+        log.warning(
+            "one-shot %s: %s",
+            " ".join(python_args[:2])[:80],
+            "killed at its deadline" if timed_out else "output over its cap",
+        )
+    try:
+        error_text = await asyncio.wait_for(errors, 1.0)
+    except TimeoutError:
+        error_text = ""
+    return OneShotResult(exit_code=exit_code, output=b"".join(chunks), cut=cut, timed_out=timed_out, errors=error_text)
+
+
 async def _make_cgroup(launcher: KernelLauncher, plan: LaunchPlan) -> KernelCgroup | None:
     cgroups = launcher.cgroups
     if cgroups is None or not cgroups.enabled:
@@ -365,12 +466,8 @@ async def _kill(process: asyncio.subprocess.Process, stdout: asyncio.StreamReade
 def _kill_tree(pid: int) -> None:
     """(Blocking) SIGKILL ``pid``'s descendants (bwrap's pid namespace, children that left the
     group) and its process group."""
-    try:
-        descendants = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        descendants = []
-    for proc in descendants:
+    for proc in process_tree(pid)[1:]:
         with contextlib.suppress(psutil.Error):
-            proc.kill()
+            proc.kill()  # psutil checks it is still the same process
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)

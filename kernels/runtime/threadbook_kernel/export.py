@@ -18,6 +18,7 @@ and a Content-Security-Policy that lets a browser load nothing but what is inlin
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -28,7 +29,7 @@ from typing import Any
 
 from threadbook_kernel.answer import first_line
 
-__all__ = ["render"]
+__all__ = ["prepare", "render"]
 
 #: What a browser may load for the page: nothing from anywhere but the page itself.
 CONTENT_SECURITY_POLICY = (
@@ -178,15 +179,13 @@ def _self_contained(html: str) -> str:
     return str(soup)
 
 
-def render(notebook: str) -> str:
-    """One self-contained HTML page of the notebook (JSON text); raises when it is not one."""
-    import nbformat
+@functools.cache
+def _exporter() -> Any:
+    """The page's exporter, made once per process: its templates are compiled on first use."""
     from jinja2 import DictLoader
     from nbconvert import HTMLExporter
     from traitlets.config import Config
 
-    node = nbformat.reads(notebook, as_version=4)  # type: ignore[no-untyped-call]
-    node.metadata.pop("widgets", None)
     exporter = HTMLExporter(
         config=Config({"NbConvertBase": {"display_data_priority": _PRIORITY}}),
         template_name="lab",
@@ -196,6 +195,50 @@ def render(notebook: str) -> str:
         filters={"clean_html": clean_html},
     )
     exporter.template_file = _TEMPLATE_NAME
+    return exporter
+
+
+def prepare() -> None:
+    """Render a made-up notebook (a Markdown cell, a cell with text and HTML output): the
+    imports, the compiled templates and the sanitiser are ready before a one-shot fork server
+    forks any job."""
+    render(json.dumps(_SAMPLE))
+
+
+#: The notebook :func:`prepare` renders (trusted: made here).
+_SAMPLE = {
+    "nbformat": 4,
+    "nbformat_minor": 5,
+    "metadata": {"title": "sample"},
+    "cells": [
+        {"cell_type": "markdown", "id": "a", "metadata": {}, "source": "**sample** `code`"},
+        {
+            "cell_type": "code",
+            "id": "b",
+            "metadata": {},
+            "execution_count": 1,
+            "source": "1",
+            "outputs": [
+                {"output_type": "stream", "name": "stdout", "text": "1\n"},
+                {
+                    "output_type": "execute_result",
+                    "execution_count": 1,
+                    "metadata": {},
+                    "data": {"text/plain": "1", "text/html": "<table><tr><td>1</td></tr></table>"},
+                },
+            ],
+        },
+    ],
+}
+
+
+def render(notebook: str) -> str:
+    """One self-contained HTML page of the notebook (JSON text); raises when it is not one."""
+    import nbformat
+
+    node = nbformat.reads(notebook, as_version=4)  # type: ignore[no-untyped-call]
+    node.metadata.pop("widgets", None)
+    exporter = _exporter()
     title = str(node.metadata.get("title") or "Threadbook thread")
     # Markdown images are embedded from this (empty) folder only: nothing of the file system is
     # read into the page, whatever a message's Markdown names.

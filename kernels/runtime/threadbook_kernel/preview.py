@@ -35,7 +35,7 @@ from typing import IO, Any
 
 from threadbook_kernel.answer import first_line, human_size
 
-__all__ = ["preview"]
+__all__ = ["prepare", "preview"]
 
 #: Bytes a preview reads at most from a text file (CSV, JSON, plain text).
 READ_BYTES = 4 * 2**20
@@ -83,6 +83,23 @@ def preview(fd: int, name: str) -> str:
     if len(text) > MAX_PREVIEW_CHARS:
         text = text[:MAX_PREVIEW_CHARS].rstrip() + "\n… (preview cut)"
     return text
+
+
+#: Made-up files :func:`prepare` previews (trusted: written here).
+_SAMPLES = (
+    ("sample.csv", b"id,name,price,day\n1,a,1.5,2024-01-02\n2,b,2.5,2024-01-03\n"),
+    ("sample.tsv", b"id\tname\n1\ta\n"),
+    ("sample.json", b'{"rows": [{"a": 1}, {"a": 2}]}'),
+)
+
+
+def prepare() -> None:
+    """Preview a few made-up files: what a first preview imports and builds (pandas' CSV
+    reader, its printing) is done once, by a one-shot fork server before it forks any job."""
+    for name, data in _SAMPLES:
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        os.write(fd, data)
+        preview(fd, name)
 
 
 @contextmanager

@@ -1,0 +1,549 @@
+"""The one-shot fork server: the bot's own one-shots (upload previews, ``export html``) forked
+from a parent that imported their code once, instead of a fresh interpreter each.
+
+A fresh ``python -I -m threadbook_kernel.preview`` pays its pandas import on every upload
+(~0.4 s, 0.4-1.7 s when the machine is busy). :class:`OneShotServer` runs
+``kernels/fork/oneshot_zygote.py`` (see its docstring for the protocol) in the kernels'
+sandbox: it imports the one-shot modules, prepares them (templates compiled, lazy imports
+done) on input it makes itself, and forks a process per job that is confined as a spawned
+one-shot is (its own pid namespace, uid, scratch folder, rlimits, and its cgroup before it is
+given its job) and shares nothing with the jobs before it but what the imports made.
+
+Job processes are made ahead of need (:data:`AHEAD` of them, :class:`Ahead`): confining one
+and moving it into its cgroup takes ~5-25 ms (a cgroup v1 migration waits for an RCU grace
+period), which a job then does not wait for; :mod:`kernels.oneshot` takes one per job.
+
+Like the kernels' fork server it dies with the bot (its standard input closes; the kernel
+warden kills its tree), is restarted in the background with a growing delay when it dies,
+and one-shots are spawned while it is not running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernels.fork.server import RESTART_ATTEMPTS, RESTART_DELAYS_S, START_TIMEOUT_S, code_dir, jail_for
+from kernels.launch.cgroups import KernelCgroup
+from kernels.launch.leftovers import process_tree
+from kernels.launch.local import PACKAGES_ENV, KernelLauncher, child_setup
+from kernels.launch.plan import LaunchPlan
+from kernels.options import KernelOptions
+from kernels.result import KernelStartError
+from kernels.sandbox.args import WORKSPACE, zygote_args
+from kernels.sandbox.identity import ZYGOTE as ZYGOTE_IDENTITY
+from kernels.sandbox.identity import write_identity_files
+from kernels.sandbox.launcher import BwrapLauncher
+
+log = logging.getLogger(__name__)
+
+PROGRAM = Path(__file__).with_name("oneshot_zygote.py")
+#: What the one-shot zygote imports (and prepares) before it serves: the one-shot modules and
+#: the libraries they import on first use. A library the kernel environment lacks is skipped.
+PRELOAD = (
+    "threadbook_kernel.preview",
+    "threadbook_kernel.export",
+    "pandas",
+    "openpyxl",
+    "pyarrow.parquet",
+    "nbformat",
+    "nbconvert",
+    "bleach",
+    "bs4",
+)
+#: How long a fork request may wait for its answer, and a job for a process made ahead.
+FORK_TIMEOUT_S = 10.0
+#: Job processes kept made ahead: two per core (as many as run at once).
+AHEAD = max(4, 2 * (os.cpu_count() or 1))
+#: A pause after a process could not be made ahead (the server is restarting, say).
+AHEAD_RETRY_S = 1.0
+#: Scratch folder name of the server (``oneshot-<bot pid>-…``: a dead bot's is removed at start).
+SERVER_FOLDER = "oneshot-{pid}-server-{id}"
+
+
+#: Makes a job's plan, scratch folder and cgroup (:mod:`kernels.oneshot`), and throws them away.
+Prepare = Callable[[], Awaitable[tuple[LaunchPlan, KernelCgroup | None]]]
+Discard = Callable[[LaunchPlan], Awaitable[None]]
+
+
+@dataclass
+class Ahead:
+    """A job's process made ahead: confined, in its cgroup, waiting for its job on :attr:`channel`."""
+
+    plan: LaunchPlan
+    cgroup: KernelCgroup | None
+    pid: int
+    pidfd: int | None
+    #: Its standard output and error.
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+    channel: socket.socket
+    #: Its exit code (as ``Popen`` gives it), reported by the server.
+    exited: asyncio.Future[int]
+    transports: list[asyncio.BaseTransport] = field(default_factory=list)
+
+    async def send(self, argv: list[str], input_fd: int | None) -> None:
+        """Give the process its job: ``python -I ARGV``, ``input_fd`` (the bot's descriptor) under its number."""
+        message = json.dumps({"argv": argv, "input_fd": input_fd}).encode()
+        await _send(self.channel, message, [] if input_fd is None else [input_fd])
+
+    async def ended(self) -> int:
+        """The job's exit code: as it reports it on its socket once its output is written and
+        closed (before its process is torn down), else as the server reports its exit."""
+        report: asyncio.Future[bytes] = asyncio.ensure_future(asyncio.get_running_loop().sock_recv(self.channel, 256))
+        waited: set[asyncio.Future[Any]] = {report, self.exited}
+        try:
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+            if report.done() and not report.cancelled() and report.exception() is None:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    return int(json.loads(report.result())["exit"])
+        finally:
+            report.cancel()
+        return await self.exited
+
+    def kill(self) -> None:
+        """SIGKILL the job: every process of its pid namespace (sandboxed), its group and what it started."""
+        if self.exited.done():
+            return
+        for proc in process_tree(self.pid)[1:]:
+            with contextlib.suppress(Exception):
+                proc.kill()  # psutil checks it is still the same process
+        kill(self.pidfd, self.pid)
+
+    def release(self) -> None:
+        """Release the bot's descriptors of the job (its process is killed or has ended)."""
+        self.channel.close()
+        for transport in self.transports:
+            transport.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+class OneShotServer:
+    """Owns the one-shot zygote; forks jobs through it; restarts it when it dies."""
+
+    def __init__(self, launcher: KernelLauncher, *, prepare: Prepare, discard: Discard, ahead: int = AHEAD) -> None:
+        """``launcher``: the local spawning launcher whose interpreter, sandbox, run root and
+        kernel warden the one-shots share (unsandboxed, or bubblewrap); ``prepare`` and
+        ``discard`` make and remove a job's plan, scratch folder and cgroup; ``ahead``: how
+        many job processes to keep made ahead."""
+        if type(launcher) not in (KernelLauncher, BwrapLauncher):
+            raise ValueError(f"no one-shot fork server for {type(launcher).__name__}")
+        self.launcher = launcher
+        self._prepare = prepare
+        self._discard = discard
+        self.ahead = ahead
+        self._made: collections.deque[Ahead] = collections.deque()
+        self._making: set[asyncio.Task[None]] = set()
+        #: Cgroups of finished jobs being removed (once their processes are gone).
+        self._removing: set[asyncio.Task[bool]] = set()
+        self._changed = asyncio.Event()
+        self.sandbox = launcher if isinstance(launcher, BwrapLauncher) else None
+        self.exits: dict[int, asyncio.Future[int]] = {}
+        self._proc: asyncio.subprocess.Process | None = None
+        self._channel: socket.socket | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._restarter: asyncio.Task[None] | None = None
+        self._starter: asyncio.Task[bool] | None = None
+        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._ids = itertools.count(1)
+        self._ready: asyncio.Future[int] | None = None
+        self._lifeline_r, self._lifeline_w = os.pipe2(os.O_CLOEXEC)
+        self._closed = False
+        self._folders: list[Path] = []
+        self.running = False
+        #: Times the zygote was (re)started, and jobs forked by it.
+        self.starts = 0
+        self.forked = 0
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id (its sandbox's, sandboxed) while it runs."""
+        return self._proc.pid if self._proc is not None and self.running else None
+
+    def jail(self, plan: LaunchPlan) -> dict[str, Any] | None:
+        """The confinement of a job with ``plan`` (None unsandboxed), see ``kernels/fork/jail.py``."""
+        return None if self.sandbox is None else jail_for(plan, self.sandbox.support)
+
+    def open(self) -> None:
+        """Start the zygote in the background (one-shots are spawned until it is ready)."""
+        if self._starter is None:
+            self._starter = asyncio.create_task(self.launch(), name="oneshot-server-start")
+
+    async def wait_ready(self, timeout: float = START_TIMEOUT_S) -> bool:
+        """Wait for the first start (tests, benchmarks); whether the server runs."""
+        if self._starter is not None:
+            await asyncio.wait_for(asyncio.shield(self._starter), timeout)
+        return self.running
+
+    async def launch(self) -> bool:
+        """Start the zygote; on failure log it, keep retrying in the background, return False."""
+        try:
+            await self.start()
+            return True
+        except Exception:
+            log.warning("the one-shot fork server did not start; one-shots are spawned until it does", exc_info=True)
+            if not self._closed and (self._restarter is None or self._restarter.done()):
+                self._restarter = asyncio.create_task(self._restart(), name="oneshot-server-restart")
+            return False
+
+    async def start(self) -> None:
+        """Start the zygote and wait until its imports are done."""
+        launcher = self.launcher
+        folder = launcher.run_root / SERVER_FOLDER.format(pid=os.getpid(), id=uuid.uuid4().hex[:8])
+        run_dir = folder / "run"
+        self._folders.append(folder)  # removed by stop(), also when this start fails
+        await asyncio.to_thread(_make_folder, launcher, run_dir)
+        env = launcher.environment(folder / "work", run_dir, KernelOptions())
+        env.pop(PACKAGES_ENV, None)  # one-shots never see the shared packages folder
+        if self.sandbox is None:
+            prefix, mode = [], []
+        else:
+            await asyncio.to_thread(write_identity_files, run_dir, ZYGOTE_IDENTITY)
+            support = self.sandbox.support
+            prefix = zygote_args(support, run_dir=run_dir, code_dir=code_dir(support))
+            mode = ["jail" if support.as_root else "userns"]
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        try:
+            with open(run_dir / "zygote.log", "ab") as log_file:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *prefix,
+                    str(launcher.python.executable),
+                    "-I",
+                    str(PROGRAM),
+                    json.dumps(PRELOAD),
+                    str(self._lifeline_r),
+                    *mode,
+                    stdin=theirs.fileno(),
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=log_file,
+                    env=env,
+                    cwd=run_dir,
+                    pass_fds=(self._lifeline_r,),
+                    start_new_session=True,
+                    limit=1 << 20,
+                    preexec_fn=child_setup(None),  # its own session keyring, a high OOM score
+                )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._channel = ours
+        self.starts += 1
+        self.running = True
+        self._reader = asyncio.create_task(self._read(self._proc), name="oneshot-server-reader")
+        try:
+            await asyncio.to_thread(launcher.lifeline.add_process, _key(self._proc), self._proc.pid)
+            ready = await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
+        except BaseException:
+            await self._kill()
+            raise
+        log.info("one-shot fork server ready (pid %s)", ready)
+        self._refill()
+
+    async def take(self) -> Ahead | None:
+        """A job process made ahead (waiting for one while they are being made); None when the
+        server is not running or none came within :data:`FORK_TIMEOUT_S` (the job is spawned)."""
+        deadline = asyncio.get_running_loop().time() + FORK_TIMEOUT_S
+        while self.running and not self._closed:
+            while self._made:
+                ahead = self._made.popleft()
+                self._refill()
+                if not ahead.exited.done():
+                    return ahead
+                await self._throw_away(ahead)  # it died waiting (its server stopped, say)
+            self._refill()
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), max(deadline - asyncio.get_running_loop().time(), 0))
+            except TimeoutError:
+                return None
+        return None
+
+    def _refill(self) -> None:
+        """Make job processes ahead until :attr:`ahead` are ready or being made."""
+        while self.running and not self._closed and len(self._made) + len(self._making) < self.ahead:
+            task = asyncio.create_task(self._make_one(), name="oneshot-ahead")
+            self._making.add(task)
+            task.add_done_callback(self._making.discard)
+
+    async def _make_one(self) -> None:
+        try:
+            ahead = await self._make()
+        except Exception:
+            log.warning("making a one-shot process ahead failed", exc_info=True)
+            await asyncio.sleep(AHEAD_RETRY_S)
+        else:
+            if self.running and not self._closed:
+                self._made.append(ahead)
+            else:
+                await self._throw_away(ahead)
+        finally:
+            self._changed.set()
+
+    async def _make(self) -> Ahead:
+        """Fork one job process for a fresh plan, and move it into the plan's cgroup."""
+        plan, cgroup = await self._prepare()
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        pid: int | None = None
+        ahead: Ahead | None = None
+        try:
+            try:
+                pid = await self._fork(plan, [out_w, err_w, theirs.fileno()])
+            finally:
+                for end in (out_w, err_w):
+                    os.close(end)
+                theirs.close()
+            pidfd: int | None = None
+            with contextlib.suppress(ProcessLookupError):
+                pidfd = os.pidfd_open(pid)
+            stdout, out_transport = await _pipe_reader(out_r)
+            out_r = -1
+            stderr, err_transport = await _pipe_reader(err_r)
+            err_r = -1
+            ahead = Ahead(
+                plan=plan,
+                cgroup=cgroup,
+                pid=pid,
+                pidfd=pidfd,
+                stdout=stdout,
+                stderr=stderr,
+                channel=ours,
+                exited=self.exits[pid],
+                transports=[out_transport, err_transport],
+            )
+            if cgroup is not None:
+                await asyncio.to_thread(cgroup.add, pid)  # it has started nothing: it alone
+            return ahead
+        except BaseException:
+            for end in (out_r, err_r):
+                if end >= 0:
+                    os.close(end)
+            if ahead is not None:
+                await self._throw_away(ahead)
+            else:
+                ours.close()
+                if pid is not None:
+                    kill(None, pid)  # pid 1 of its namespace / its group: not reaped before it is reported
+                    self.forget(pid)
+                if cgroup is not None:
+                    await asyncio.to_thread(cgroup.remove)
+                await self._discard(plan)
+            raise
+
+    async def finish(self, ahead: Ahead) -> None:
+        """The job of ``ahead`` is over: kill what is left of it (unless it said it ended),
+        release it, and remove its cgroup in the background (that waits until its last
+        process is gone, a few milliseconds for a copy of the zygote; :meth:`stop` waits for it)."""
+        if not ahead.exited.done():
+            await asyncio.to_thread(ahead.kill)
+        ahead.release()
+        self.forget(ahead.pid)
+        cgroup, ahead.cgroup = ahead.cgroup, None
+        if cgroup is not None:
+            task = asyncio.create_task(asyncio.to_thread(cgroup.remove), name="oneshot-cgroup-remove")
+            self._removing.add(task)
+            task.add_done_callback(self._removing.discard)
+
+    async def _throw_away(self, ahead: Ahead) -> None:
+        await self.finish(ahead)
+        await self._discard(ahead.plan)
+
+    async def _fork(self, plan: LaunchPlan, fds: list[int]) -> int:
+        """Fork one job process for ``plan`` (``fds``: its stdout and stderr write ends and its
+        end of its socket); its pid. Raises :class:`KernelStartError` when the server cannot."""
+        channel = self._channel
+        if channel is None or not self.running:
+            raise KernelStartError("the one-shot fork server is not running")
+        request_id = next(self._ids)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        request = {
+            "id": request_id,
+            "cwd": str(WORKSPACE) if self.sandbox is not None else str(plan.workspace),
+            "env": dict(plan.environment),
+            "limits": [(int(limit), int(value)) for limit, value in plan.limits.rlimits()],
+            "jail": self.jail(plan),
+        }
+        try:
+            await _send(channel, json.dumps(request).encode(), fds)
+            pid = await asyncio.wait_for(future, FORK_TIMEOUT_S)
+        except (TimeoutError, OSError) as exc:
+            raise KernelStartError(f"the one-shot fork server did not fork: {exc!r}") from exc
+        finally:
+            self._pending.pop(request_id, None)
+        self.forked += 1
+        return pid
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            try:
+                self._handle_message(json.loads(line))
+            except (ValueError, KeyError, TypeError):
+                log.error("the one-shot fork server wrote an unreadable line: %r", line[:200])
+        await proc.wait()
+        await asyncio.to_thread(self.launcher.lifeline.drop, _key(proc))
+        self.running = False
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        for future in [*self._pending.values(), *self.exits.values()]:
+            if not future.done():
+                future.set_exception(KernelStartError("the one-shot fork server exited"))
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(
+                KernelStartError(f"the one-shot fork server exited during start ({proc.returncode})")
+            )
+        self._changed.set()  # a job waiting for a process made ahead spawns instead
+        if not self._closed:
+            log.error(
+                "the one-shot fork server exited (code %s); one-shots are spawned until it is back", proc.returncode
+            )
+            self._restarter = asyncio.create_task(self._restart(), name="oneshot-server-restart")
+
+    def _handle_message(self, message: dict[str, Any]) -> None:
+        if "ready" in message:
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(message["ready"])
+        elif "exit" in message:
+            done = self.exits.get(message["exit"])
+            if done is not None and not done.done():
+                done.set_result(int(message["code"]))
+        elif (future := self._pending.get(message["id"])) is not None and not future.done():
+            if "pid" in message:
+                # Known before the answer is: a quick job's exit report may follow at once.
+                self.exits[message["pid"]] = asyncio.get_running_loop().create_future()
+                future.set_result(message["pid"])
+            else:
+                future.set_exception(KernelStartError(f"fork failed: {message['error']}"))
+
+    def forget(self, pid: int) -> None:
+        """The job ``pid`` is over for the bot (its exit code is no longer awaited)."""
+        done = self.exits.pop(pid, None)
+        if done is not None and not done.done():
+            done.cancel()
+
+    async def _restart(self) -> None:
+        for attempt in range(RESTART_ATTEMPTS):
+            await asyncio.sleep(RESTART_DELAYS_S[min(attempt, len(RESTART_DELAYS_S) - 1)])
+            if self._closed:
+                return
+            try:
+                await self.start()
+                return
+            except Exception:
+                log.warning("restarting the one-shot fork server failed", exc_info=True)
+        log.error("the one-shot fork server failed to restart %d times: one-shots are spawned", RESTART_ATTEMPTS)
+
+    async def stop(self) -> None:
+        """Stop the zygote (it kills the jobs still running) and release the lifeline."""
+        self._closed = True
+        for task in (self._restarter, self._starter):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        making = list(self._making)
+        for task in making:
+            task.cancel()
+        await asyncio.gather(*making, return_exceptions=True)
+        while self._made:
+            await self._throw_away(self._made.popleft())
+        await asyncio.gather(*self._removing, return_exceptions=True)
+        proc = self._proc
+        if self._channel is not None:
+            self._channel.close()  # the zygote sees its standard input end
+            self._channel = None
+        if proc is not None and proc.returncode is None:
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except TimeoutError:
+                pass
+        await self._kill()
+        for folder in self._folders:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+        for fd in (self._lifeline_r, self._lifeline_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    async def _kill(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+
+async def _send(channel: socket.socket, data: bytes, fds: list[int]) -> None:
+    """One message with ``fds`` attached, waiting for room when the socket is full."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            socket.send_fds(channel, [data], fds)
+            return
+        except BlockingIOError:
+            writable = loop.create_future()
+            loop.add_writer(channel.fileno(), writable.set_result, None)
+            try:
+                await writable
+            finally:
+                loop.remove_writer(channel.fileno())
+
+
+async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    """A stream over the read end ``fd`` of a pipe (closed with the transport)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 16, loop=loop)
+    transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader, loop=loop), os.fdopen(fd, "rb", buffering=0)
+    )
+    return reader, transport
+
+
+def _make_folder(launcher: KernelLauncher, run_dir: Path) -> None:
+    launcher.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    run_dir.parent.mkdir(mode=0o700)
+    run_dir.mkdir(mode=0o700)
+
+
+def _key(proc: asyncio.subprocess.Process) -> str:
+    """The server's name in the kernel warden's registry."""
+    return f"oneshot-server-{proc.pid}"
+
+
+def kill(pidfd: int | None, pid: int) -> None:
+    """SIGKILL a job: through its pidfd (never a recycled pid), then its process group (the
+    unsandboxed job leads its own)."""
+    if pidfd is not None:
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
