@@ -233,6 +233,14 @@ def event_loop_stalled() -> None:
     EVENT_LOOP_STALLS.inc()
 
 
+def mcp_servers(names: Iterable[str]) -> None:
+    """Every configured MCP server's series at 0, so rates and alerts work before its first call."""
+    for name in names:
+        for outcome in MCP_OUTCOMES:
+            MCP_CALLS.labels(name, outcome)
+        MCP_CALL_SECONDS.labels(name)
+
+
 def mcp_call(server: str, outcome: str, seconds: float) -> None:
     """Count one MCP tool call of the configured ``server`` (``outcome``: one of :data:`MCP_OUTCOMES`)."""
     MCP_CALLS.labels(server, outcome).inc()

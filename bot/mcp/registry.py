@@ -19,6 +19,7 @@ from typing import Any
 
 import mcp_types as types
 
+from bot import metrics
 from bot.mcp.connection import CONNECT_TIMEOUT_S, Connection, Health
 from bot.mcp.hiding import URL_LOGGERS, Hider, HidingFilter
 from bot.mcp.names import function_names
@@ -65,6 +66,7 @@ class McpServers:
             for name, each in settings.items()
         }
         self._check_every_s = check_every_s
+        metrics.mcp_servers(self._connections)
         self._watcher: asyncio.Task[None] | None = None
         self._filter = HidingFilter(self.hider)
 
