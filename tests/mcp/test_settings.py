@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from bot.config import ConfigError, parse_settings
 from bot.hardening import drop_secrets, secret_values
@@ -87,3 +88,20 @@ def test_the_credentials_leave_the_bots_environment() -> None:
     environ = {"TRACKER_TOKEN": "tok-123456789", "LOCAL_KEY": "key-abcdef", "OTHER": "kept", "PATH": "/bin"}
     dropped = drop_secrets(parsed, {"TRACKER_TOKEN", "LOCAL_KEY"}, environ)
     assert dropped == ["LOCAL_KEY", "TRACKER_TOKEN"] and environ == {"OTHER": "kept", "PATH": "/bin"}
+
+
+def test_the_example_in_config_yaml_is_valid() -> None:
+    lines = (Path(__file__).resolve().parents[2] / "config.yaml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("mcp:"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] and not lines[i].startswith("#"))
+    example = "mcp:\n" + "\n".join(line[1:] for line in lines[start + 1 : end] if line.startswith("#"))
+    raw = yaml.safe_load(example)
+    parsed = parse_settings(
+        {
+            "llm": {"base_url": "http://127.0.0.1:9/v1"},
+            **raw,
+            "channels": {"slack:C0123": {"mcp": ["tracker", "metrics"]}},
+        },
+        env={"TRACKER_MCP_TOKEN": "t" * 10, "METRICS_API_KEY": "k" * 10},
+    )
+    assert set(parsed.mcp) == {"tracker", "metrics"} and parsed.mcp["tracker"].timeout_s == 30
