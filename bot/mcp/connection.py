@@ -158,6 +158,9 @@ class Connection:
         try:
             # The SDK's own timeout ends the call (and tells the server); this one is a backstop.
             await asyncio.wait([calling, *watchers], timeout=timeout + 5, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the turn itself is cancelled (shutdown): so is the call
+            calling.cancel()
+            raise
         finally:
             for watcher in watchers:
                 watcher.cancel()
