@@ -265,11 +265,10 @@ class ChannelPolicy(_Model):
 
     def in_view_of(self, viewed: ChannelPolicy) -> ChannelPolicy:
         """This (a direct message's) policy with what a viewed channel lends its members' DM
-        threads: its system prompt, data folder and data sources. The model, network, limits and
-        the rest stay this one's."""
-        return self.model_copy(
-            update={"system_prompt": viewed.system_prompt, "data_dir": viewed.data_dir, "sources": viewed.sources}
-        )
+        threads: its system prompt, data folder, data sources and MCP servers. The model, network,
+        limits and the rest stay this one's."""
+        lent = {"system_prompt": viewed.system_prompt, "data_dir": viewed.data_dir, "sources": viewed.sources}
+        return self.model_copy(update={**lent, "mcp": viewed.mcp})
 
     @field_validator("data_dir")
     @classmethod

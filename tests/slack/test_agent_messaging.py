@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from bot.config import ChannelPolicy
 from tests.fakes.openai_server import answer, tool_call
 from tests.slack.conftest import running_bot
 
@@ -147,3 +148,11 @@ async def test_opening_the_tab_while_viewing_a_channel_offers_its_prompts(tmp_pa
         slack = bot.slack
         await slack.post_event(bot.events_url, slack.app_home_opened("U_ALICE", DM, viewing="C_SALES"))
         assert await slack.wait_for(lambda: slack.suggested_prompts.get((DM, ""))) == SALES_PROMPTS
+
+
+def test_a_viewed_channel_lends_its_sources_and_mcp_servers_not_its_model_or_limits() -> None:
+    dm = ChannelPolicy(model="dm-model", sources=(), mcp=())
+    sales = ChannelPolicy(system_prompt="S", model="sales-model", sources=("warehouse",), mcp=("tracker",))
+    lent = dm.in_view_of(sales)
+    assert (lent.system_prompt, lent.sources, lent.mcp) == ("S", ("warehouse",), ("tracker",))
+    assert lent.model == "dm-model"
