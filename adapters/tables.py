@@ -2,9 +2,9 @@
 
 Discord renders no Markdown tables, and Slack's fallback for a table it does not draw natively
 is text; a code block is the one place their columns stay aligned. :func:`align_tables`
-replaces every Markdown table outside fenced code blocks with such a block; :func:`table_at`
-is the piece a converter with its own line loop uses (Slack's); :func:`render_table` lays out
-any table (one the code showed too). What counts as a Markdown table is :mod:`bot.tables`'s
+replaces every Markdown table outside fenced code blocks with such a block (:func:`aligned`:
+a renderer reading :func:`bot.tables.blocks` itself does the same); :func:`render_table` lays
+out any table (one the code showed too). What counts as a Markdown table is :mod:`bot.tables`'s
 rule; cell text is kept as written (inline Markdown included: a code block shows it literally).
 
 Widths count what a monospace font shows: East Asian wide and fullwidth characters take two
@@ -13,15 +13,13 @@ columns, combining marks and zero-width characters none.
 
 from __future__ import annotations
 
-import re
 import unicodedata
 
 from bot.events import Align, Number, Table
-from bot.tables import cell_text, parse_table, split_row
+from bot.tables import blocks, cell_text, split_row
 
-__all__ = ["align_tables", "display_width", "render_table", "split_row", "table_at"]
+__all__ = ["align_tables", "aligned", "display_width", "render_table", "split_row"]
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 _ZERO_WIDTH = {"Mn", "Me", "Cf"}
 _SEPARATOR = " | "
 
@@ -61,48 +59,16 @@ def _numbers(table: Table, column: int) -> bool:
     return bool(cells) and all(isinstance(cell, Number) for cell in cells)
 
 
-def table_at(lines: list[str], start: int) -> tuple[list[str], int] | None:
-    """The aligned lines of the table starting at ``lines[start]`` and the index after it, or None."""
-    parsed = parse_table(lines, start)
-    if parsed is None:
-        return None
-    table, end = parsed
-    return render_table(table), end
+def aligned(table: Table) -> list[str]:
+    """``table`` as the lines of an aligned code block, fences included."""
+    return ["```", *(_no_fence(row) for row in render_table(table)), "```"]
 
 
 def align_tables(markdown: str) -> str:
     """Replace each Markdown table outside fenced code blocks with an aligned code block."""
-    lines = markdown.split("\n")
-    out: list[str] = []
-    fence: str | None = None  # the open fence's marker while inside a code block
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        opening = _FENCE.match(line)
-        if fence is not None:
-            if (
-                opening
-                and opening.group(1)[0] == fence[0]
-                and len(opening.group(1)) >= len(fence)
-                and not opening.group(2).strip()
-            ):
-                fence = None
-            out.append(line)
-            i += 1
-            continue
-        if opening:
-            fence = opening.group(1)
-            out.append(line)
-            i += 1
-            continue
-        found = table_at(lines, i)
-        if found is None:
-            out.append(line)
-            i += 1
-            continue
-        rendered, i = found
-        out.extend(["```", *(_no_fence(row) for row in rendered), "```"])
-    return "\n".join(out)
+    return "\n".join(
+        line for block in blocks(markdown) for line in (aligned(block) if isinstance(block, Table) else block.lines)
+    )
 
 
 def _pad_row(row: list[str], columns: int) -> list[str]:

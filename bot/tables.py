@@ -8,7 +8,7 @@ loosened where a chat answer is better served):
 
 - a header row and a delimiter row (``---``, ``:---``, ``---:``, ``:---:`` per cell, at least one
   pipe) with the same number of cells; body rows follow until a blank line or a line without a
-  pipe; nothing inside a fenced code block is a table;
+  pipe; nothing inside a fenced code block is a table (:mod:`bot.markdown` reads the fences);
 - cells are split at pipes, except escaped ones (``\\|``, shown as ``|``) and pipes inside code
   spans (``a|b`` in backticks stays one cell);
 - a short row is padded with empty cells; a long row keeps its extra cells (nothing is dropped);
@@ -25,8 +25,9 @@ import math
 import re
 
 from bot.events import Align, Cell, Number, Table
+from bot.markdown import Code, Prose
+from bot.markdown import blocks as markdown_blocks
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 _DELIMITER_CELL = re.compile(r"^\s*(:?)-+(:?)\s*$")
 _NUMBER = re.compile(
     r"^(?P<sign>[+\-\u2212]?)(?P<currency>[$€£¥]?)"
@@ -117,9 +118,9 @@ def _delimiter(line: str) -> list[Align] | None:
     return aligns or None
 
 
-def parse_table(lines: list[str], start: int) -> tuple[Table, int] | None:
-    """The table whose header is ``lines[start]``, and the index of the first line after it;
-    None when no table starts there."""
+def _table_at(lines: tuple[str, ...], start: int) -> tuple[Table, int] | None:
+    """The table whose header is ``lines[start]`` (lines of prose), and the index of the first
+    line after it; None when no table starts there."""
     if start + 1 >= len(lines) or "|" not in lines[start] or not lines[start].strip():
         return None
     aligns = _delimiter(lines[start + 1])
@@ -128,7 +129,7 @@ def parse_table(lines: list[str], start: int) -> tuple[Table, int] | None:
         return None
     rows: list[tuple[Cell, ...]] = []
     end = start + 2
-    while end < len(lines) and lines[end].strip() and not _FENCE.match(lines[end]):
+    while end < len(lines) and lines[end].strip():
         cells = _cells(lines[end])
         if len(cells) < 2:
             break  # a line without a pipe ends the table
@@ -137,43 +138,46 @@ def parse_table(lines: list[str], start: int) -> tuple[Table, int] | None:
     return Table(header=tuple(header), rows=tuple(rows), aligns=tuple(aligns)), end
 
 
+def blocks(markdown: str) -> list[Code | Prose | Table]:
+    """``markdown`` as its code blocks (:mod:`bot.markdown`), its prose and the tables in that
+    prose, in order."""
+    out: list[Code | Prose | Table] = []
+    for block in markdown_blocks(markdown):
+        if isinstance(block, Code):
+            out.append(block)
+            continue
+        lines, i = block.lines, 0
+        prose: list[str] = []
+        while i < len(lines):
+            found = _table_at(lines, i)
+            if found is None:
+                prose.append(lines[i])
+                i += 1
+                continue
+            if prose:
+                out.append(Prose(tuple(prose)))
+                prose = []
+            table, i = found
+            out.append(table)
+        if prose:
+            out.append(Prose(tuple(prose)))
+    return out
+
+
 def answer_parts(markdown: str) -> list[str | Table]:
-    """``markdown`` cut into its prose (``str``, lines as written) and its tables, in order.
-    Tables inside fenced code blocks stay prose; an answer without tables is one part."""
-    lines = markdown.replace("\r\n", "\n").split("\n")
+    """``markdown`` cut into its prose (``str``, lines as written, code blocks included) and its
+    tables, in order. Tables inside fenced code blocks stay prose; an answer without tables is
+    one part."""
     parts: list[str | Table] = []
     prose: list[str] = []
-    fence: str | None = None  # the open fence's marker while inside a code block
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        opening = _FENCE.match(line)
-        if fence is not None:
-            if (
-                opening
-                and opening.group(1)[0] == fence[0]
-                and len(opening.group(1)) >= len(fence)
-                and not opening.group(2).strip()
-            ):
-                fence = None
-            prose.append(line)
-            i += 1
-            continue
-        if opening:
-            fence = opening.group(1)
-            prose.append(line)
-            i += 1
-            continue
-        found = parse_table(lines, i)
-        if found is None:
-            prose.append(line)
-            i += 1
+    for block in blocks(markdown.replace("\r\n", "\n")):
+        if not isinstance(block, Table):
+            prose.extend(block.lines)
             continue
         if prose:
             parts.append("\n".join(prose))
             prose = []
-        table, i = found
-        parts.append(table)
+        parts.append(block)
     if prose:
         parts.append("\n".join(prose))
     return parts

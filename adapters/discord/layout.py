@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import discord
 
-from adapters.tables import render_table
+from adapters.tables import aligned
 from bot.events import Table
 from bot.tables import hidden_note
 
@@ -81,7 +81,7 @@ def shown_table(table: Table, limit: int) -> str:
     """A table the code showed as Markdown within ``limit`` characters: its caption, the rows
     that fit as an aligned code block, and a line saying how much is not shown."""
     head = f"📋 `{table.caption.replace('`', 'ˋ')}`"
-    lines = [_no_fence(line) for line in render_table(table)]
+    lines = aligned(table)[1:-1]
     rows = len(lines) - 2
     while True:
         note = hidden_note(table, rows=rows).replace("`", "ˋ")
@@ -89,8 +89,3 @@ def shown_table(table: Table, limit: int) -> str:
         if len(text) <= limit or rows <= 0:
             return text if len(text) <= limit else text[: limit - 1] + "…"
         rows -= max(1, rows // 4) if len(text) > 2 * limit else 1
-
-
-def _no_fence(line: str) -> str:
-    """A cell's own triple backticks would close the code block early: break them up."""
-    return line.replace("```", "`\u200b`\u200b`")

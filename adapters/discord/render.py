@@ -1,12 +1,14 @@
-"""The Discord outbound renderer's link step: what a masked link in text the bot posts becomes
-(pure, no I/O).
+"""The Discord outbound renderer: what a masked link in text the bot posts becomes, and an
+answer's tables (pure, no I/O).
 
 Discord renders ``[label](url)`` in a bot's messages as ``label`` opening ``url``. Following
 :mod:`adapters.links`, a masked link stays only when its target is http(s) or mailto and its
 label does not read as another address. A disguised one becomes its label followed by the bare
 target in ``<>`` (shown as written, no embed); one to any other target becomes its label as
-text. Code blocks and inline code are left untouched. Mentions are kept from notifying by
-``allowed_mentions=none`` on the client (:mod:`adapters.discord.adapter`).
+text. Code blocks and inline code are left untouched (:mod:`bot.markdown` says which lines are
+code). An answer (:func:`answer`) also has its tables made aligned code blocks, in the same
+reading. Mentions are kept from notifying by ``allowed_mentions=none`` on the client
+(:mod:`adapters.discord.adapter`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from __future__ import annotations
 import re
 
 from adapters.links import allowed_target, disguised
+from adapters.tables import aligned
+from bot.events import Table
+from bot.markdown import Code, lines
+from bot.tables import blocks
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 #: An inline code span (left as it is) or a masked link, whichever starts first.
 _CODE_OR_LINK = re.compile(
     r"(?P<code>(?P<ticks>`+).+?(?P=ticks))"
@@ -26,21 +31,25 @@ _CODE_OR_LINK = re.compile(
 
 def text(markdown: str) -> str:
     """``markdown`` with every masked link outside code made honest (see the module)."""
+    return "\n".join(line.text if line.in_code else _honest(line.text) for line in lines(markdown))
+
+
+def answer(markdown: str) -> str:
+    """An answer as Discord is sent it: its tables as aligned code blocks (Discord draws no
+    Markdown table; :mod:`adapters.tables`) and its masked links made honest, in one reading."""
     out: list[str] = []
-    fence: str | None = None
-    for line in markdown.split("\n"):
-        opened = _FENCE.match(line)
-        if fence is not None:
-            if opened and opened.group(1)[0] == fence[0] and len(opened.group(1)) >= len(fence):
-                fence = None
-            out.append(line)
-            continue
-        if opened:
-            fence = opened.group(1)
-            out.append(line)
-            continue
-        out.append(_CODE_OR_LINK.sub(_span, line))
+    for block in blocks(markdown):
+        if isinstance(block, Table):
+            out += aligned(block)
+        elif isinstance(block, Code):
+            out += block.lines
+        else:
+            out += (_honest(line) for line in block.lines)
     return "\n".join(out)
+
+
+def _honest(line: str) -> str:
+    return _CODE_OR_LINK.sub(_span, line)
 
 
 def _span(match: re.Match[str]) -> str:

@@ -22,7 +22,6 @@ import discord
 from adapters.discord import render
 from adapters.discord.layout import LayoutSupport, answer_view, shown_table
 from adapters.discord.uploads import Upload, UploadPlan, open_files, plan_uploads, release
-from adapters.tables import align_tables
 from adapters.textsplit import split_markdown
 from bot.events import Reply
 
@@ -50,7 +49,7 @@ def message_extras(files: list[discord.File], view: discord.ui.View | discord.ui
 def text_chunks(text: str) -> list[str]:
     """``text`` with tables aligned and links made honest (:mod:`adapters.discord.render`),
     split into messages Discord accepts."""
-    return split_markdown(render.text(align_tables(text)), MESSAGE_LIMIT)
+    return split_markdown(render.answer(text), MESSAGE_LIMIT)
 
 
 async def send_text(send: SendMessage, text: str) -> None:

@@ -13,16 +13,19 @@ Slack keeps its columns aligned.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from adapters.links import allowed_target, disguised
 from adapters.slack.links import quiet_mentions
-from adapters.tables import table_at
+from adapters.tables import render_table
 from adapters.textsplit import split_markdown
+from bot.events import Table
+from bot.markdown import Code
+from bot.tables import blocks
 
 #: Slack rejects or truncates longer messages in practice (KERNELS.md: "~4k").
 MESSAGE_LIMIT = 3_800
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+.#-]*)\s*$")
 INLINE_CODE = re.compile(r"(`+)(.+?)\1")
 _LINK = re.compile(r"!?\[((?:[^\[\]\n]|\[[^\[\]\n]*\])+)\]\((\S+?)(?:\s+\"[^\"]*\")?\)")
 _AUTOLINK = re.compile(r"&lt;(https?://[^\s&|]+)&gt;")
@@ -68,40 +71,20 @@ def shown_label(label: str) -> str:
 def to_mrkdwn(markdown: str) -> str:
     """Convert Markdown to Slack mrkdwn."""
     out: list[str] = []
-    prose: list[str] = []
-    lines = markdown.replace("\r\n", "\n").split("\n")
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        fence = _FENCE.match(line)
-        if fence:
-            out.extend(_prose(prose))
-            prose = []
-            marker = fence.group(1)
-            body: list[str] = []
-            i += 1
-            while i < len(lines) and lines[i].strip() != marker:
-                body.append(lines[i])
-                i += 1
-            out.append(_code_block(body))
-            i += 1  # skip the closing fence (or run past the end of an unclosed block)
-            continue
-        table = table_at(lines, i)
-        if table is not None:
-            out.extend(_prose(prose))
-            prose = []
-            rows, i = table
-            out.append(_code_block(rows))
-            continue
-        prose.append(line)
-        i += 1
-    out.extend(_prose(prose))
+    for block in blocks(markdown.replace("\r\n", "\n")):
+        if isinstance(block, Code):
+            out.append(_code_block(block.body))
+        elif isinstance(block, Table):
+            out.append(_code_block(render_table(block)))
+        else:
+            out.extend(_line(line) for line in block.lines)
     return "\n".join(out).strip("\n")
 
 
-def to_chunks(markdown: str, limit: int = MESSAGE_LIMIT) -> list[str]:
-    """Convert Markdown to mrkdwn and split it into messages Slack accepts."""
-    return split_markdown(to_mrkdwn(markdown), limit)
+def to_chunks(markdown: str, limit: int = MESSAGE_LIMIT, *, last: int | None = None) -> list[str]:
+    """Convert Markdown to mrkdwn and split it into messages Slack accepts (the last one of at
+    most ``last`` characters when given)."""
+    return split_markdown(to_mrkdwn(markdown), limit, last=last)
 
 
 def escape(text: str) -> str:
@@ -109,12 +92,8 @@ def escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _code_block(body: list[str]) -> str:
+def _code_block(body: Sequence[str]) -> str:
     return "```\n" + escape("\n".join(body)) + "\n```"
-
-
-def _prose(lines: list[str]) -> list[str]:
-    return [_line(line) for line in lines]
 
 
 def _line(line: str) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.slack.blocks import CHARTS_PER_MESSAGE, NativeKind, NativeTable, chart_block, table_block
-from adapters.slack.render import Mrkdwn, mrkdwn, mrkdwn_chunks, split_rendered
+from adapters.slack.render import Mrkdwn, mrkdwn, mrkdwn_chunks
 from bot.events import FileOut, ImageOut, Reply, Table
 from bot.tables import answer_parts, to_csv, to_markdown
 
@@ -56,19 +56,22 @@ class NativeSupport:
 @dataclass(frozen=True, slots=True)
 class Post:
     """One message: its text, its blocks (empty: the text alone), the native kind among them,
-    and what to post instead when Slack refuses that kind (rendered text, or Markdown rendered
-    only then: :meth:`fallback_texts`)."""
+    and what to post instead when Slack refuses that kind (rendered text, made to fit a section
+    block, or Markdown rendered only then: :meth:`fallback_texts`)."""
 
     text: Mrkdwn
     blocks: tuple[dict[str, Any], ...] = ()
     native: NativeKind | None = None
     fallback: tuple[Mrkdwn | str, ...] = ()
 
-    def fallback_texts(self) -> list[Mrkdwn]:
-        """The fallback as messages to post."""
-        return [
-            chunk for item in self.fallback for chunk in ([item] if isinstance(item, Mrkdwn) else mrkdwn_chunks(item))
-        ]
+    def fallback_texts(self, *, last: int | None = None) -> list[Mrkdwn]:
+        """The fallback as messages to post, the last one of at most ``last`` characters when
+        given (a section block's, under buttons)."""
+        texts: list[Mrkdwn] = []
+        for number, item in enumerate(self.fallback, 1):
+            end = last if number == len(self.fallback) else None
+            texts += [item] if isinstance(item, Mrkdwn) else mrkdwn_chunks(item, last=end)
+        return texts
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,21 +152,22 @@ def lay_out(
     pending: list[Mrkdwn] = []
     for piece in answer:
         if isinstance(piece, str):
-            pending += mrkdwn_chunks(piece) if piece.strip() else []
+            # Its last chunk goes into a section block: before a table, or at the end.
+            pending += mrkdwn_chunks(piece, last=SECTION_LIMIT) if piece.strip() else []
             continue
-        lead = split_rendered(pending.pop(), SECTION_LIMIT) if pending else []
-        posts += [Post(chunk) for chunk in [*pending, *lead[:-1]]]
+        lead = pending.pop() if pending else None
+        posts += [Post(chunk) for chunk in pending]
         pending = []
-        posts.append(_answer_table(piece, lead[-1] if lead else None))
+        posts.append(_answer_table(piece, lead))
         if piece.csv is not None:
             files.append(piece.csv)
-    tail = split_rendered(pending.pop(), SECTION_LIMIT) if pending else []
-    posts += [Post(chunk) for chunk in [*pending, *tail[:-1]]]
+    tail = pending.pop() if pending else None
+    posts += [Post(chunk) for chunk in pending]
     charts = _chart_blocks(reply.images, support)
     for start in range(CHARTS_PER_MESSAGE, len(charts), CHARTS_PER_MESSAGE):
         group = tuple(charts[start : start + CHARTS_PER_MESSAGE])
         posts.append(Post(mrkdwn("Charts"), group, "data_visualization"))
-    layout = Layout(posts, tail[-1] if tail else None, charts[:CHARTS_PER_MESSAGE], files)
+    layout = Layout(posts, tail, charts[:CHARTS_PER_MESSAGE], files)
     shares = bool(reply.images or reply.files or files or layout.charts)
     if layout.last is None and not shares and posts and posts[-1].blocks and feedback:
         end = posts[-1]

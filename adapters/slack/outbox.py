@@ -35,7 +35,7 @@ from adapters.slack.layout import (
     lay_out,
     pieces,
 )
-from adapters.slack.render import Mention, Mrkdwn, cut, mrkdwn, mrkdwn_chunks, plain, split_rendered
+from adapters.slack.render import Mention, Mrkdwn, cut, mrkdwn, mrkdwn_chunks, plain
 from adapters.slack.sessions import AgentSessions
 from adapters.slack.stream import AnswerStream, StreamingSupport
 from adapters.slack.uploads import UploadItem, share_files
@@ -227,9 +227,8 @@ class SlackOutbox:
                 return
             self._native.refuse(post.native, result.error)
         buttons = [b for b in post.blocks if b.get("type") == "context_actions"]
-        texts = post.fallback_texts() if post.fallback or post.native == "data_visualization" else [post.text]
-        if buttons and texts:
-            texts[-1:] = split_rendered(texts[-1], SECTION_LIMIT)
+        last = SECTION_LIMIT if buttons else None  # the last text goes into a section with the buttons
+        texts = post.fallback_texts(last=last) if post.fallback or post.native == "data_visualization" else [post.text]
         for number, text in enumerate(texts, 1):
             await self.say(text, blocks=[section(text), *buttons] if buttons and number == len(texts) else None)
 

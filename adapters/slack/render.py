@@ -26,10 +26,9 @@ from typing import Literal
 from adapters.links import allowed_target, disguised
 from adapters.slack.format import INLINE_CODE, MESSAGE_LIMIT, SetAside, no_nul, shown_label, to_chunks, to_mrkdwn
 from adapters.slack.links import WORD_JOINER, quiet_mentions
-from adapters.textsplit import split_markdown
+from bot.markdown import lines
 
 _SLACK_ID = re.compile(r"^[A-Z][A-Z0-9_]{1,31}$")
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _LINK = re.compile(r"(!?)\[((?:[^\[\]\n]|\[[^\[\]\n]*\])+)\]\(\s*(<[^>\n]*>|\S+?)(\s+\"[^\"\n]*\")?\s*\)")
 #: A reference definition (``[x]: target``) would make ``[x]`` a link to any target.
 _REFERENCE = re.compile(r"^( {0,3})\[([^\]\n]+)\]:")
@@ -68,14 +67,10 @@ def mrkdwn(*parts: str | Mention) -> Mrkdwn:
     return Mrkdwn("".join(part.token() if isinstance(part, Mention) else to_mrkdwn(part) for part in parts))
 
 
-def mrkdwn_chunks(markdown: str, limit: int = MESSAGE_LIMIT) -> list[Mrkdwn]:
-    """Markdown as safe mrkdwn, split into messages Slack accepts."""
-    return [Mrkdwn(chunk) for chunk in to_chunks(markdown, limit)]
-
-
-def split_rendered(text: Mrkdwn, limit: int) -> list[Mrkdwn]:
-    """An already rendered text split (fences kept balanced) into parts of at most ``limit``."""
-    return [Mrkdwn(chunk) for chunk in split_markdown(text.text, limit)]
+def mrkdwn_chunks(markdown: str, limit: int = MESSAGE_LIMIT, *, last: int | None = None) -> list[Mrkdwn]:
+    """Markdown as safe mrkdwn, split into messages Slack accepts; the last one of at most
+    ``last`` characters when given (a section block's text)."""
+    return [Mrkdwn(chunk) for chunk in to_chunks(markdown, limit, last=last)]
 
 
 def cut(text: Mrkdwn, limit: int) -> Mrkdwn:
@@ -107,20 +102,9 @@ def markdown_text(markdown: str) -> SlackMarkdown:
     difference (:mod:`adapters.slack.stream` holds an unclosed link back).
     """
     out: list[str] = []
-    fence: str | None = None
-    for line in markdown.replace("\r\n", "\n").split("\n"):
-        line = line.replace("<", "<" + WORD_JOINER)
-        opened = _FENCE.match(line)
-        if fence is not None:
-            if opened and opened.group(1)[0] == fence[0] and len(opened.group(1)) >= len(fence):
-                fence = None
-            out.append(line)
-            continue
-        if opened:
-            fence = opened.group(1)
-            out.append(line)
-            continue
-        out.append(_markdown_line(_no_angle_links(line)))
+    for line in lines(markdown.replace("\r\n", "\n")):
+        text = line.text.replace("<", "<" + WORD_JOINER)
+        out.append(text if line.in_code else _markdown_line(_no_angle_links(text)))
     return SlackMarkdown("\n".join(out))
 
 
