@@ -129,14 +129,18 @@ async def burst(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none
             return {**summary(list(times)), "wall_s": wall}
         burst_cpu = sum(cpu.values()) - sum(v for pid, v in cpu_before.items() if pid in cpu)
         cores = len(os.sched_getaffinity(0))
-        floor = {"cpu_per_kernel_ms": burst_cpu / threads * 1000, "floor_s": burst_cpu / cores}
+        floor = {
+            "cpu_per_kernel_ms": burst_cpu / threads * 1000,
+            "floor_s": burst_cpu / cores,
+            "floor_ratio": wall / (burst_cpu / cores) if burst_cpu else None,
+        }
         sessions = pool.sessions()
         await asyncio.gather(*(s.execute("import pandas, numpy, matplotlib.pyplot") for s in sessions))
         await asyncio.sleep(0.5)  # let the kernels settle (idle)
         pss = [await s.memory_bytes() or 0 for s in sessions]
         parent = 0
         if isinstance(pool.launcher, ForkingLauncher):
-            parent = await _pss(pool.launcher.server.pid)
+            parent = await _pss_zygote(pool.launcher.server.pid)
         result = summary(list(times))
         result["wall_s"] = wall
         result.update(floor)
@@ -170,6 +174,27 @@ async def _pss(pid: int | None) -> int:
         return 0
     info = await asyncio.to_thread(psutil.Process(pid).memory_full_info)
     return int(getattr(info, "pss", info.rss))
+
+
+async def _pss_zygote(pid: int | None) -> int:
+    """PSS of the fork server itself: its process and (sandboxed) its bwrap wrapper, not the
+    kernels it forked (their PSS is counted per kernel)."""
+    import psutil
+
+    if pid is None:
+        return 0
+
+    def measure() -> int:
+        total = 0
+        procs = [psutil.Process(pid)]
+        if procs[0].name() == "bwrap":  # sandboxed: the zygote is bwrap's child
+            procs += procs[0].children()
+        for proc in procs:
+            info = proc.memory_full_info()
+            total += int(getattr(info, "pss", info.rss))
+        return total
+
+    return await asyncio.to_thread(measure)
 
 
 def summary(times: list[float]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ turns over chat completions and over the Responses API side by side.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.slack import SlackAdapter
+from bench.cpu import CpuMeter, phase
 from bench.kernels import Sandbox, mode_config, summary
 from bot.app import Core
 from bot.config import parse_settings
@@ -23,6 +25,32 @@ from tests.fakes.openai_server import ScriptedOpenAI, answer, last_tool_output, 
 from tests.fakes.slack_server import FakeSlack
 
 DONE = frozenset({"white_check_mark", "x"})
+
+
+class _BenchSlack(FakeSlack):
+    """The fake Slack, telling each turn's waiter when its message got its last reaction: a
+    crowd's waiters do not all wake on every call (``FakeSlack.wait_for``), which cost the
+    process more than the bot's own work for the turns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._done: dict[tuple[str, str], asyncio.Future[None]] = {}
+
+    def _notify(self) -> None:
+        super()._notify()
+        for key, done in list(self._done.items()):
+            if DONE & self.reactions.get(key, set()) and not done.done():
+                done.set_result(None)
+
+    async def until_done(self, key: tuple[str, str], timeout: float) -> None:
+        """Wait until the message ``key`` (channel, ts) has ✅ or ❌."""
+        if DONE & self.reactions.get(key, set()):
+            return
+        self._done[key] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(self._done[key], timeout)
+        finally:
+            del self._done[key]
 
 
 def _model(request: dict[str, Any]) -> Any:
@@ -49,11 +77,15 @@ async def running_bot(
     max_kernels: int = 120,
     api: str = "chat",
     model: Callable[[dict[str, Any]], Any] = _model,
-) -> AsyncIterator[tuple[FakeSlack, str, Core]]:
+) -> AsyncIterator[tuple[_BenchSlack, str, Core]]:
     """Fake Slack, model, Core and Slack adapter with kernels of ``mode``; yields (slack, events url, core).
 
     ``api``: the one API the model server speaks, and ``llm.api``."""
-    async with FakeSlack() as slack, ScriptedOpenAI(apis=(api,)) as llm:
+    async with AsyncExitStack() as fakes:
+        with phase("fakes"):  # their servers' work is counted apart from the bot's (bench.cpu)
+            slack = _BenchSlack()
+            await fakes.enter_async_context(slack)
+            llm = await fakes.enter_async_context(ScriptedOpenAI(apis=(api,)))
         llm.script(*[model] * 10_000)
         raw = {
             "llm": {
@@ -84,6 +116,8 @@ async def running_bot(
         async with Core.open(settings) as core:
             if core.pool.warm is not None:
                 await core.pool.warm.wait_ready(timeout=120)
+            if core.oneshot is not None:
+                await core.oneshot.wait_ready()  # its imports are the bot's start, not the turns' cost
             adapter = SlackAdapter(settings.slack, core.dispatcher)
             await adapter.start()
             try:
@@ -93,14 +127,20 @@ async def running_bot(
                 await adapter.stop()
 
 
-async def _turn(slack: FakeSlack, url: str, event: dict[str, Any], timeout: float) -> tuple[float, bool]:
+async def _turn(slack: _BenchSlack, url: str, event: dict[str, Any], timeout: float) -> tuple[float, bool]:
     key = (event["channel"], event["ts"])
     started = time.perf_counter()
     status, _ = await slack.post_event(url, event)
-    await slack.wait_for(lambda: DONE & slack.reactions.get(key, set()), timeout)
+    await slack.until_done(key, timeout)
     elapsed = time.perf_counter() - started
     ok = status == 200 and slack.reactions[key] & DONE == {"white_check_mark"}
     return elapsed, ok
+
+
+async def _counted_turn(slack: _BenchSlack, url: str, event: dict[str, Any], timeout: float) -> tuple[float, bool]:
+    """:func:`_turn` whose own work (Slack delivering the event, watching the reactions) is the fakes'."""
+    with phase("fakes"):
+        return await _turn(slack, url, event, timeout)
 
 
 async def turn_overhead(mode: str, root: Path, turns: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
@@ -150,16 +190,24 @@ async def api_overhead(mode: str, root: Path, turns: int, *, sandbox: Sandbox = 
 
 
 async def concurrent_threads(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
-    """``threads`` new threads mentioned at once; every one must be answered without error."""
+    """``threads`` new threads mentioned at once; every one must be answered without error.
+    Also the CPU the crowd cost, per turn, by process and phase (:mod:`bench.cpu`), and its
+    floor (that CPU ÷ cores)."""
+    meter = CpuMeter()
     async with running_bot(mode, root, warm=threads, sandbox=sandbox) as (slack, url, _):
         events = [slack.mention(f"C{i % 7}", f"go {i}") for i in range(threads)]
-        started = time.perf_counter()
-        outcomes = await asyncio.gather(*(_turn(slack, url, e, 600) for e in events), return_exceptions=True)
-        wall = time.perf_counter() - started
+        with meter.installed(asyncio.get_running_loop()):
+            await asyncio.to_thread(meter.begin)
+            started = time.perf_counter()
+            turns = (_counted_turn(slack, url, e, 600) for e in events)
+            outcomes = await asyncio.gather(*turns, return_exceptions=True)
+            wall = time.perf_counter() - started
+            await asyncio.to_thread(meter.end)
     times = [o[0] for o in outcomes if isinstance(o, tuple)]
     errors = sum(1 for o in outcomes if not isinstance(o, tuple) or not o[1])
     result: dict[str, Any] = summary(times) if times else {"n": 0}
-    result.update(wall_s=wall, errors=errors)
+    cpu = meter.report(threads, len(os.sched_getaffinity(0)))
+    result.update(wall_s=wall, errors=errors, floor_s=cpu["floor_s"], cpu_per_turn_ms=cpu["total_ms"], cpu=cpu)
     return result
 
 
