@@ -35,6 +35,7 @@ from bot.store import Store
 from bot.turn import TurnRunner
 from kernels import KernelPool, Reaper, build_launcher
 from kernels.build import oneshot_for, package_installer
+from kernels.oneshot import OneShot
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class Core:
     watchdog: LoopWatchdog | None = None
     #: The MCP servers channels may be granted (``/readyz`` shows them).
     mcp: McpServers | None = None
+    #: Where the bot's own work on untrusted data runs (upload previews, ``export html``).
+    oneshot: OneShot | None = None
 
     def reaching(self, reaches: Sequence[ThreadReach]) -> list[ThreadReach]:
         """``reaches`` whose outboxes hide host paths, as every outbox the dispatcher hands on:
@@ -128,6 +131,7 @@ class Core:
                 clock=clock,
                 watchdog=watchdog,
                 mcp=mcp,
+                oneshot=oneshot,
             )
 
 

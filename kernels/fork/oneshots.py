@@ -94,6 +94,8 @@ class Ahead:
     #: Its exit code (as ``Popen`` gives it), reported by the server.
     exited: asyncio.Future[int]
     transports: list[asyncio.BaseTransport] = field(default_factory=list)
+    #: Handed to a job (and not finished yet).
+    taken: bool = False
 
     async def send(self, argv: list[str], input_fd: int | None) -> None:
         """Give the process its job: ``python -I ARGV``, ``input_fd`` (the bot's descriptor) under its number."""
@@ -149,6 +151,8 @@ class OneShotServer:
         self.ahead = ahead
         self._made: collections.deque[Ahead] = collections.deque()
         self._making: set[asyncio.Task[None]] = set()
+        #: Jobs taken and not finished.
+        self._busy = 0
         #: Cgroups of finished jobs being removed (once their processes are gone).
         self._removing: set[asyncio.Task[bool]] = set()
         self._changed = asyncio.Event()
@@ -266,9 +270,12 @@ class OneShotServer:
         while self.running and not self._closed:
             while self._made:
                 ahead = self._made.popleft()
-                self._refill()
                 if not ahead.exited.done():
+                    ahead.taken = True
+                    self._busy += 1
+                    self._refill()
                     return ahead
+                self._refill()
                 await self._throw_away(ahead)  # it died waiting (its server stopped, say)
             self._refill()
             self._changed.clear()
@@ -279,7 +286,12 @@ class OneShotServer:
         return None
 
     def _refill(self) -> None:
-        """Make job processes ahead until :attr:`ahead` are ready or being made."""
+        """Make job processes ahead until :attr:`ahead` are ready or being made. While jobs run
+        and half of them are still ready, the next waits until no job runs: making one (a fork
+        of the server, the jail, the cgroup) would take its CPU from the jobs, and a lone
+        preview would wait for it."""
+        if self._busy and len(self._made) >= self.ahead // 2:
+            return  # finish() calls again
         while self.running and not self._closed and len(self._made) + len(self._making) < self.ahead:
             task = asyncio.create_task(self._make_one(), name="oneshot-ahead")
             self._making.add(task)
@@ -360,6 +372,10 @@ class OneShotServer:
             await asyncio.to_thread(ahead.kill)
         ahead.release()
         self.forget(ahead.pid)
+        if ahead.taken:
+            ahead.taken = False
+            self._busy -= 1
+            self._refill()
         cgroup, ahead.cgroup = ahead.cgroup, None
         if cgroup is not None:
             task = asyncio.create_task(asyncio.to_thread(cgroup.remove), name="oneshot-cgroup-remove")

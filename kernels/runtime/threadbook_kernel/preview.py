@@ -68,6 +68,8 @@ _BOMS = (
 _NOT_CP1252 = frozenset(b"\x81\x8d\x8f\x90\x9d")
 _CP1252_RANGE = frozenset(range(0x80, 0xA0))
 _DECIMAL_COMMA = re.compile(r"^-?\d+,\d+$")
+#: Control characters other than whitespace (tab, newline, vertical tab, form feed, return).
+_CONTROLS = re.compile(r"[\x00-\x08\x0e-\x1f]")
 
 
 def preview(fd: int, name: str) -> str:
@@ -163,7 +165,7 @@ def _decode(data: bytes, *, complete: bool) -> tuple[str, str] | None:
             encoding = "cp1252" if high and not high & _NOT_CP1252 else "latin-1"
     text = codecs.getincrementaldecoder(encoding)(errors="replace").decode(data, final=complete)
     sample = text[:_SNIFF_CHARS]
-    controls = sum(1 for char in sample if ord(char) < 32 and char not in "\t\n\r\f\v")
+    controls = len(_CONTROLS.findall(sample))
     if controls > len(sample) // 100:
         return None
     return text, encoding
