@@ -1,16 +1,53 @@
 """The store's tables as the latest migration (``bot/migrations/versions``) leaves them, for
-building queries. Migrations never import this: each revision spells out its own change."""
+building queries. Migrations never import this: each revision spells out its own change.
+
+Every column that holds a thread key has the type :class:`ThreadKeyText`: the store passes and
+gets :class:`~bot.events.ThreadKey` objects, the database holds their text (``TEXT``, as the
+migrations made it)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
+from bot.events import ThreadKey
+
 metadata = sa.MetaData()
+
+
+class ThreadKeyText(sa.types.TypeDecorator[ThreadKey]):
+    """A :class:`~bot.events.ThreadKey` stored as its text (``slack:T1:C1:1700000000.000100``).
+
+    Only a ``ThreadKey`` is written (anything else is a TypeError, so no other string slips in).
+    A stored text that is no thread key (a row this version never wrote) reads as None: only
+    reads that name no thread meet one, and they drop the row with a log line."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any | None, dialect: sa.Dialect) -> str | None:
+        """The text stored for ``value``."""
+        if value is None:
+            return None
+        if not isinstance(value, ThreadKey):
+            raise TypeError(f"a thread key column takes a ThreadKey, not {type(value).__name__}")
+        return str(value)
+
+    def process_result_value(self, value: Any | None, dialect: sa.Dialect) -> ThreadKey | None:
+        """The key the stored text says, None when it says none."""
+        if value is None:
+            return None
+        try:
+            return ThreadKey.parse(str(value))
+        except ValueError:
+            return None
+
 
 threads = sa.Table(
     "threads",
     metadata,
-    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("key", ThreadKeyText, primary_key=True),
     sa.Column("channel_key", sa.Text, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("last_active_at", sa.Float, nullable=False),
@@ -31,7 +68,7 @@ messages = sa.Table(
     "messages",
     metadata,
     sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("thread", sa.Text, sa.ForeignKey("threads.key", ondelete="CASCADE"), nullable=False),
+    sa.Column("thread", ThreadKeyText, sa.ForeignKey("threads.key", ondelete="CASCADE"), nullable=False),
     sa.Column("seq", sa.Integer, nullable=False),
     sa.Column("role", sa.Text, nullable=False),
     sa.Column("content", sa.Text, nullable=False),
@@ -43,7 +80,7 @@ cells = sa.Table(
     "cells",
     metadata,
     sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("thread", sa.Text, sa.ForeignKey("threads.key", ondelete="CASCADE"), nullable=False),
+    sa.Column("thread", ThreadKeyText, sa.ForeignKey("threads.key", ondelete="CASCADE"), nullable=False),
     sa.Column("seq", sa.Integer, nullable=False),
     sa.Column("code", sa.Text, nullable=False),
     sa.Column("outputs", sa.Text, nullable=False),
@@ -75,7 +112,7 @@ usage = sa.Table(
     "usage",
     metadata,
     sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("thread", sa.Text, nullable=False),
+    sa.Column("thread", ThreadKeyText, nullable=False),
     sa.Column("model", sa.Text, nullable=False),
     sa.Column("prompt_tokens", sa.Integer, nullable=False),
     sa.Column("completion_tokens", sa.Integer, nullable=False),
@@ -88,7 +125,7 @@ usage = sa.Table(
 turns_in_flight = sa.Table(
     "turns_in_flight",
     metadata,
-    sa.Column("thread", sa.Text, primary_key=True),
+    sa.Column("thread", ThreadKeyText, primary_key=True),
     sa.Column("message_id", sa.Text, primary_key=True),
     sa.Column("run", sa.Text, nullable=False),
     sa.Column("started_at", sa.Float, nullable=False),
@@ -110,7 +147,7 @@ replicas = sa.Table(
 feedback = sa.Table(
     "feedback",
     metadata,
-    sa.Column("thread", sa.Text, primary_key=True),
+    sa.Column("thread", ThreadKeyText, primary_key=True),
     #: The platform message id of the question whose answer was rated.
     sa.Column("turn_id", sa.Text, primary_key=True),
     sa.Column("user_id", sa.Text, primary_key=True),
@@ -123,7 +160,7 @@ schedules = sa.Table(
     "schedules",
     metadata,
     sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("thread", sa.Text, nullable=False),
+    sa.Column("thread", ThreadKeyText, nullable=False),
     #: Its number among the thread's schedules (what ``unschedule N`` names).
     sa.Column("number", sa.Integer, nullable=False),
     sa.Column("creator", sa.Text, nullable=False),

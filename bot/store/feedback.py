@@ -29,7 +29,7 @@ class FeedbackBook:
     async def add(self, key: ThreadKey, turn_id: str, user_id: str, *, good: bool) -> None:
         """Record a 👍 (``good``) or 👎 on the answer to ``turn_id``; a person's later click replaces theirs."""
         insert = self._db.upsert(feedback).values(
-            thread=str(key), turn_id=turn_id, user_id=user_id, good=good, at=time.time()
+            thread=key, turn_id=turn_id, user_id=user_id, good=good, at=time.time()
         )
         statement = insert.on_conflict_do_update(
             index_elements=[feedback.c.thread, feedback.c.turn_id, feedback.c.user_id],
@@ -44,7 +44,7 @@ class FeedbackBook:
         bad = sa.func.coalesce(sa.func.sum(sa.case((feedback.c.good, 0), else_=1)), 0)
         statement = sa.select(good, bad).select_from(feedback)
         if key is not None:
-            statement = statement.where(feedback.c.thread == str(key))
+            statement = statement.where(feedback.c.thread == key)
         if since is not None:
             statement = statement.where(feedback.c.at >= since)
         row = await self._db.read(lambda conn: conn.execute(statement).first())

@@ -39,14 +39,14 @@ class KernelOwners:
 
         def write(conn: Connection) -> KernelOwner | None:
             row = conn.execute(
-                sa.select(threads.c.kernel_run, threads.c.kernel_id).where(threads.c.key == str(key)).with_for_update()
+                sa.select(threads.c.kernel_run, threads.c.kernel_id).where(threads.c.key == key).with_for_update()
             ).first()
             before = None
             if row is not None and row.kernel_run is not None:
                 run = str(row.kernel_run)
                 before = KernelOwner(run, row.kernel_id, self._replicas.is_gone(conn, run))
             if before is None or before.run != me:
-                conn.execute(sa.update(threads).where(threads.c.key == str(key)).values(kernel_run=me, kernel_id=None))
+                conn.execute(sa.update(threads).where(threads.c.key == key).values(kernel_run=me, kernel_id=None))
             return before
 
         return await self._db.write(write)
@@ -55,7 +55,7 @@ class KernelOwners:
         """Record the gateway id of the kernel this replica holds thread ``key``'s variables in."""
         statement = (
             sa.update(threads)
-            .where(threads.c.key == str(key), threads.c.kernel_run == self._replicas.run)
+            .where(threads.c.key == key, threads.c.kernel_run == self._replicas.run)
             .values(kernel_id=remote_id)
         )
         await self._db.write(lambda conn: conn.execute(statement))

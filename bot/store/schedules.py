@@ -8,6 +8,7 @@ over several slots runs the question once when it is back, not once per missed s
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -17,6 +18,11 @@ from sqlalchemy.engine import Connection, Row
 from bot.database import Database
 from bot.events import ThreadKey
 from bot.schema import schedules
+
+log = logging.getLogger(__name__)
+
+#: Why a schedule whose stored thread key does not read is disabled.
+UNREADABLE_THREAD = "its thread key does not read"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +70,7 @@ class TooManySchedules(Exception):
 
 
 def _schedule(row: Row[tuple[object, ...]]) -> Schedule:
-    fields = dict(row._mapping)
-    return Schedule(**{**fields, "thread": ThreadKey.parse(str(fields["thread"]))})
+    return Schedule(**dict(row._mapping))
 
 
 class ScheduleBook:
@@ -79,11 +84,11 @@ class ScheduleBook:
         thread already holds ``max_per_thread`` schedules that run."""
 
         def write(conn: Connection) -> Schedule:
-            of_thread = sa.select(sa.func.count()).select_from(schedules).where(schedules.c.thread == str(new.thread))
+            of_thread = sa.select(sa.func.count()).select_from(schedules).where(schedules.c.thread == new.thread)
             running = conn.scalar(of_thread.where(schedules.c.disabled_reason.is_(None))) or 0
             if running >= max_per_thread:
                 raise TooManySchedules
-            last = conn.scalar(sa.select(sa.func.max(schedules.c.number)).where(schedules.c.thread == str(new.thread)))
+            last = conn.scalar(sa.select(sa.func.max(schedules.c.number)).where(schedules.c.thread == new.thread))
             statement = sa.insert(schedules).values(number=(last or 0) + 1, **_fields(new)).returning(*schedules.c)
             return _schedule(conn.execute(statement).one())
 
@@ -91,12 +96,12 @@ class ScheduleBook:
 
     async def of_thread(self, thread: ThreadKey) -> list[Schedule]:
         """The thread's schedules, by number."""
-        statement = sa.select(schedules).where(schedules.c.thread == str(thread)).order_by(schedules.c.number)
+        statement = sa.select(schedules).where(schedules.c.thread == thread).order_by(schedules.c.number)
         return await self._db.read(lambda conn: [_schedule(row) for row in conn.execute(statement)])
 
     async def remove(self, thread: ThreadKey, number: int) -> bool:
         """Delete schedule ``number`` of ``thread``; False when there is none."""
-        statement = sa.delete(schedules).where(schedules.c.thread == str(thread), schedules.c.number == number)
+        statement = sa.delete(schedules).where(schedules.c.thread == thread, schedules.c.number == number)
         return await self._db.write(lambda conn: conn.execute(statement).rowcount > 0)
 
     async def due(self, now: float, *, skip: Collection[int] = (), limit: int = 50) -> list[Schedule]:
@@ -109,7 +114,12 @@ class ScheduleBook:
         )
         if skip:
             statement = statement.where(schedules.c.id.not_in(list(skip)))
-        return await self._db.read(lambda conn: [_schedule(row) for row in conn.execute(statement)])
+        rows = await self._db.read(lambda conn: conn.execute(statement).all())
+        for row in rows:
+            if row.thread is None:  # a thread key that does not read: no thread to run it in
+                log.warning("schedule #%d (id %d) disabled: its thread key does not read", row.number, row.id)
+                await self.disable(row.id, UNREADABLE_THREAD)
+        return [_schedule(row) for row in rows if row.thread is not None]
 
     async def claim(self, schedule: Schedule, *, now: float, next_run_at: float) -> bool:
         """Take ``schedule``'s due run (as read by :meth:`due`): True for exactly one caller."""
@@ -134,4 +144,4 @@ class ScheduleBook:
 
 def _fields(new: NewSchedule) -> dict[str, object]:
     fields = {name: getattr(new, name) for name in NewSchedule.__dataclass_fields__}
-    return {**fields, "thread": str(new.thread)}
+    return fields

@@ -23,7 +23,7 @@ class Threads:
         """Create the thread if new and mark it active now."""
         now = time.time()
         insert = self._db.upsert(threads).values(
-            key=str(key), channel_key=key.channel_key, created_at=now, last_active_at=now
+            key=key, channel_key=key.channel_key, created_at=now, last_active_at=now
         )
         statement = insert.on_conflict_do_update(
             index_elements=[threads.c.key],
@@ -34,7 +34,7 @@ class Threads:
     async def viewed_channel(self, key: ThreadKey) -> str | None:
         """The channel a direct-message thread took its policy from (``""``: its own); None
         while undecided (a new thread)."""
-        statement = sa.select(threads.c.viewed_channel).where(threads.c.key == str(key))
+        statement = sa.select(threads.c.viewed_channel).where(threads.c.key == key)
         return await self._db.read(lambda conn: conn.execute(statement).scalar())
 
     async def decide_viewed_channel(self, key: ThreadKey, channel_key: str) -> str:
@@ -45,17 +45,17 @@ class Threads:
             ensure_thread(self._db, conn, key, now)
             conn.execute(
                 sa.update(threads)
-                .where(threads.c.key == str(key), threads.c.viewed_channel.is_(None))
+                .where(threads.c.key == key, threads.c.viewed_channel.is_(None))
                 .values(viewed_channel=channel_key)
             )
-            decided = conn.execute(sa.select(threads.c.viewed_channel).where(threads.c.key == str(key))).scalar()
+            decided = conn.execute(sa.select(threads.c.viewed_channel).where(threads.c.key == key)).scalar()
             return str(decided or "")
 
         return await self._db.write(decide)
 
     async def exists(self, key: ThreadKey) -> bool:
         """True when the thread has been seen before (touched or written to)."""
-        statement = sa.select(threads.c.key).where(threads.c.key == str(key))
+        statement = sa.select(threads.c.key).where(threads.c.key == key)
         return await self._db.read(lambda conn: conn.execute(statement).first() is not None)
 
 
@@ -63,7 +63,7 @@ def ensure_thread(db: Database, conn: Connection, key: ThreadKey, now: float) ->
     """Create the thread's row in ``conn``'s transaction unless it exists."""
     conn.execute(
         db.upsert(threads)
-        .values(key=str(key), channel_key=key.channel_key, created_at=now, last_active_at=now)
+        .values(key=key, channel_key=key.channel_key, created_at=now, last_active_at=now)
         .on_conflict_do_nothing(index_elements=[threads.c.key])
     )
 
@@ -76,7 +76,7 @@ def take_counter(
     transaction ends, so numbers are handed out in the order transactions commit."""
     take = (
         sa.update(threads)
-        .where(threads.c.key == str(key))
+        .where(threads.c.key == key)
         .values({counter: counter + count, threads.c.last_active_at: now})
         .returning(counter)
     )

@@ -42,9 +42,7 @@ class Transcripts:
 
         def write(conn: Connection) -> None:
             first = self._reserve_seq(conn, key, len(rows), now)
-            conn.execute(
-                sa.insert(messages), [{**row, "thread": str(key), "seq": first + i} for i, row in enumerate(rows)]
-            )
+            conn.execute(sa.insert(messages), [{**row, "thread": key, "seq": first + i} for i, row in enumerate(rows)])
 
         await self._db.write(write)
 
@@ -52,7 +50,7 @@ class Transcripts:
         """The thread's OpenAI-format messages, oldest first (notices left out)."""
         statement = (
             sa.select(messages.c.content)
-            .where(messages.c.thread == str(key), messages.c.role != NOTICE_ROLE)
+            .where(messages.c.thread == key, messages.c.role != NOTICE_ROLE)
             .order_by(messages.c.seq)
         )
         rows = await self._db.read(lambda conn: conn.execute(statement).scalars().all())
@@ -62,7 +60,7 @@ class Transcripts:
         """Record an executed cell (its outputs already nbformat v4)."""
         now = time.time()
         row = {
-            "thread": str(key),
+            "thread": key,
             "code": cell.code,
             "outputs": json.dumps(cell.outputs),
             "execution_count": cell.execution_count,
@@ -78,20 +76,19 @@ class Transcripts:
 
     async def cell_count(self, key: ThreadKey) -> int:
         """How many cells the thread has executed."""
-        statement = sa.select(sa.func.count()).select_from(cells).where(cells.c.thread == str(key))
+        statement = sa.select(sa.func.count()).select_from(cells).where(cells.c.thread == key)
         count: int | None = await self._db.read(lambda conn: conn.scalar(statement))
         return int(count or 0)
 
     async def timeline(self, key: ThreadKey) -> list[TimelineEntry]:
         """Messages and cells of the thread interleaved in the order they were written."""
-        thread = str(key)
 
         def read(conn: Connection) -> list[TimelineEntry]:
             entries: list[TimelineEntry] = [
                 MessageEntry(seq, json.loads(content), user_id, created)
                 for seq, content, user_id, created in conn.execute(
                     sa.select(messages.c.seq, messages.c.content, messages.c.user_id, messages.c.created_at).where(
-                        messages.c.thread == thread
+                        messages.c.thread == key
                     )
                 )
             ]
@@ -106,7 +103,7 @@ class Transcripts:
                         cells.c.outcome,
                         cells.c.duration_s,
                         cells.c.created_at,
-                    ).where(cells.c.thread == thread)
+                    ).where(cells.c.thread == key)
                 )
             ]
             return entries

@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 #: that late would only confuse (its platform was off, or a console thread never resumed).
 _INTERRUPTED_KEEP_S = 7 * 24 * 3600.0
 
+#: ``turns_in_flight.thread`` as the text it holds: a row whose key does not read (None through
+#: the column's type) is still found, logged and deleted by it.
+_STORED_THREAD = sa.type_coerce(turns_in_flight.c.thread, sa.Text)
+
 
 @dataclass(frozen=True, slots=True)
 class InterruptedTurn:
@@ -67,14 +71,13 @@ class TurnQueue:
         the thread's next ticket. The thread's row is locked while the ticket is taken, so tickets
         are handed out in the order the transactions commit, on every replica."""
         now = time.time()
-        thread = str(key)
 
         def write(conn: Connection) -> QueuedTurn:
             ticket = take_counter(self._db, conn, key, threads.c.last_ticket, 1, now)
             row = {"run": self._replicas.run, "started_at": now, "ticket": ticket}
             conn.execute(
                 self._db.upsert(turns_in_flight)
-                .values(thread=thread, message_id=message_id, **row)
+                .values(thread=key, message_id=message_id, **row)
                 .on_conflict_do_update(
                     index_elements=[turns_in_flight.c.thread, turns_in_flight.c.message_id], set_=row
                 )
@@ -82,7 +85,7 @@ class TurnQueue:
             ahead = conn.scalar(
                 sa.select(sa.func.count())
                 .select_from(turns_in_flight)
-                .where(turns_in_flight.c.thread == thread, turns_in_flight.c.ticket < ticket)
+                .where(turns_in_flight.c.thread == key, turns_in_flight.c.ticket < ticket)
             )
             return QueuedTurn(ticket, int(ahead or 0))
 
@@ -91,7 +94,7 @@ class TurnQueue:
     async def check(self, key: ThreadKey, ticket: int) -> TurnCheck:
         """May the turn holding ``ticket`` start? It may once no earlier ticket of its thread is
         left. Earlier tickets of replicas that are gone are taken (and returned) on the way."""
-        earlier = sa.and_(turns_in_flight.c.thread == str(key), turns_in_flight.c.ticket < ticket)
+        earlier = sa.and_(turns_in_flight.c.thread == key, turns_in_flight.c.ticket < ticket)
 
         def write(conn: Connection) -> TurnCheck:
             gone = conn.execute(
@@ -108,19 +111,16 @@ class TurnQueue:
     async def end(self, key: ThreadKey, message_id: str) -> None:
         """Clear the mark of :meth:`begin` (the turn ended, or its thread was told it did not)."""
         statement = sa.delete(turns_in_flight).where(
-            turns_in_flight.c.thread == str(key), turns_in_flight.c.message_id == message_id
+            turns_in_flight.c.thread == key, turns_in_flight.c.message_id == message_id
         )
         await self._db.write(lambda conn: conn.execute(statement))
 
     async def request_stop(self, key: ThreadKey) -> bool:
         """Ask the replica running thread ``key``'s turn to stop it; False when none runs."""
-        thread = str(key)
-        head = (
-            sa.select(sa.func.min(turns_in_flight.c.ticket)).where(turns_in_flight.c.thread == thread).scalar_subquery()
-        )
+        head = sa.select(sa.func.min(turns_in_flight.c.ticket)).where(turns_in_flight.c.thread == key).scalar_subquery()
         statement = (
             sa.update(turns_in_flight)
-            .where(turns_in_flight.c.thread == thread, turns_in_flight.c.ticket == head)
+            .where(turns_in_flight.c.thread == key, turns_in_flight.c.ticket == head)
             .values(stop_requested=True)
             .returning(turns_in_flight.c.message_id)
         )
@@ -129,7 +129,7 @@ class TurnQueue:
     async def stop_requested(self, key: ThreadKey, message_id: str) -> bool:
         """Whether Stop was pressed (on any replica) for the turn of ``message_id``."""
         statement = sa.select(turns_in_flight.c.stop_requested).where(
-            turns_in_flight.c.thread == str(key), turns_in_flight.c.message_id == message_id
+            turns_in_flight.c.thread == key, turns_in_flight.c.message_id == message_id
         )
         return bool(await self._db.read(lambda conn: conn.scalar(statement)))
 
@@ -147,23 +147,20 @@ class TurnQueue:
             stale = time.time() - _INTERRUPTED_KEEP_S
             conn.execute(sa.delete(turns_in_flight).where(self._gone(), turns_in_flight.c.started_at < stale))
             rows = conn.execute(
-                sa.select(turns_in_flight.c.thread, turns_in_flight.c.message_id)
+                sa.select(turns_in_flight.c.thread, _STORED_THREAD, turns_in_flight.c.message_id)
                 .where(self._gone())
                 .order_by(turns_in_flight.c.started_at)
                 .with_for_update(skip_locked=True)
             ).all()
             taken: list[InterruptedTurn] = []
-            for thread, message_id in rows:
-                try:
-                    key: ThreadKey | None = ThreadKey.parse(str(thread))
-                except ValueError:
-                    log.warning("dropped an interrupted turn with a bad thread key %r", thread)
-                    key = None
-                if key is not None and reachable is not None and not reachable(key):
+            for key, stored, message_id in rows:
+                if key is None:
+                    log.warning("dropped an interrupted turn with a bad thread key %r", stored)
+                elif reachable is not None and not reachable(key):
                     continue
                 started = conn.execute(
                     sa.delete(turns_in_flight)
-                    .where(turns_in_flight.c.thread == thread, turns_in_flight.c.message_id == message_id)
+                    .where(_STORED_THREAD == stored, turns_in_flight.c.message_id == message_id)
                     .returning(turns_in_flight.c.started_at)
                 ).scalar()
                 if started is not None and key is not None:

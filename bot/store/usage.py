@@ -43,7 +43,7 @@ class UsageLedger:
         statement = (
             sa.insert(usage)
             .values(
-                thread=str(key),
+                thread=key,
                 channel_key=key.channel_key,
                 user_id=user_id,
                 model=model,
@@ -82,7 +82,7 @@ class UsageLedger:
         wanted = (
             (usage.c.user_id, user_id),
             (usage.c.channel_key, channel_key),
-            (usage.c.thread, None if thread is None else str(thread)),
+            (usage.c.thread, thread),
         )
         for column, value in wanted:
             if value is not None:
@@ -107,7 +107,7 @@ class UsageLedger:
         statement = sa.select(
             sa.func.coalesce(sa.func.sum(usage.c.prompt_tokens), 0),
             sa.func.coalesce(sa.func.sum(usage.c.completion_tokens), 0),
-        ).where(usage.c.thread == str(key))
+        ).where(usage.c.thread == key)
         row = await self._db.read(lambda conn: conn.execute(statement).first())
         return (int(row[0]), int(row[1])) if row else (0, 0)
 
