@@ -8,6 +8,9 @@ arrives, by :mod:`bot.sources.wire`), nor a fetch over :data:`FETCH_CAP`; a resu
 rows pass the source's ``max_result_mb`` stops there. Each stop keeps the rows before it and
 says why in one sentence for the model (:class:`Stop`). Bytes are as the database sent them
 (PostgreSQL: the wire's ``DataRow`` messages; other drivers: the values' size in memory).
+A result whose values take several times their wire size once decoded (PostgreSQL arrays,
+composite values, ranges: :mod:`bot.sources.pgtypes`) is paced with its batch target, row
+cap and fetch cap divided by that factor (:attr:`Pacer.expansion`).
 """
 
 from __future__ import annotations
@@ -48,20 +51,24 @@ def _rows(count: int) -> str:
     return f"{count:,} row{'' if count == 1 else 's'}"
 
 
-def row_too_wide(rows: int, row: int, size: int) -> Stop:
-    """Row ``row`` (counted from 1) is ``size`` bytes, over :data:`ROW_CAP`; ``rows`` rows were kept."""
-    return Stop(
-        f"the result stopped at {_rows(rows)}, before row {row:,}, which is {megabytes(size)}, "
-        f"over the {megabytes(ROW_CAP)} one row may take",
-        rows,
-    )
+def row_too_wide(rows: int, row: int, size: int, cap: int = ROW_CAP) -> Stop:
+    """Row ``row`` (counted from 1) is ``size`` bytes, over ``cap`` (:data:`ROW_CAP`, or less for
+    columns that take more room decoded: :attr:`Pacer.row_cap`); ``rows`` rows were kept."""
+    why = f"over the {megabytes(cap)} one row may take"
+    if cap < ROW_CAP:
+        why += (
+            f" when it holds arrays, composite values, ranges, numeric or interval values (they take several "
+            f"times their size once read; {megabytes(ROW_CAP)} for other columns)"
+        )
+    return Stop(f"the result stopped at {_rows(rows)}, before row {row:,}, which is {megabytes(size)}, {why}", rows)
 
 
-def fetch_too_wide(rows: int, count: int) -> Stop:
-    """The ``count`` rows after row ``rows`` came to more than :data:`FETCH_CAP` together."""
+def fetch_too_wide(rows: int, count: int, cap: int = FETCH_CAP) -> Stop:
+    """The ``count`` rows after row ``rows`` came to more than ``cap`` (:data:`FETCH_CAP`, or
+    :attr:`Pacer.fetch_cap`) together."""
     return Stop(
         f"the result stopped at {_rows(rows)}: the {count:,} rows after them are much wider than those before "
-        f"and came to over {megabytes(FETCH_CAP)} at once",
+        f"and came to over {megabytes(cap)} at once",
         rows,
     )
 
@@ -102,11 +109,29 @@ class Pacer:
     left: int
     #: The result may take this many bytes (the source's ``max_result_mb``).
     cap: int
+    #: The caps are divided by this: the most room a byte of the result's columns takes once
+    #: decoded, in times a plain value's (:func:`bot.sources.pgtypes.expansion`).
+    expansion: int = 1
     #: Rows and bytes taken so far.
     rows: int = 0
     bytes: int = 0
     _width: float = 1.0
     _last: int = 0
+
+    @property
+    def batch_bytes(self) -> int:
+        """What a fetch aims at: :data:`BATCH_BYTES` ÷ :attr:`expansion`."""
+        return BATCH_BYTES // self.expansion
+
+    @property
+    def row_cap(self) -> int:
+        """The most one row may take: :data:`ROW_CAP` ÷ :attr:`expansion`."""
+        return ROW_CAP // self.expansion
+
+    @property
+    def fetch_cap(self) -> int:
+        """The most one fetch may bring: :attr:`row_cap` and the messages around it."""
+        return self.row_cap + FETCH_CAP - ROW_CAP
 
     def next_rows(self) -> int:
         """Rows for the next fetch (0: none is wanted any more)."""
@@ -114,7 +139,7 @@ class Pacer:
             return 0
         if self._last == 0:
             return 1
-        fit = int(BATCH_BYTES // self._width)
+        fit = int(self.batch_bytes // self._width)
         return max(1, min(fit, self._last * _GROWTH, BATCH_ROWS, self.left))
 
     def took(self, rows: int, size: int) -> None:

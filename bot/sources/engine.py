@@ -46,6 +46,7 @@ from bot.sources import budget
 from bot.sources.budget import FETCH_CAP, ROW_CAP, Pacer, Stop
 from bot.sources.guard import sqlglot_dialect
 from bot.sources.parquet import SinkFailed, arrow_type_for
+from bot.sources.pgtypes import decode_as_text, expansion
 from bot.sources.scrub import scrub, secrets_of
 from bot.sources.settings import SourceSettings
 from bot.sources.wire import WatchUnavailable, WireWatch
@@ -167,6 +168,7 @@ class PostgresSource(Source):
                         "statement_timeout": str(self._timeout_ms),
                         "application_name": "threadbook",
                     },
+                    init=decode_as_text,
                 )
             return self._pool
 
@@ -234,11 +236,13 @@ class PostgresSource(Source):
         attributes = statement.get_attributes()
         types = [arrow_type_for(a.type.name) for a in attributes]
         await _to_sink(writer, sink.start, [a.name for a in attributes], types)
+        # Columns whose values take several times their wire size once decoded get lower caps.
+        pacer = Pacer(left=limit + 1, cap=self.max_bytes, expansion=expansion(a.type for a in attributes))
+        watch.limit(row_cap=pacer.row_cap, fetch_cap=pacer.fetch_cap)
         cursor = await statement.cursor()
-        pacer = Pacer(left=limit + 1, cap=self.max_bytes)
         stopped = ""
         # A narrow batch is written while the next one is read from the server; a wide one
-        # (over budget.BATCH_BYTES) is written first, so the bot never holds two wide ones.
+        # (over the pacer's batch_bytes) is written first, so the bot never holds two wide ones.
         writing: asyncio.Task[None] | None = None
         try:
             while want := pacer.next_rows():
@@ -250,9 +254,9 @@ class PostgresSource(Source):
                         raise
                     if watch.over.row_bytes is not None:
                         row = pacer.rows + watch.over.index + 1
-                        stopped = str(budget.row_too_wide(pacer.rows, row, watch.over.row_bytes))
+                        stopped = str(budget.row_too_wide(pacer.rows, row, watch.over.row_bytes, pacer.row_cap))
                     else:
-                        stopped = str(budget.fetch_too_wide(pacer.rows, want))
+                        stopped = str(budget.fetch_too_wide(pacer.rows, want, pacer.fetch_cap))
                     break
                 if writing is not None:
                     await writing
@@ -268,7 +272,7 @@ class PostgresSource(Source):
                 keep = batch if read <= limit else batch[: len(batch) - (read - limit)]
                 writing = asyncio.create_task(_to_sink(writer, sink.add, keep))
                 del batch, keep
-                if watch.fetched > budget.BATCH_BYTES:
+                if watch.fetched > pacer.batch_bytes:
                     await writing
                     writing = None
             if writing is not None:

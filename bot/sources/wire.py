@@ -65,6 +65,11 @@ class WireWatch(asyncio.Protocol):
         transport.set_protocol(watch)
         return watch
 
+    def limit(self, *, row_cap: int, fetch_cap: int) -> None:
+        """New caps from the next fetch on (a result whose columns take more room decoded gets lower ones)."""
+        self._row_cap = row_cap
+        self._fetch_cap = fetch_cap
+
     def remove(self) -> None:
         """Give the transport back to asyncpg's protocol (when it is still open and watched)."""
         if self._transport.get_protocol() is self:

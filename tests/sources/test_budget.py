@@ -57,6 +57,22 @@ def test_the_pacer_asks_for_no_more_than_max_rows_plus_one() -> None:
     assert pacer.next_rows() == 0
 
 
+def test_columns_that_take_more_room_decoded_divide_the_caps() -> None:
+    pacer = Pacer(left=1_000_000, cap=2**40, expansion=4)
+    assert pacer.row_cap == 2**20 and pacer.fetch_cap == 2**20 + 2**16 and pacer.batch_bytes == 2**19
+    sizes = []
+    for _ in range(7):
+        want = pacer.next_rows()
+        sizes.append(want)
+        pacer.took(want, want * 70)
+    assert sizes == [1, 8, 64, 512, 4096, 2**19 // 70, 2**19 // 70]
+    assert str(budget.row_too_wide(0, 1, 3 * 2**20, pacer.row_cap)) == (
+        "the result stopped at 0 rows, before row 1, which is 3 MB, over the 1 MB one row may take when it holds "
+        "arrays, composite values, ranges, numeric or interval values (they take several times their size once "
+        "read; 4 MB for other columns)"
+    )
+
+
 class Inner(asyncio.Protocol):
     """asyncpg's protocol as the watch sees it: what reaches it."""
 
@@ -154,6 +170,15 @@ def test_a_fetch_over_its_cap_is_cut_off_there() -> None:
     feed(watch, rows, 0)
     assert watch.over is not None and watch.over.row_bytes is None
     assert transport.aborted and len(inner.data) <= budget.FETCH_CAP
+
+
+def test_lower_caps_hold_from_the_next_fetch() -> None:
+    watch, inner, transport = watched()
+    watch.limit(row_cap=2**20, fetch_cap=2**20 + 2**16)
+    watch.start_fetch()
+    feed(watch, data_row(2**20 - 100) + data_row(2**20 + 100), 2)  # under, then over 1 MB
+    assert watch.over is not None and watch.over.index == 1 and transport.aborted
+    assert len(inner.data) < 2**20 + 100
 
 
 def test_the_count_starts_again_with_each_fetch() -> None:
