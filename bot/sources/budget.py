@@ -31,6 +31,22 @@ ROW_CAP = 4 * 2**20
 FETCH_CAP = ROW_CAP + 2**16
 #: A fetch may take this many times as many rows as the one before it.
 _GROWTH = 8
+#: A fetch brings this many values (rows × columns) at most: narrow values cost an object each.
+BATCH_VALUES = 100_000
+#: The Parquet writer keeps ~850 bytes for each column of each row group until the file is
+#: closed (measured: 1,500 columns × 600 row groups took 744 MiB): a result may have this many
+#: such column chunks (~13 MiB), so one of many columns stops sooner (:meth:`Pacer.result_cap`),
+#: and its batches are written together in row groups of :func:`row_group_bytes`.
+COLUMN_CHUNKS = 16_384
+#: A row group holds this much at most, however many columns (Arrow bytes): the bot holds it until written.
+ROW_GROUP_BYTES = 8 * 2**20
+
+
+def row_group_bytes(columns: int) -> int:
+    """How much (Arrow bytes) the batches of a result of ``columns`` columns are written
+    together: 32 KiB a column (so 512 MB of results make :data:`COLUMN_CHUNKS` chunks at most),
+    1 MiB to :data:`ROW_GROUP_BYTES`."""
+    return min(max(columns * 2**15, 2**20), ROW_GROUP_BYTES)
 
 
 def megabytes(size: float) -> str:
@@ -73,11 +89,13 @@ def fetch_too_wide(rows: int, count: int, cap: int = FETCH_CAP) -> Stop:
     )
 
 
-def result_too_big(rows: int, size: int, cap: int) -> Stop:
-    """The rows after row ``rows`` (``size`` bytes so far) would take the result past ``cap``."""
+def result_too_big(rows: int, size: int, cap: int, columns: int = 0) -> Stop:
+    """The rows after row ``rows`` (``size`` bytes so far) would take the result past ``cap``
+    (``columns``: the result's, when they made the cap lower than the source's)."""
+    which = f"a result of {columns:,} columns may take" if columns else "a query may return"
     return Stop(
         f"the result stopped at {_rows(rows)} ({megabytes(size)}): the next rows would take it past the "
-        f"{megabytes(cap)} a query may return",
+        f"{megabytes(cap)} {which}",
         rows,
     )
 
@@ -112,11 +130,21 @@ class Pacer:
     #: The caps are divided by this: the most room a byte of the result's columns takes once
     #: decoded, in times a plain value's (:func:`bot.sources.pgtypes.expansion`).
     expansion: int = 1
+    #: The result's columns (0: not known).
+    columns: int = 0
     #: Rows and bytes taken so far.
     rows: int = 0
     bytes: int = 0
     _width: float = 1.0
     _last: int = 0
+
+    @property
+    def result_cap(self) -> int:
+        """The most the result may take: :attr:`cap`, or less for a result of many columns (so
+        that its row groups of :func:`row_group_bytes` come to :data:`COLUMN_CHUNKS` at most)."""
+        if self.columns <= 0:
+            return self.cap
+        return min(self.cap, max(COLUMN_CHUNKS // self.columns, 1) * row_group_bytes(self.columns))
 
     @property
     def batch_bytes(self) -> int:
@@ -140,13 +168,16 @@ class Pacer:
         if self._last == 0:
             return 1
         fit = int(self.batch_bytes // self._width)
+        if self.columns > 0:
+            fit = min(fit, BATCH_VALUES // self.columns)
         return max(1, min(fit, self._last * _GROWTH, BATCH_ROWS, self.left))
 
     def took(self, rows: int, size: int) -> None:
         """A fetch brought ``rows`` rows of ``size`` bytes. :class:`Stop` when they would take the
-        result past :attr:`cap` (they are not counted then: the rows before them are the result)."""
-        if rows and self.bytes + size > self.cap:
-            raise result_too_big(self.rows, self.bytes, self.cap)
+        result past :attr:`result_cap` (they are not counted then: the rows before them are the result)."""
+        cap = self.result_cap
+        if rows and self.bytes + size > cap:
+            raise result_too_big(self.rows, self.bytes, cap, self.columns if cap < self.cap else 0)
         self.rows += rows
         self.bytes += size
         self.left -= rows

@@ -237,7 +237,9 @@ class PostgresSource(Source):
         types = [arrow_type_for(a.type.name) for a in attributes]
         await _to_sink(writer, sink.start, [a.name for a in attributes], types)
         # Columns whose values take several times their wire size once decoded get lower caps.
-        pacer = Pacer(left=limit + 1, cap=self.max_bytes, expansion=expansion(a.type for a in attributes))
+        pacer = Pacer(
+            left=limit + 1, cap=self.max_bytes, expansion=expansion(a.type for a in attributes), columns=len(attributes)
+        )
         watch.limit(row_cap=pacer.row_cap, fetch_cap=pacer.fetch_cap)
         cursor = await statement.cursor()
         stopped = ""
@@ -391,7 +393,7 @@ class SyncSource(Source):
         self, result: sa.CursorResult[Any], sink: RowSink, limit: int, stop: threading.Event, value_cap: int
     ) -> tuple[int, str]:
         """Rows read by bytes (measured as the driver made them) into ``sink``, and why they stopped early."""
-        pacer = Pacer(left=limit + 1, cap=self.max_bytes)
+        pacer = Pacer(left=limit + 1, cap=self.max_bytes, columns=len(result.keys()))
         while not stop.is_set() and (want := pacer.next_rows()):
             try:
                 batch = [tuple(row) for row in result.fetchmany(want)]

@@ -73,6 +73,32 @@ def test_columns_that_take_more_room_decoded_divide_the_caps() -> None:
     )
 
 
+def test_a_fetch_of_many_columns_brings_a_bounded_number_of_values() -> None:
+    pacer = Pacer(left=1_000_000, cap=2**40, columns=1500)
+    sizes = []
+    for _ in range(5):
+        want = pacer.next_rows()
+        sizes.append(want)
+        pacer.took(want, want * 1500 * 5)  # 5 bytes a value
+    assert sizes == [1, 8, 64, budget.BATCH_VALUES // 1500, budget.BATCH_VALUES // 1500]
+
+
+def test_a_result_of_many_columns_has_a_lower_cap() -> None:
+    assert budget.row_group_bytes(1) == 2**20 and budget.row_group_bytes(64) == 2**21
+    assert budget.row_group_bytes(1500) == budget.ROW_GROUP_BYTES == 8 * 2**20
+    # Up to 256 columns a result of 512 MB makes no more column chunks than the writer may keep.
+    assert Pacer(left=1, cap=512 * 2**20, columns=256).result_cap == 512 * 2**20
+    pacer = Pacer(left=10**6, cap=512 * 2**20, columns=1500)
+    assert pacer.result_cap == (budget.COLUMN_CHUNKS // 1500) * 8 * 2**20 == 80 * 2**20
+    pacer.took(1000, 70 * 2**20)
+    with pytest.raises(Stop) as stopped:
+        pacer.took(1000, 20 * 2**20)
+    assert str(stopped.value) == (
+        "the result stopped at 1,000 rows (70 MB): the next rows would take it past the 80 MB a result of 1,500 "
+        "columns may take"
+    )
+
+
 class Inner(asyncio.Protocol):
     """asyncpg's protocol as the watch sees it: what reaches it."""
 

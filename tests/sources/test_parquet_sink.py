@@ -107,3 +107,47 @@ def test_abort_waits_for_a_batch_being_written_and_drops_its_file(folder: tuple[
     with pytest.raises(SinkFailed):
         sink.add([(3,)])
     assert os.listdir(path) == []
+
+
+def test_batches_are_written_together_in_row_groups(folder: tuple[Path, int]) -> None:
+    """The Parquet writer keeps metadata for each column of each row group until it closes the
+    file: a row group per batch (a batch may be one row) would grow the bot with the result."""
+    path, fd = folder
+    sink = ParquetSink(fd, "out.parquet", limit_bytes=2**30)
+    sink.start(["n", "s"], [pa.int64(), pa.string()])
+    for start in range(0, 1000, 10):  # 100 small batches
+        sink.add([(n, str(n)) for n in range(start, start + 10)])
+    wide = "x" * 2**20
+    for n in range(3):  # then rows of 1 MB: a row group each (1 MiB for two columns)
+        sink.add([(n, wide)])
+    sink.finish()
+    metadata = pq.ParquetFile(path / "out.parquet").metadata
+    assert [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)] == [1001, 1, 1]
+    table = pq.read_table(path / "out.parquet")
+    assert table.column("n").to_pylist() == [*range(1000), 0, 1, 2]
+
+
+def test_small_batches_of_many_columns_are_held_as_one_table(folder: tuple[Path, int]) -> None:
+    """Each batch's arrays cost ~1.7 KB apiece beside their values: pending batches are joined."""
+    path, fd = folder
+    columns = [f"c{i}" for i in range(300)]
+    sink = ParquetSink(fd, "out.parquet", limit_bytes=2**30)
+    sink.start(columns, [pa.int32()] * len(columns))
+    for row in range(40):
+        sink.add([tuple(range(row, row + len(columns)))])
+        assert len(sink._pending) < parquet._COMPACT_AFTER
+    sink.finish()
+    table = pq.read_table(path / "out.parquet")
+    assert table.num_rows == 40 and table.column("c299").to_pylist() == [row + 299 for row in range(40)]
+    assert pq.ParquetFile(path / "out.parquet").metadata.num_row_groups == 1
+
+
+def test_the_quota_is_checked_before_a_row_group_is_full(folder: tuple[Path, int]) -> None:
+    path, fd = folder
+    sink = ParquetSink(fd, "out.parquet", limit_bytes=50_000)
+    sink.start(["h"], [pa.string()])
+    with pytest.raises(parquet.ResultTooLarge):
+        for _ in range(100):  # 36 KB of text a batch, far under a row group
+            sink.add([(os.urandom(16).hex(),) for _ in range(1000)])
+    assert 50_000 < sink.bytes < 50_000 + 40_000  # stopped at the batch that took it past the room
+    sink.abort()

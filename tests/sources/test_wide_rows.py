@@ -215,6 +215,43 @@ async def test_arrays_within_the_lower_row_cap_are_read_whole(pg_sources: Source
     assert "['10.0.0.1/8', '10.0.0.1/8']" in told  # addresses as text, not ipaddress objects
 
 
+async def test_network_addresses_in_many_columns_stay_within_the_memory_budget(
+    pg_sources: Sources, tmp_path: Path
+) -> None:
+    """Read as ipaddress objects (~325 bytes for 12 on the wire), 3,000 rows of 1,500 ``inet``
+    columns raised the bot's memory by 175 MiB; as text they are strings of 59 bytes."""
+    columns = ", ".join(f"'1.2.3.4/24'::inet AS c{i}" for i in range(1500))
+    told, peak, loaded = await call(pg_sources, tmp_path, f"SELECT {columns} FROM generate_series(1, 2000)")
+    assert peak.growth <= BUDGET, f"the bot's memory rose by {mib(peak.growth)}: {told[:300]}"
+    assert "2,000 rows × 1500 columns" in told and loaded == [2000], told[:300]
+
+
+async def test_many_columns_of_small_values_stay_within_the_memory_budget(pg_sources: Sources, tmp_path: Path) -> None:
+    """3,000 rows of 1,500 ``timestamptz`` columns: an object per value, and a Parquet row group per
+    batch (the writer keeps ~850 bytes for each column of each one) took +105 MiB."""
+    columns = ", ".join(f"now() AS c{i}" for i in range(1500))
+    told, peak, loaded = await call(pg_sources, tmp_path, f"SELECT {columns} FROM generate_series(1, 3000)")
+    assert peak.growth <= BUDGET, f"the bot's memory rose by {mib(peak.growth)}: {told[:300]}"
+    assert "3,000 rows × 1500 columns" in told and loaded == [3000], told[:300]
+
+
+async def test_a_result_of_many_columns_stops_before_its_file_index_outgrows_the_budget(
+    pg_sources: Sources, tmp_path: Path
+) -> None:
+    """20,000 rows of 1,500 ``int`` columns (240 MB, under max_result_mb): a row group per batch
+    made the Parquet writer's metadata alone grow past 300 MiB."""
+    columns = ", ".join(f"n + {i} AS c{i}" for i in range(1500))
+    told, peak, loaded = await call(pg_sources, tmp_path, f"SELECT {columns} FROM generate_series(1, 20000) n")
+    assert peak.growth <= BUDGET, f"the bot's memory rose by {mib(peak.growth)}: {told[:300]}"
+    stopped = re.search(
+        r"the result stopped at ([\d,]+) rows \([\d.]+ MB\): the next rows would take it past the 80 MB a result "
+        r"of 1,500 columns may take",
+        told,
+    )
+    assert stopped is not None, told[-400:]
+    assert loaded == [int(stopped.group(1).replace(",", ""))] and loaded[0] > 5000
+
+
 @pytest.fixture
 def sqlite_sources(tmp_path: Path, source_settings: MakeSettings) -> Sources:
     path = tmp_path / "blobs.db"
