@@ -15,7 +15,10 @@
   such sources a read-only database user). A timeout interrupts an SQLite query
   (``sqlite3.Connection.interrupt``); other drivers' queries are abandoned to finish. Rows are
   fetched by bytes here too, measured once the driver has made them; SQLite itself refuses to
-  make a value over the row cap (``SQLITE_LIMIT_LENGTH``).
+  make a value over the row cap (``SQLITE_LIMIT_LENGTH``). Other drivers hand a row over
+  whole, however large (MySQL: up to ``max_allowed_packet``): the bot's memory bound does not
+  hold for them. **DuckDB** connects with external access off and its configuration locked
+  (:data:`DUCKDB_CONFIG`).
 
 Each source allows ``max_concurrent`` queries at once (the others wait) over a pool of as many
 connections. Errors come back as :class:`QueryFailed` with credentials scrubbed.
@@ -317,14 +320,18 @@ class SyncSource(Source):
     def __init__(self, name: str, settings: SourceSettings) -> None:
         super().__init__(name, settings)
         url = self._url
+        options: dict[str, Any] = {}
         if self.dialect == "sqlite":
             url = _read_only_sqlite(url)
+        elif self.dialect == "duckdb":
+            url, options = _walled_duckdb(url)
         self._engine = _engine(
             name,
             url,
             pool_size=settings.max_concurrent,
             max_overflow=0,
             pool_pre_ping=self.dialect != "sqlite",
+            **options,
         )
         if self.dialect == "sqlite":
             event.listen(self._engine, "connect", _query_only)
@@ -510,6 +517,20 @@ def _read_only_sqlite(url: URL) -> URL:
     if not database.startswith("file:"):
         database = f"file:{database}"
     return url.set(database=database).update_query_dict({"mode": "ro", "uri": "true"})
+
+
+#: DuckDB's own wall behind the guard's refusal of tables named like files: no file, URL or
+#: extension a query can reach (``read_csv``, a replacement scan, ``ATTACH``, ``COPY``,
+#: ``INSTALL``/``LOAD``), and no ``SET`` that could lift it. The database file itself opens.
+DUCKDB_CONFIG: dict[str, Any] = {"enable_external_access": False, "lock_configuration": True}
+
+
+def _walled_duckdb(url: URL) -> tuple[URL, dict[str, Any]]:
+    """The URL and engine options of a DuckDB source: :data:`DUCKDB_CONFIG` given at connect
+    (duckdb_engine passes ``connect_args["config"]`` to ``duckdb.connect``), and dropped from the
+    URL's query, whose keys duckdb_engine would let override it."""
+    walled = url.difference_update_query(list(DUCKDB_CONFIG))
+    return walled, {"connect_args": {"config": dict(DUCKDB_CONFIG)}}
 
 
 def _query_only(dbapi_connection: Any, _record: Any) -> None:
