@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 __all__ = ["Code", "Fence", "Line", "Prose", "blocks", "fence", "lines"]
 
@@ -57,10 +57,10 @@ def fence(line: str) -> Fence | None:
     return Fence(line, marker, info.strip())
 
 
-@dataclass(frozen=True, slots=True)
-class Line:
+class Line(NamedTuple):
     """One line and where it stands: ``prose``, or in a code block (``open``: its fence line,
-    ``code``: its content, ``close``: its closing fence), with that block's :class:`Fence`."""
+    ``code``: its content, ``close``: its closing fence), with that block's :class:`Fence`.
+    (A named tuple: one is made for every line read.)"""
 
     text: str
     kind: Literal["prose", "open", "code", "close"]
@@ -78,7 +78,8 @@ def lines(markdown: str) -> Iterator[Line]:
     block: Fence | None = None
     for text in markdown.split("\n"):
         if block is None:
-            block = fence(text)
+            head = text[:4]  # a fence's first backtick or tilde comes within it: most lines end here
+            block = fence(text) if "`" in head or "~" in head else None
             yield Line(text, "prose") if block is None else Line(text, "open", block)
         elif block.closes(text):
             yield Line(text, "close", block)
