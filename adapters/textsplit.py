@@ -67,7 +67,7 @@ def _cut(read: list[Line], limit: int) -> tuple[list[str], list[Line]]:
             # Prefer a paragraph break in the second half of the chunk over a bare line break.
             if opening is None and last_break > 0 and len("\n".join(x.text for x in lines[:last_break])) > limit // 2:
                 flush(last_break)
-            else:
+            if lines and size + added + reserve > limit:  # what the paragraph break left still does not fit
                 flush()
             added = len(line.text) + (1 if lines else 0)
         lines.append(line)

@@ -110,3 +110,18 @@ def test_the_last_chunk_has_a_limit_of_its_own(size: int) -> None:
     assert len(chunks[-1]) <= 120
     assert all(f"row_{i} = {i}" in "\n".join(chunks) for i in range(size // 10))
     assert split_markdown(text, 300)[:-1] == chunks[: len(split_markdown(text, 300)) - 1]
+
+
+@pytest.mark.parametrize(("limit", "last"), [(2000, None), (3800, 2900)])
+def test_no_chunk_is_over_the_limit_when_a_paragraph_break_leaves_too_much(limit: int, last: int | None) -> None:
+    """A long item after a short one in the paragraph after the break: the item starts a chunk
+    (it was added to the short one whatever their size)."""
+
+    def words(n: int) -> str:
+        return " ".join(["word"] * (n // 5))
+
+    text = words(limit * 6 // 10) + "\n\n- " + words(limit * 3 // 10) + "\n- " + words(limit * 3 // 4)
+    text += "\n\n" + words(limit * 3 // 10)
+    chunks = split_markdown(text, limit, last=last)
+    assert all(len(chunk) <= limit for chunk in chunks) and len(chunks[-1]) <= (last or limit)
+    assert "".join(chunks).replace("\n", "").replace(" ", "") == text.replace("\n", "").replace(" ", "")
