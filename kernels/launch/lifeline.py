@@ -13,7 +13,10 @@ Fail closed: kernels never run frozen without a warden. :meth:`Lifeline.ensure` 
 (again, if it died, with every registration sent once more) and raises
 :class:`WardenUnavailableError` when it cannot; the launcher calls it when it opens (the bot
 then stops at start-up with that one line), before each kernel start (the start fails with
-it) and before each freeze (the session then stops the kernel instead of freezing it).
+it) and before each freeze (the session then stops the kernel instead of freezing it). A
+warden that dies between those is replaced at once, every kernel told again: a thread of the
+lifeline waits on its pidfd, so frozen kernels are never left unguarded until the next start
+or freeze (a bot that died in between would have left them frozen for good).
 
 Every method blocks (a process start, a ``/proc`` read, a pipe write): call them off the
 event loop. They may be called from any thread.
@@ -22,6 +25,7 @@ event loop. They may be called from any thread.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import subprocess
@@ -35,6 +39,8 @@ from typing import Any
 
 from kernels.launch import warden
 from kernels.result import SandboxUnavailableError
+
+log = logging.getLogger(__name__)
 
 WARDEN = Path(warden.__file__)
 #: How long a new warden may take to say it listens (its start, measured: ~20 ms).
@@ -63,6 +69,8 @@ class Lifeline:
         #: Times a warden was started, and how long the last start took (seconds).
         self.starts = 0
         self.start_seconds = 0.0
+        #: Times a warden that died was replaced by the thread that watches it.
+        self.replaced = 0
         # A lifeline nobody closed still ends its warden once it is collected.
         self._finalizer: weakref.finalize[Any, Lifeline] | None = None
 
@@ -168,6 +176,41 @@ class Lifeline:
         self._finalizer = weakref.finalize(self, _close_quietly, write)
         self.starts += 1
         self.start_seconds = time.monotonic() - started
+        self._watch(proc)
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        """Replace ``proc`` as soon as it dies (:func:`_wait_for_death`, in a thread of its own).
+        Its pidfd is opened here, before anything may reap it and free its pid for reuse."""
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError as exc:  # Linux < 5.3: it is replaced at the next kernel start or freeze
+            log.warning(
+                "the kernel warden (pid %d) cannot be watched (%s): one that dies is replaced late", proc.pid, exc
+            )
+            return
+        threading.Thread(
+            target=_wait_for_death, args=(weakref.ref(self), proc, pidfd), name="kernel-warden-watch", daemon=True
+        ).start()
+
+    def _replace(self, proc: subprocess.Popen[bytes]) -> None:
+        """(The watching thread) ``proc`` died: start a new warden with every registration,
+        unless ``proc`` was stopped or replaced on purpose meanwhile."""
+        with self._lock:
+            if self._proc is not proc:
+                return
+            log.warning(
+                "the kernel warden (pid %d) died (exit status %s); starting a new one for %d kernel(s)",
+                proc.pid,
+                proc.poll(),
+                len(self._kernels),
+            )
+            try:
+                self._ensure()
+            except WardenUnavailableError as exc:
+                # Kernels frozen now are unguarded; the next kernel start or freeze fails closed.
+                log.error("%s", exc)
+                return
+            self.replaced += 1
 
     def _send(self, messages: list[dict[str, Any]]) -> None:
         fd = self._write
@@ -203,6 +246,22 @@ class Lifeline:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _wait_for_death(lifeline: weakref.ref[Lifeline], proc: subprocess.Popen[bytes], pidfd: int) -> None:
+    """(A thread) wait until the warden ``proc`` ends (its pidfd becomes readable), then have
+    the lifeline replace it. Holds the lifeline weakly: a lifeline nobody holds any more still
+    closes (its warden then exits, and this thread with it)."""
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while not poller.poll():
+            pass
+    finally:
+        os.close(pidfd)
+    owner = lifeline()
+    if owner is not None:
+        owner._replace(proc)
 
 
 def _read_ready(proc: subprocess.Popen[bytes], timeout: float) -> bytes:

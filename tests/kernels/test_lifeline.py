@@ -2,18 +2,24 @@
 
 What a SIGKILL of the bot does to frozen kernels is ``tests/security/test_bot_death.py``; here:
 the warden is a small process of its own, outside every kernel cgroup, that nothing the bot
-starts inherits the lifeline of; a warden that died is replaced (with every kernel told again)
-before a kernel is frozen; and it fails closed - no warden, no kernel start and no freeze.
+starts inherits the lifeline of; a warden that died is replaced at once (with every kernel told
+again), so a bot killed before any kernel starts or freezes again still takes its frozen kernels
+along; and it fails closed - no warden, no kernel start and no freeze.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -25,10 +31,12 @@ from kernels.launch.lifeline import WARDEN, Lifeline, WardenUnavailableError
 from kernels.launch.local import KernelLauncher, LocalKernelHandle
 from kernels.result import KernelStartError
 from tests.kernels.conftest import kernel_processes, kernel_settings
+from tests.security.test_bot_death import DEATH_S, _alive, _clean_up, _processes, _read_line
 
 pytestmark = pytest.mark.timeout(90)
 MISSING_PYTHON = "/nonexistent/threadbook-python"
 LEAVE_A_CHILD = "import subprocess\nchild = subprocess.Popen(['sleep', '600'])"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest_asyncio.fixture
@@ -50,14 +58,26 @@ def _kernel_tree(handle: LocalKernelHandle) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
-def _gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+def _running(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``procs`` still running (not zombies)."""
+    left = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return left
+
+
+async def _gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     """Those of ``procs`` still running (not zombies) after up to ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        left = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = await asyncio.to_thread(_running, procs)
         if not left or time.monotonic() > deadline:
             return left
-        time.sleep(0.02)
+        await asyncio.sleep(0.02)
 
 
 async def test_the_warden_is_a_small_process_of_its_own(pool: KernelPool) -> None:
@@ -97,8 +117,9 @@ async def test_a_dead_warden_is_replaced_before_the_next_freeze(pool: KernelPool
         assert (await session.execute(LEAVE_A_CHILD)).ok
     first = lifeline.pid
     assert first is not None
+    dead = psutil.Process(first)  # before the kill: the lifeline reaps it as it replaces it
     os.kill(first, signal.SIGKILL)
-    await asyncio.to_thread(psutil.Process(first).wait, 5)
+    await asyncio.to_thread(dead.wait, 5)
     async with pool.lease("t:b") as session:
         assert (await session.execute("x = 1")).ok
     assert lifeline.pid not in (None, first), "no new warden before the kernel was frozen again"
@@ -107,7 +128,7 @@ async def test_a_dead_warden_is_replaced_before_the_next_freeze(pool: KernelPool
     tree = await asyncio.to_thread(_kernel_tree, handle)
     assert len(tree) >= 2
     await asyncio.to_thread(lifeline.close)
-    assert not await asyncio.to_thread(_gone, tree, 3.0), "the new warden did not kill the frozen kernel"
+    assert not await _gone(tree, 3.0), "the new warden did not kill the frozen kernel"
 
 
 async def test_the_warden_sweeps_a_frozen_cgroup_and_removes_it(pool: KernelPool) -> None:
@@ -120,7 +141,7 @@ async def test_the_warden_sweeps_a_frozen_cgroup_and_removes_it(pool: KernelPool
     folders = handle.cgroup.folders
     tree = await asyncio.to_thread(_kernel_tree, handle)
     await asyncio.to_thread(_lifeline(pool).close)
-    assert not await asyncio.to_thread(_gone, tree, 3.0)
+    assert not await _gone(tree, 3.0)
     assert not [folder for folder in folders if folder.exists()], "the warden left the kernel's cgroup"
 
 
@@ -153,9 +174,86 @@ async def test_a_kernel_is_not_frozen_without_a_warden(pool: KernelPool) -> None
         warden = lifeline.pid
         assert warden is not None
         lifeline.python = MISSING_PYTHON
+        dead = psutil.Process(warden)
         os.kill(warden, signal.SIGKILL)
-        await asyncio.to_thread(psutil.Process(warden).wait, 5)
+        await asyncio.to_thread(dead.wait, 5)
         assert (await session.execute("x")).ok  # the cell runs; the freeze after it cannot be made safe
     assert not session._frozen and session._handle is None
     assert any("could not be frozen" in notice for notice in session.take_thread_notices())
-    assert not await asyncio.to_thread(_gone, tree, 3.0)
+    assert not await _gone(tree, 3.0)
+
+
+async def _bot_main(root: Path) -> None:
+    """(In the child: the bot) start a kernel, let it leave a child and be frozen, print one JSON
+    line (the warden's pid, the kernel's processes and cgroup); then, starting and freezing
+    nothing, wait up to 5 s for a new warden once the test killed this one, print its pid (null:
+    none came), and wait to be killed."""
+    pool = build_pool(kernel_settings(root, snapshot=False))  # no save after the turn: it thaws and freezes
+    await pool.start()
+    lifeline = _lifeline(pool)
+    async with pool.lease("t:g") as session:
+        assert (await session.execute(LEAVE_A_CHILD)).ok
+    handle = session._handle
+    assert isinstance(handle, LocalKernelHandle) and session._frozen
+    cgroup = handle.cgroup
+    report: dict[str, Any] = {
+        "warden": lifeline.pid,
+        "kernels": [
+            {
+                "processes": await asyncio.to_thread(_processes, handle.pid, cgroup),
+                "cgroup": [] if cgroup is None else [str(folder) for folder in cgroup.folders],
+            }
+        ],
+    }
+    print(json.dumps(report), flush=True)
+    deadline = time.monotonic() + 5
+    while not lifeline.replaced and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    print(
+        json.dumps({"warden": await asyncio.to_thread(lambda: lifeline.pid), "replaced": lifeline.replaced}), flush=True
+    )
+    await asyncio.sleep(3600)  # killed here
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="threadbook-lifeline-"))
+    (root / "tmp").mkdir()
+    yield root
+    subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def test_a_warden_that_dies_is_replaced_at_once_and_the_bots_death_still_kills_frozen_kernels(
+    scratch: Path,
+) -> None:
+    """The warden is killed while the kernel is frozen; no kernel starts or freezes after; then
+    the bot is killed (SIGKILL, what the OOM killer does): the frozen kernel dies with it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(scratch / "tmp")}
+    argv = [sys.executable, "-m", "tests.kernels.test_lifeline", str(scratch)]
+    child = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    report: dict[str, Any] | None = None
+    try:
+        report = json.loads(_read_line(child, 60))
+        assert report is not None
+        rows = report["kernels"][0]["processes"]
+        assert len(rows) >= 2, rows  # the kernel and its background child
+        os.kill(report["warden"], signal.SIGKILL)
+        after = json.loads(_read_line(child, 15))
+        child.send_signal(signal.SIGKILL)  # the bot alone
+        child.wait(10)
+        deadline = time.monotonic() + DEATH_S
+        while (left := _alive(rows)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not left, f"frozen kernel processes alive {DEATH_S:.0f} s after the bot's SIGKILL: {left}"
+        assert after["warden"] not in (None, report["warden"]) and after["replaced"] == 1, after
+    finally:
+        if child.poll() is None:
+            child.kill()
+        _, err = child.communicate()
+        _clean_up(report)
+        if report is None:
+            pytest.fail(f"the bot did not report:\n{err[-3000:]}")
+
+
+if __name__ == "__main__":
+    asyncio.run(_bot_main(Path(sys.argv[1])))
