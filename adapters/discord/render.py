@@ -5,8 +5,10 @@ Discord renders ``[label](url)`` in a bot's messages as ``label`` opening ``url`
 :mod:`adapters.links`, a masked link stays only when its target is http(s) or mailto and its
 label does not read as another address. A disguised one becomes its label followed by the bare
 target in ``<>`` (shown as written, no embed); one to any other target becomes its label as
-text. Code blocks and inline code are left untouched (:mod:`bot.markdown` says which lines are
-code). An answer (:func:`answer`) also has its tables made aligned code blocks, in the same
+text. Code is left untouched as Discord's client reads it, which is not CommonMark's: a block
+runs from a ```` ``` ```` to the next one anywhere (``~~~`` opens none, a block never closed is
+none), so a line CommonMark would keep inside a block may be prose to Discord
+(:func:`_outside_code`). An answer (:func:`answer`) also has its tables made aligned code blocks, in the same
 reading. Mentions are kept from notifying by ``allowed_mentions=none`` on the client
 (:mod:`adapters.discord.adapter`).
 """
@@ -14,11 +16,11 @@ reading. Mentions are kept from notifying by ``allowed_mentions=none`` on the cl
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from adapters.links import allowed_target, disguised
 from adapters.tables import aligned
 from bot.events import Table
-from bot.markdown import Code, lines
 from bot.tables import blocks
 
 #: An inline code span (left as it is) or a masked link, whichever starts first.
@@ -31,7 +33,7 @@ _CODE_OR_LINK = re.compile(
 
 def text(markdown: str) -> str:
     """``markdown`` with every masked link outside code made honest (see the module)."""
-    return "\n".join(line.text if line.in_code else _honest(line.text) for line in lines(markdown))
+    return _outside_code(markdown, _honest)
 
 
 def answer(markdown: str) -> str:
@@ -39,13 +41,26 @@ def answer(markdown: str) -> str:
     Markdown table; :mod:`adapters.tables`) and its masked links made honest, in one reading."""
     out: list[str] = []
     for block in blocks(markdown):
-        if isinstance(block, Table):
-            out += aligned(block)
-        elif isinstance(block, Code):
-            out += block.lines
-        else:
-            out += (_honest(line) for line in block.lines)
-    return "\n".join(out)
+        out += aligned(block) if isinstance(block, Table) else block.lines
+    return text("\n".join(out))
+
+
+#: Where Discord's client sees code blocks: from a fence to the next one, wherever they stand.
+_DISCORD_FENCE = re.compile(r"```")
+
+
+def _outside_code(markdown: str, rewrite: Callable[[str], str]) -> str:
+    """``markdown`` with ``rewrite`` applied line by line to what Discord does not draw as a
+    code block (:data:`_DISCORD_FENCE` pairs; an opening fence never closed opens none)."""
+    fences = [m.start() for m in _DISCORD_FENCE.finditer(markdown)]
+    out: list[str] = []
+    at = 0
+    for opening, closing in zip(fences[::2], fences[1::2]):
+        out.append("\n".join(rewrite(line) for line in markdown[at:opening].split("\n")))
+        out.append(markdown[opening : closing + 3])
+        at = closing + 3
+    out.append("\n".join(rewrite(line) for line in markdown[at:].split("\n")))
+    return "".join(out)
 
 
 def _honest(line: str) -> str:

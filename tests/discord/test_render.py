@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.discord.render import text
+from adapters.discord.render import answer, text
 from adapters.discord.replies import send_text, text_chunks
 from adapters.links import allowed_target, disguised, looks_like_address, same_address
 
@@ -59,3 +59,19 @@ def test_the_link_rules_are_shared_by_the_platforms() -> None:
     assert allowed_target("https://x.org") and not allowed_target("javascript:x")
     assert looks_like_address("_paypal.com_") and same_address("www.Example.com/", "https://example.com")
     assert disguised("paypal.com", "https://evil.example") and not disguised("the docs", "https://evil.example")
+
+
+@pytest.mark.parametrize(
+    "markdown",
+    [
+        "```\nx = 1\n```python\n[paypal.com](https://evil.example)\n```",  # a tagged fence ends Discord's block
+        "~~~\n[paypal.com](https://evil.example)\n~~~",  # ~~~ opens no block on Discord
+        "```\ncode never closed\n[paypal.com](https://evil.example)",  # an unclosed block is none
+    ],
+)
+def test_a_disguised_link_in_what_only_commonmark_calls_code_is_made_honest(markdown: str) -> None:
+    """Discord reads fences its own way: a line CommonMark keeps inside a block may be prose to
+    Discord's client, so it gets the link rules."""
+    for rendered in (text(markdown), answer(markdown)):
+        assert "[paypal.com](https://evil.example)" not in rendered
+        assert "paypal.com <https://evil.example>" in rendered
