@@ -188,6 +188,7 @@ class ForkServer:
                 str(ZYGOTE),
                 json.dumps(self.preload),
                 str(self._lifeline_r),
+                json.dumps(kernel_argv(self.launcher.kernel_spec().argv, self.preload)),
                 *mode,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
@@ -374,6 +375,16 @@ def fork_argv(cmd: list[str], preload: list[str]) -> list[str]:
     args = [arg for arg in args if not arg.startswith("--IPKernelApp.exec_lines=")]
     lines = [KERNEL_SETUP, *(["%matplotlib inline"] if "matplotlib" in preload else [])]
     args.append(f"--IPKernelApp.exec_lines={lines!r}")
+    return args
+
+
+def kernel_argv(spec_argv: list[str], preload: list[str]) -> list[str]:
+    """What :func:`fork_argv` gives every kernel of ``spec_argv`` but ``-f <connection file>``:
+    the command line the zygote makes its kernel application for before it forks."""
+    args = fork_argv(spec_argv, preload)
+    if "-f" in args:
+        at = args.index("-f")
+        del args[at : at + 2]
     return args
 
 

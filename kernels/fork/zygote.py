@@ -1,12 +1,15 @@
 """The fork server's own program ("zygote"): import once, fork a fresh ipykernel per request.
 
-Run as ``python -P kernels/fork/zygote.py PRELOAD_JSON LIFELINE_FD [jail]`` by
+Run as ``python -P kernels/fork/zygote.py PRELOAD_JSON LIFELINE_FD KERNEL_ARGV_JSON [jail]`` by
 :class:`kernels.fork.server.ForkServer`; it imports nothing from this project but its sibling
 ``jail.py`` (standard library only), so a kernel's ``sys.modules`` holds only what a
 spawned kernel would have plus the preloaded modules. Before it serves it imports what
 every kernel imports while it starts (:data:`KERNEL_IMPORTS`), resolves matplotlib's inline
-backend, and freezes its heap (``gc.freeze``): a child then only binds its sockets, builds
-its shell and takes its identity.
+backend, and freezes its heap (``gc.freeze``). With the ipykernel release it knows it also
+makes the kernel application (configuration from ``KERNEL_ARGV_JSON``, the kernels' command
+line but ``-f``) and its shell, matplotlib's inline backend turned on
+(:func:`_prepare_app`): a child then only opens its sockets, makes its kernel object and
+takes its identity (:func:`_start_prepared`).
 
 With ``jail`` (the sandboxed profile; the zygote then runs inside bubblewrap, see
 :func:`kernels.sandbox.args.zygote_args`) every request carries a ``"jail"`` object (uid, gid,
@@ -100,6 +103,8 @@ KERNEL_IMPORTS = (
     "threadbook_kernel",
     "threadbook_kernel.display",
     "threadbook_kernel.snapshot",
+    "threadbook_kernel.charts",
+    "threadbook_kernel.frames",
 )
 #: When the last fork began (this process's clock), kept by the child in its trace.
 _forking_at = 0.0
@@ -120,6 +125,147 @@ def _preload(modules: list[str]) -> None:
         # reads every installed package's entry points the first time: once, here.
         pylabtools: Any = importlib.import_module("IPython.core.pylabtools")
         pylabtools.find_gui_and_backend("inline")
+
+
+#: The kernel application made before any fork (:func:`_prepare_app`), and the ipykernel
+#: command line (after ``-f``) it was made for; None: each child makes its own.
+_prepared: Any = None
+_prepared_argv: list[str] = []
+#: The ipykernel release whose start :func:`_prepare_app` and :func:`_start_prepared` split.
+PREPARED_IPYKERNEL = "7."
+
+
+class _ModuleFiles:
+    """A module as ``IPythonKernel.__init__`` looks at it: its file only."""
+
+    __slots__ = ("__file__",)
+
+    def __init__(self, path: str) -> None:
+        self.__file__ = path
+
+
+class _KernelInitSys:
+    """``sys`` as ipykernel's kernel module sees it while a forked kernel is made: ``modules``
+    is the zygote's list of module files, made once before any fork (a few pages), instead of
+    ``sys.modules``, whose every module object the kernel's ``__init__`` touches (its
+    reference count), copying ~1,700 pages of the zygote into each kernel (~7 MiB, ~10 ms)."""
+
+    def __init__(self, modules: dict[str, _ModuleFiles]) -> None:
+        self.modules = modules
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(sys, name)
+
+
+def _prepare_app(kernel_argv: list[str], inline: bool) -> None:
+    """(Zygote) make the kernel application, its configuration and its shell once, before any
+    fork: a forked kernel then only opens its sockets and makes its kernel object
+    (:func:`_start_prepared`). ``kernel_argv``: the ipykernel command line every kernel gets
+    (but ``-f``); ``inline``: set up matplotlib's inline backend on that shell here too (the
+    kernels' ``%matplotlib inline``, but the event loop, which needs the kernel). Only for the
+    ipykernel release the split was written for; where making them fails, every child makes
+    its own."""
+    global _prepared, _prepared_argv, _inline_gui
+    try:
+        ipykernel: Any = importlib.import_module("ipykernel")
+        if not ipykernel.__version__.startswith(PREPARED_IPYKERNEL):
+            return
+        application: Any = importlib.import_module("IPython.core.application")
+        compiler: Any = importlib.import_module("ipykernel.compiler")
+        kernelapp: Any = importlib.import_module("ipykernel.kernelapp")
+        zmqshell: Any = importlib.import_module("ipykernel.zmqshell")
+        app = kernelapp.IPKernelApp.instance()
+        application.BaseIPythonApplication.initialize(app, kernel_argv)  # command line, profile, config files
+        app.init_pdb()
+        shell = zmqshell.ZMQInteractiveShell.instance(
+            parent=app, profile_dir=app.profile_dir, compiler_class=compiler.XCachingCompiler
+        )
+    except Exception:
+        traceback.print_exc()  # the zygote's log; every child starts the usual way
+        for module, name in (("ipykernel.kernelapp", "IPKernelApp"), ("ipykernel.zmqshell", "ZMQInteractiveShell")):
+            cls = getattr(sys.modules.get(module), name, None)
+            if cls is not None:
+                cls.clear_instance()
+        return
+    if inline and "%matplotlib inline" in app.exec_lines:
+        try:
+            _inline_gui = _enable_inline(shell)
+            app.exec_lines = [line for line in app.exec_lines if line != "%matplotlib inline"]
+        except Exception:
+            traceback.print_exc()  # the exec line still runs it, in each child
+    display = sys.modules.get("threadbook_kernel.display")
+    if display is not None:
+        display.install()  # idempotent: the kernel's own set-up finds it done
+    files = {
+        name: _ModuleFiles("".join([path[:1], path[1:]]))  # a copy: the strings lie together too
+        for name, module in list(sys.modules.items())
+        if isinstance(path := getattr(module, "__file__", None), str) and path
+    }
+    _kernel_module_sys[0] = _KernelInitSys(files)
+    _prepared, _prepared_argv = app, list(kernel_argv)
+
+
+def _enable_inline(shell: Any) -> Any:
+    """``shell.enable_matplotlib("inline")`` (IPython 9) without its last step, the event loop,
+    which needs a kernel (the child turns it on, :func:`_start_prepared`); the GUI it names."""
+    pylabtools: Any = importlib.import_module("IPython.core.pylabtools")
+    backend_inline: Any = importlib.import_module("matplotlib_inline.backend_inline")
+    gui, backend = pylabtools.find_gui_and_backend("inline", shell.pylab_gui_select)
+    if gui is not None and shell.pylab_gui_select is None:
+        shell.pylab_gui_select = gui
+    pylabtools.activate_matplotlib(backend)
+    backend_inline.configure_inline_support(shell, backend)
+    shell.magics_manager.registry["ExecutionMagics"].default_runner = pylabtools.mpl_runner(shell.safe_execfile)
+    return gui
+
+
+#: The GUI of the inline backend set up before the fork (its event loop is turned on in each child).
+_inline_gui: Any = None
+
+
+#: The ``sys`` a forked kernel's ``IPythonKernel.__init__`` sees (:class:`_KernelInitSys`).
+_kernel_module_sys: list[Any] = [None]
+
+
+def _start_prepared(connection_file: str) -> Any:
+    """(Child) the rest of ``IPKernelApp.initialize`` (ipykernel 7) for the application the
+    zygote made: sockets, streams, signals, the kernel object (the shell it finds is the one
+    made before the fork), the exec lines. Returns the application."""
+    ipkernel: Any = importlib.import_module("ipykernel.ipkernel")
+    app = _prepared
+    app.connection_file = connection_file
+    app.init_blackhole()
+    app.init_connection_file()
+    app.init_poller()
+    app.init_sockets()
+    app.init_heartbeat()
+    app.write_connection_file()
+    app.log_connection_info()
+    app.init_io()
+    try:
+        app.init_signal()
+    except Exception:
+        traceback.print_exc()
+    ipkernel.sys = _kernel_module_sys[0] or sys
+    try:
+        app.init_kernel()
+    finally:
+        ipkernel.sys = sys
+    shell = app.kernel.shell
+    if shell is not type(shell).instance():
+        raise RuntimeError("the kernel did not take the shell made before the fork")
+    shell.kernel = app.kernel  # what the kernel would have passed to a shell it made
+    shell.init_environment()  # the environment was replaced after the fork
+    if _inline_gui is not None:
+        shell.enable_gui(_inline_gui)
+    app.init_path()
+    app.init_shell()
+    app.init_gui_pylab()
+    app.init_extensions()
+    app.init_code()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return app
 
 
 #: How long the zygote waits for a jailed child to report that its kernel dropped privileges.
@@ -202,13 +348,25 @@ def _run_kernel(request: dict[str, Any], lifeline: int | None) -> int:
         numpy.random.seed()
     if lifeline is not None:
         threading.Thread(target=_watch_lifeline, args=(lifeline,), name="lifeline", daemon=True).start()
-    from ipykernel.kernelapp import IPKernelApp
+    argv = request["argv"]
+    prepared = _prepared is not None and argv[:1] == ["-f"] and argv[2:] == _prepared_argv
+    if prepared:
+        app = _start_prepared(argv[1])
+    else:
+        if _prepared is not None:  # the bot asks for kernels of one command line only
+            raise RuntimeError(f"a kernel command line other than the one prepared: {argv[2:]!r}")
+        from ipykernel.kernelapp import IPKernelApp
 
-    app = IPKernelApp.instance()
-    app.initialize(request["argv"])  # type: ignore[no-untyped-call]  # ipykernel is untyped
+        app = IPKernelApp.instance()
+        app.initialize(argv)  # type: ignore[no-untyped-call]  # ipykernel is untyped
     # Wall-clock moments of this start, for the benchmark's fork-path breakdown.
-    sys._threadbook_fork_trace = {"fork": _forking_at, "kernel": entered, "initialized": time.time()}  # type: ignore[attr-defined]
-    app.start()  # type: ignore[no-untyped-call]
+    sys._threadbook_fork_trace = {  # type: ignore[attr-defined]
+        "fork": _forking_at,
+        "kernel": entered,
+        "initialized": time.time(),
+        "prepared": float(prepared),
+    }
+    app.start()
     return 0
 
 
@@ -377,9 +535,11 @@ def main() -> None:
     """Import, report ready, then serve fork requests until stdin closes."""
     modules = json.loads(sys.argv[1])
     lifeline = int(sys.argv[2])
+    kernel_argv = json.loads(sys.argv[3])
     jail = _load_forkjail()
-    jailer = Jailer(jail) if sys.argv[3:] == ["jail"] else None
+    jailer = Jailer(jail) if sys.argv[4:] == ["jail"] else None
     _preload(modules)
+    _prepare_app(kernel_argv, inline="matplotlib" in modules)
     # What the imports made stays shared with every kernel: the collector no longer writes
     # to those objects' headers (each write would copy a page into the child).
     gc.collect()
