@@ -95,16 +95,22 @@ def _follow_rename_code(folder: Path) -> str:
 class WarmKernel:
     """A ready kernel waiting in its own empty folder for a thread."""
 
-    def __init__(self, handle: KernelHandle, folder: Path, owner: tuple[int, int] | None = None) -> None:
-        """``owner``: the host (uid, gid) the kernel's files belong to (a root bot's sandbox), else None."""
+    def __init__(
+        self, handle: KernelHandle, folder: Path, owner: tuple[int, int] | None = None, *, home_follows: bool = True
+    ) -> None:
+        """``owner``: the host (uid, gid) the kernel's files belong to (a root bot's sandbox), else
+        None; ``home_follows``: the kernel's ``HOME`` names the folder (unsandboxed), and must
+        follow its rename (sandboxed it is ``/workspace``, which the rename keeps)."""
         self.handle = handle
         self.folder = folder
         self.owner = owner
+        self.home_follows = home_follows
 
     async def adopt(self, workspace: Path) -> KernelHandle:
         """Give the kernel ``workspace``: move its files in, rename the folder onto it."""
         await asyncio.to_thread(adopt_folder, self.folder, workspace, self.owner)
-        await run_silently(self.handle, _follow_rename_code(self.folder))
+        if self.home_follows:  # a round trip to the kernel only where its HOME named the old path
+            await run_silently(self.handle, _follow_rename_code(self.folder))
         return self.handle
 
     async def discard(self) -> None:
@@ -391,7 +397,8 @@ class WarmPool:
             await asyncio.to_thread(folder.mkdir, parents=True, mode=0o700)
             plan = self.launcher.plan(folder, self.options)
             owner = plan.identity.host_owner if plan.identity is not None else None
-            warm = WarmKernel(await self.launcher.start(plan), folder, owner)
+            home_follows = plan.environment.get("HOME") == str(folder)
+            warm = WarmKernel(await self.launcher.start(plan), folder, owner, home_follows=home_follows)
             await run_silently(warm.handle, self.warm_up)
             if self.target is not None and (footprint := await warm.handle.memory_bytes()):
                 self.target.note_kernel_bytes(footprint)
