@@ -292,6 +292,9 @@ class LocalKernelHandle:
     run_dir: Path
     #: The kernel's own processes, recorded when it became ready (see :mod:`kernels.launch.leftovers`).
     infrastructure: frozenset[int] = frozenset()
+    #: The kernel's CPU time read right after its last freeze (None: not frozen by :meth:`freeze`
+    #: since): a frozen kernel uses none, so :meth:`cpu_seconds` needs no second trip to a thread.
+    _frozen_cpu: float | None = None
 
     @property
     def pid(self) -> int | None:
@@ -393,8 +396,14 @@ class LocalKernelHandle:
         return await asyncio.to_thread(_tree_pss, self.pid)
 
     async def freeze(self) -> bool:
-        """Freeze the kernel's cgroup; without one, SIGSTOP its process tree. True once frozen."""
-        return await asyncio.to_thread(self.freeze_blocking)
+        """Freeze the kernel's cgroup; without one, SIGSTOP its process tree. True once frozen
+        (its CPU time is read in the same trip to a thread: see :meth:`cpu_seconds`)."""
+        frozen, self._frozen_cpu = await asyncio.to_thread(self._freeze_and_read)
+        return frozen
+
+    def _freeze_and_read(self) -> tuple[bool, float | None]:
+        frozen = self.freeze_blocking()
+        return frozen, freezing.cpu_seconds(self.cgroup, self.pid) if frozen else None
 
     def freeze_blocking(self) -> bool:
         """(Blocking, any thread) :meth:`freeze`. Never without a kernel warden (it kills a
@@ -408,11 +417,15 @@ class LocalKernelHandle:
 
     async def thaw(self) -> None:
         """Thaw the kernel's cgroup; without one, SIGCONT its process tree."""
+        self._frozen_cpu = None
         await asyncio.to_thread(freezing.thaw, self.cgroup, self.pid)
 
     async def cpu_seconds(self) -> float | None:
         """CPU time of the kernel's cgroup (ended processes included); without one, of its
-        process tree and the children it reaped."""
+        process tree and the children it reaped. While frozen since :meth:`freeze`, the
+        reading that freeze took."""
+        if self._frozen_cpu is not None:
+            return self._frozen_cpu
         return await asyncio.to_thread(freezing.cpu_seconds, self.cgroup, self.pid)
 
 

@@ -121,6 +121,30 @@ class QuotaWatch:
         probe = await asyncio.to_thread(QuotaProbe, workspace.path, room, handle.freeze_blocking)
         return cls(workspace, before, probe, thaw=thaw, frozen=frozen)
 
+    @classmethod
+    async def scan_and_start(
+        cls,
+        workspace: Workspace,
+        handle: KernelHandle,
+        *,
+        thaw: Callable[[], Awaitable[bool]],
+        frozen: Callable[[], None],
+    ) -> QuotaWatch:
+        """Walk the workspace and start the probe with the room that walk leaves (:attr:`before`),
+        in one trip to a thread."""
+
+        def scan_and_probe() -> tuple[safefs.Scan, QuotaProbe]:
+            before = workspace.scan()
+            return before, QuotaProbe(workspace.path, _room(workspace, before, before), handle.freeze_blocking)
+
+        before, probe = await asyncio.to_thread(scan_and_probe)
+        return cls(workspace, before, probe, thaw=thaw, frozen=frozen)
+
+    @property
+    def before(self) -> safefs.Scan:
+        """The walk the watch started from (before the cell)."""
+        return self._before
+
     @property
     def tripped(self) -> bool:
         """The probe saw the file system grow past the room (and froze the kernel)."""
@@ -152,8 +176,9 @@ class QuotaWatch:
         return over
 
     async def stop(self) -> None:
-        """Stop the probe, and wait until its thread has ended (off the event loop)."""
-        await asyncio.to_thread(self._probe.stop)
+        """Stop the probe; when a trip's freeze is under way, wait for it (off the event loop)."""
+        if not self._probe.stop_unless_tripping():
+            await asyncio.to_thread(self._probe.stop)
 
     def _notice(self, now: safefs.Scan) -> str | None:
         quota = self._workspace.quota_bytes
@@ -392,9 +417,9 @@ class Execution:
 
     async def start(self, code: str) -> None:
         """Walk the workspace, start the quota probe, thaw the kernel and send ``code``."""
-        scanned = await asyncio.to_thread(self._workspace.scan)  # one walk: the diff's "before" and the quota's
-        self.before = self._workspace.stamps(scanned)
-        quota = await QuotaWatch.start(self._workspace, scanned, self._handle, thaw=self._thaw, frozen=self._frozen)
+        # One walk: the diff's "before" and the quota's, in the same trip to a thread as the probe.
+        quota = await QuotaWatch.scan_and_start(self._workspace, self._handle, thaw=self._thaw, frozen=self._frozen)
+        self.before = self._workspace.stamps(quota.before)
         try:
             thawed = await self._thaw()
             self.started = time.monotonic()

@@ -74,10 +74,22 @@ class QuotaProbe:
     def stop(self) -> None:
         """(Blocking) stop looking: returns once no look at it is under way and a freeze under
         way has returned, so no trip freezes the kernel afterwards."""
+        if not self.stop_unless_tripping():
+            self._settled.wait()
+            self._close()
+
+    def stop_unless_tripping(self) -> bool:
+        """Stop looking without waiting: True when it is stopped (no freeze was under way);
+        False when a trip's freeze is still running (call :meth:`stop`, which waits for it)."""
         with _PROBER.lock:
             self._stopped = True
             _PROBER.remove_locked(self)
-        self._settled.wait()
+            settled = self._settled.is_set()
+        if settled:
+            self._close()
+        return settled
+
+    def _close(self) -> None:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)

@@ -368,8 +368,7 @@ class KernelSession:
     async def _evaluate(self, handle: KernelHandle, expression: str, timeout: float) -> str | None:
         """:meth:`evaluate` in ``handle``'s kernel, its workspace quota watched as a cell's is
         (code in the kernel may have replaced what ``expression`` calls)."""
-        scanned = await asyncio.to_thread(self.workspace.scan)
-        quota = await QuotaWatch.start(self.workspace, scanned, handle, thaw=self._thaw, frozen=self._frozen_by_probe)
+        quota = await QuotaWatch.scan_and_start(self.workspace, handle, thaw=self._thaw, frozen=self._frozen_by_probe)
         try:
             if not await self._thaw():  # lost: it could not be thawed
                 return None
