@@ -47,6 +47,8 @@ WATCHDOG_INTERVAL_S = 0.25
 #: How soon a running execution notices that the quota probe tripped (and froze the kernel).
 TRIP_LOOK_S = 0.05
 SHELL_REPLY_TIMEOUT_S = 2.0
+#: A user expression's answer longer than this is left out.
+_MAX_EXPRESSION_CHARS = 1000
 INTERRUPTED_REPLY_TIMEOUT_S = 0.25
 #: After the shell reply, how long iopub may stay silent before the execution counts as done
 #: (iopub lost messages: the socket dropped one over ``MAX_MESSAGE_BYTES`` and reconnected).
@@ -311,6 +313,8 @@ class ShellReply:
         self._output = output
         #: When the reply came in while iopub was quiet (None: not yet).
         self._replied_at: float | None = None
+        #: The request's user expressions as the reply answered them (name → ``text/plain``).
+        self.expressions: dict[str, str] = {}
 
     def until(self, limit: float) -> float:
         """``limit``, or sooner the moment from which iopub's silence means it lost messages."""
@@ -336,9 +340,18 @@ class ShellReply:
         """Wait up to ``wait`` s (0: only look) for the reply and take its execution count;
         whether it came."""
         reply = await self._handle.reply(self._msg_id, wait)
-        if reply is not None and (count := reply["content"].get("execution_count")) is not None:
+        if reply is None:
+            return False
+        content = reply["content"]
+        if (count := content.get("execution_count")) is not None:
             self._output.execution_count = count
-        return reply is not None
+        answers = content.get("user_expressions")
+        if isinstance(answers, dict):
+            for name, answer in answers.items():
+                text = answer.get("data", {}).get("text/plain") if isinstance(answer, dict) else None
+                if isinstance(name, str) and isinstance(text, str) and len(text) <= _MAX_EXPRESSION_CHARS:
+                    self.expressions[name] = text
+        return True
 
 
 class IopubReader:
@@ -394,10 +407,12 @@ class Execution:
         on_output: Callable[[str, str], None] | None,
         thaw: Callable[[], Awaitable[bool]],
         frozen: Callable[[], None],
+        expressions: dict[str, str] | None = None,
     ) -> None:
         """``on_output(name, text)`` hears each stream message as it arrives; ``thaw`` has the
-        session thaw the kernel, ``frozen`` tells it that the quota probe froze it. The Stop
-        button (:meth:`stop`) counts from now."""
+        session thaw the kernel, ``frozen`` tells it that the quota probe froze it;
+        ``expressions``: user expressions asked with the cell (their answers:
+        :attr:`expression_answers`). The Stop button (:meth:`stop`) counts from now."""
         self._handle = handle
         self._workspace = workspace
         self._timeout = timeout
@@ -406,6 +421,9 @@ class Execution:
         self._thaw = thaw
         self._frozen = frozen
         self._msg_id = ""
+        self._expressions = expressions or {}
+        #: The answers to ``expressions`` (name → ``text/plain``), once the reply is in.
+        self.expression_answers: dict[str, str] = {}
         self.output = OutputCollector(settings.max_output_bytes)
         self.watchdog = Watchdog(handle, grace=settings.interrupt_grace_s, key=key)
         #: The workspace's files before the cell (the baseline of its changed files).
@@ -424,7 +442,9 @@ class Execution:
             thawed = await self._thaw()
             self.started = time.monotonic()
             if thawed:  # else the session lost the kernel: the execution ends at once (DIED)
-                self._msg_id = self._handle.client.execute(code, store_history=True, allow_stdin=False)
+                self._msg_id = self._handle.client.execute(
+                    code, store_history=True, allow_stdin=False, user_expressions=self._expressions
+                )
         except BaseException:
             await quota.stop()
             raise
@@ -444,6 +464,7 @@ class Execution:
         finally:
             await self.watchdog.disarm()
         outcome, notice = await self._outcome(end, reply)
+        self.expression_answers = reply.expressions
         output = self.output
         result = ExecutionResult(
             outcome=outcome,

@@ -25,7 +25,7 @@ from kernels.launch.plan import KernelHandle, Launcher
 from kernels.options import KernelOptions
 from kernels.result import ExecutionResult, KernelError, Outcome
 from kernels.session.execution import TRIP_LOOK_S, Execution, QuotaWatch, interrupt_quietly, joined
-from kernels.session.snapshots import RestoreReport, SaveReport, Snapshots
+from kernels.session.snapshots import HOLDS_STATE_EXPRESSION, RestoreReport, SaveReport, Snapshots
 from kernels.settings import KernelSettings
 from kernels.workspace import FileStamps, Workspace, changed_files
 
@@ -37,6 +37,8 @@ THAW_FAILED_NOTICE = (
     "the workspace remain. The next execution starts a fresh kernel."
 )
 LEFTOVERS_NOTICE = "{count} background process(es) left by this code were stopped."
+#: The name of the cell's user expression that says whether a save would write anything.
+_HOLDS_STATE = "threadbook_holds_state"
 #: What the thread is told, once, when its kernel stopped without being asked to (``{why}``).
 KERNEL_LOST_THREAD_NOTICE = (
     "⚠️ This thread's kernel stopped ({why}): variables since the last save are lost; files in the "
@@ -467,6 +469,7 @@ class KernelSession:
             on_output=on_output,
             thaw=self._thaw,
             frozen=self._frozen_by_probe,
+            expressions={_HOLDS_STATE: HOLDS_STATE_EXPRESSION} if self.settings.snapshot else None,
         )
         self._execution = execution
         try:
@@ -474,6 +477,7 @@ class KernelSession:
             self.executions += 1
             self.snapshots.unsaved = True
             result = await execution.finish()
+            self.snapshots.ran(execution.expression_answers.get(_HOLDS_STATE))
             if result.outcome is Outcome.DIED and self._handle is not handle:  # lost: it could not be thawed
                 result.notice = joined(THAW_FAILED_NOTICE, result.notice)
                 self.state = "dead"

@@ -26,6 +26,7 @@ from kernels.units import human_age, human_size
 from kernels.workspace import Workspace
 
 __all__ = [
+    "HOLDS_STATE_EXPRESSION",
     "RESTORE_EXPRESSION",
     "Ask",
     "RestoreReport",
@@ -39,6 +40,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RESTORE_EXPRESSION = "__import__('threadbook_kernel.snapshot').snapshot.restore_for_bot()"
+#: Asked with every cell (a user expression of its request): whether a save would write
+#: anything (``True``/``False``). Code in the kernel may answer falsely; it would cost only its
+#: own thread's saves.
+HOLDS_STATE_EXPRESSION = "__import__('threadbook_kernel.snapshot').snapshot.holds_state()"
 #: A save may take this long before it is interrupted (a GiB of DataFrames takes a few seconds).
 SAVE_TIMEOUT_S = 120.0
 #: A restore that takes longer is interrupted and reported as failed; the turn goes on.
@@ -197,6 +202,12 @@ class Snapshots:
                 len(report.lost),
             )
         return report
+
+    def ran(self, holds_state: str | None) -> None:
+        """A cell ran; ``holds_state``: the kernel's answer to :data:`HOLDS_STATE_EXPRESSION`
+        after it (None: none came, the cell failed or was stopped). Only ``False`` (nothing a
+        save would keep, no snapshot to replace) leaves nothing unsaved."""
+        self.unsaved = holds_state != "False"
 
     def due(self, *, only_if_quick: bool) -> bool:
         """Whether a save has something to write: code ran since the last one (and, with

@@ -216,6 +216,23 @@ async def test_nothing_to_save_means_no_save(plain_pool: KernelPool) -> None:
     assert await session.save_state() is None  # nothing ran since
 
 
+async def test_a_cell_that_leaves_nothing_to_keep_is_not_followed_by_a_save(plain_pool: KernelPool) -> None:
+    """Code ran, but the namespace holds nothing a save keeps and the thread has no snapshot:
+    no save (the kernel says so with the cell's reply). Once there is something, or a snapshot
+    to replace, there is one."""
+    session = await plain_pool.get_or_start("s:nothing-kept")
+    assert (await session.execute("print(1)\n_scratch = 2")).ok
+    assert await session.save_state() is None
+    assert await asyncio.to_thread(session.workspace.saved_state) is None
+    assert (await session.execute("kept = 1")).ok
+    assert await session.save_state() is not None
+    assert (await session.execute("del kept")).ok  # the snapshot still holds it: replaced by an empty one
+    report = await session.save_state()
+    assert report is not None and report.saved == 0
+    assert (await session.execute("1 / 0")).error is not None  # no answer after a failed cell: saved all the same
+    assert await session.save_state() is not None
+
+
 async def test_planted_links_are_not_followed(plain_pool: KernelPool, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     (outside / "snapshot").mkdir(parents=True)

@@ -76,6 +76,21 @@ def restore_for_bot() -> Answer:
     return Answer(restore())
 
 
+def holds_state() -> bool:
+    """Whether a save would write anything: the user namespace holds a name a save keeps, or
+    the thread has a snapshot (a save replaces it). No value is looked at: the bot asks this
+    after every cell, and a turn that left nothing to keep is not followed by a save."""
+    if _user_names(_shell()):
+        return True
+    state = _open_state_dir(create=False)
+    if state is None:
+        return False
+    try:
+        return _existing(state, _CURRENT) is not None or _existing(state, _PREVIOUS) is not None
+    finally:
+        os.close(state)
+
+
 def save(max_bytes: int) -> dict[str, Any]:
     """Save the user namespace into the workspace's snapshot, at most ``max_bytes`` in all.
 
