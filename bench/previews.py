@@ -60,16 +60,18 @@ async def preview_cost(mode: str, root: Path, samples: int, *, sandbox: Sandbox 
             kernels={"sandbox": sandbox, "fork_server": mode == "fork", "max_upload_mb": 10},
         )
         async with Core.open(settings) as core:
-            oneshot = core.oneshot
-            assert oneshot is not None
-            if mode == "fork" and not await oneshot.wait_ready():
+            # (Before issue 44 the core held no one-shot runner of its own: the turns' one.)
+            oneshot: OneShot = getattr(core, "oneshot", None) or core.dispatcher._turns._oneshot
+            forking = hasattr(oneshot, "wait_ready") and await oneshot.wait_ready()
+            if mode == "fork" and not forking:
                 raise RuntimeError("the one-shot fork server did not start")
             chat = MemoryChat(core.dispatcher)
             added = await _added_to_a_turn(chat, llm, data, samples)
             crowd = await _crowd(core, oneshot, data)
             exports = await _exports(chat, llm, samples)
-            if mode == "fork" and oneshot.server is not None and oneshot.server.forked < samples:
-                raise RuntimeError(f"only {oneshot.server.forked} one-shots were forked")
+            server = getattr(oneshot, "server", None)
+            if mode == "fork" and server is not None and server.forked < samples:
+                raise RuntimeError(f"only {server.forked} one-shots were forked")
     result = summary(added)
     result.update(crowd)
     result.update(exports)
@@ -102,7 +104,7 @@ async def _crowd(core: Core, oneshot: OneShot, data: bytes) -> dict[str, Any]:
         await asyncio.to_thread((workspace.path / f"crowd{i}.csv").write_bytes, data)
     await preview(oneshot, workspace, "crowd0.csv", len(data))  # warm-up
     meter = CpuMeter()
-    with meter.oneshot_cgroups() if oneshot.server is None else contextlib.nullcontext():
+    with meter.oneshot_cgroups() if getattr(oneshot, "server", None) is None else contextlib.nullcontext():
         await asyncio.to_thread(meter.begin)
         started = time.perf_counter()
         texts = await asyncio.gather(*(preview(oneshot, workspace, f"crowd{i}.csv", len(data)) for i in range(CROWD)))

@@ -116,8 +116,8 @@ async def running_bot(
         async with Core.open(settings) as core:
             if core.pool.warm is not None:
                 await core.pool.warm.wait_ready(timeout=120)
-            if core.oneshot is not None:
-                await core.oneshot.wait_ready()  # its imports are the bot's start, not the turns' cost
+            if (oneshot := getattr(core, "oneshot", None)) is not None:
+                await oneshot.wait_ready()  # its imports are the bot's start, not the turns' cost
             adapter = SlackAdapter(settings.slack, core.dispatcher)
             await adapter.start()
             try:
