@@ -9,6 +9,7 @@ its message again), then disconnect. Every message goes to the core the same way
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from abc import ABC, abstractmethod
 from typing import Protocol
@@ -45,10 +46,12 @@ class PlatformAdapter(ABC):
         self._label = label
         self._tasks = BackgroundTasks(log, label)
 
-    def dispatch(self, message: InboundMessage, outbox: Outbox, *, name: str) -> None:
-        """Hand ``message`` to the core as a background task named ``name``: the admission
-        chain, the thread's line of turns and the turn all run there."""
-        self._tasks.spawn(self._dispatcher.handle(message, outbox), name=name)
+    def dispatch(self, message: InboundMessage, outbox: Outbox, *, name: str) -> asyncio.Task[None]:
+        """Hand ``message`` to the core, the one way every platform and the console do: a
+        background task named ``name`` (held, so :meth:`stop` lets it finish or cancels it) in
+        which the admission chain, the thread's line of turns and the turn all run. Await the
+        task where the platform must know when the message is handled."""
+        return self._tasks.spawn(self._dispatcher.handle(message, outbox), name=name)
 
     async def stop(self, grace_s: float = 0.0) -> None:
         """Stop taking events; give running turns ``grace_s`` to finish, cancel the rest (each

@@ -40,9 +40,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from adapters.base import PlatformAdapter
 from adapters.console_terminal import Terminal
 from adapters.tables import render_table
-from adapters.tasks import BackgroundTasks
 from bot.dispatcher import Dispatcher
 from bot.events import Attachment, CellProgress, InboundMessage, OpenReader, Reply, ThreadKey
 from bot.safetext import shown, without_terminal_control
@@ -203,7 +203,7 @@ class _ConsoleProgress:
         """Nothing was shown."""
 
 
-class ConsoleAdapter:
+class ConsoleAdapter(PlatformAdapter):
     """Drives the dispatcher from a text stream; also the :class:`~bot.events.Outbox`."""
 
     def __init__(
@@ -221,7 +221,7 @@ class ConsoleAdapter:
     ) -> None:
         """``quiet``: on a terminal, one line per step instead of its code and output;
         ``thread_folders``: files go to a folder of the thread's own under ``out_dir``."""
-        self._dispatcher = dispatcher
+        super().__init__(dispatcher, label="console")
         self.key = ThreadKey(
             "console", "local", "console", thread or time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
         )
@@ -240,7 +240,6 @@ class ConsoleAdapter:
         self._quitting = False  # the person quit: nothing more is printed
         self._turn: asyncio.Future[None] | None = None
         self._stopping = False
-        self._background = BackgroundTasks(log, "console")
 
     async def run(self) -> None:
         """Answer messages until EOF (Ctrl-D) or a quit (Ctrl-C at the prompt, or twice in a turn)."""
@@ -289,12 +288,19 @@ class ConsoleAdapter:
             )
             pending = []
             self._stopping = False
-            self._turn = asyncio.ensure_future(self._dispatcher.handle(message, self))
+            self._turn = self.dispatch(message, self, name=f"console turn {message.message_id}")
             try:
                 if not await self._unless_quit(self._turn):
                     return
             finally:
                 self._turn = None
+
+    async def _stop_intake(self) -> None:
+        """Read no more input (the console's conversation ends after the turn under way)."""
+        self._quit.set()
+
+    async def _disconnect(self) -> None:
+        """Nothing to close: stdin and stdout stay the process's."""
 
     async def _read(self, reader: _LineReader, prompt: str) -> str | None:
         """The next line without its newline; None at EOF or when the person quits."""
@@ -346,7 +352,7 @@ class ConsoleAdapter:
         if self._turn is not None and not self._turn.done() and not self._stopping:
             self._stopping = True
             self.status("stopping this answer (Ctrl-C again quits)")
-            self._background.spawn(self._stop_turn(), name="console stop")
+            self._tasks.spawn(self._stop_turn(), name="console stop")
             return
         self._quitting = True
         self._quit.set()

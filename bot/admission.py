@@ -1,49 +1,47 @@
 """Whether a message becomes a turn: one chain of rules every adapter's messages pass the same way.
 
-In order, for each message the dispatcher handles:
+The chain (:mod:`bot.chain`, rules in bolt's middleware style, put in order by
+:mod:`bot.dispatcher`), for each message any platform or the console hands the core:
 
-1. **author**: messages of bots (this one included) are ignored;
-2. **mention**: a message is for the bot when it mentions it, is a direct message, or continues
+1. **in order** (:meth:`bot.line.ThreadLine.in_order`): a thread's messages enter one at a time,
+   in the order they arrived;
+2. **author**: messages of bots (this one included) are ignored;
+3. **mention**: a message is for the bot when it mentions it, is a direct message, or continues
    a thread the bot already has a session in, where the platform answers without a mention
    (Slack: ``slack.reply_without_mention``; every other platform always does);
-3. **access**: ``access.allow_channels`` and ``access.allow_users``;
-4. **duplicate**: a platform message id is handled once, whichever replica got it (the claim
+4. **access**: ``access.allow_channels`` and ``access.allow_users``;
+5. **duplicate**: a platform message id is handled once, whichever replica got it (the claim
    is in the store);
-5. **queue**: one turn at a time per thread, in order (the dispatcher's line in the store);
-6. **budget**: when the turn's place comes, an agent turn starts only within its channel's
-   budgets (``limits``); commands are not counted. The budget is read this late so that a
-   burst of messages queued in one thread cannot all pass before the first one is counted.
+6. **queue** (:meth:`bot.line.ThreadLine.queue`): one turn at a time per thread, in order;
+7. **command** (:meth:`bot.dispatcher.Dispatcher.command`): when the turn's place comes, an
+   in-thread command runs (uncounted) and goes no further;
+8. **budget**: an agent turn starts only within its channel's budgets (``limits``). The budget
+   is read this late so that a burst of messages queued in one thread cannot all pass before
+   the first one is counted.
 
-Rules 1–4 are :meth:`Admission.screen`; rule 6 is :meth:`Admission.budget`. A platform that must
-decide before any message exists (Discord opens a thread for a mention, and acknowledges a
-slash command at once) asks :meth:`Admission.may_open`, which is rules 1 and 3 alone, so a
-person the allow-list keeps out gets no thread either.
+Rules 2–5 are :meth:`Admission.author` … :meth:`Admission.duplicate` (:attr:`Admission.screening`
+lists them); rule 8 is :meth:`Admission.budget`. A platform that must decide
+before any message exists (Discord opens a thread for a mention, and acknowledges a slash
+command at once) asks :meth:`Admission.may_open`, rules 2 and 4 alone, so a person the
+allow-list keeps out gets no thread either.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from bot.budgets import Budgets, TokenAllowance
+from bot import metrics
+from bot.budgets import Budgets
+from bot.chain import Arrival, Next, Rule
 from bot.config import Settings
-from bot.events import InboundMessage
+from bot.events import InboundMessage, Reply
 from bot.store import Store
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class BudgetCheck:
-    """The budget rule's verdict: ``refusal`` (the sentence to post) when a budget is spent,
-    and what the turn's tokens are checked against as it goes."""
-
-    refusal: str | None
-    allowance: TokenAllowance
-
-
 class Admission:
-    """The chain of rules (see the module docstring)."""
+    """The bot's own rules of the chain (see the module docstring)."""
 
     def __init__(self, settings: Settings, store: Store, budgets: Budgets) -> None:
         self._settings = settings
@@ -51,7 +49,7 @@ class Admission:
         self._budgets = budgets
 
     def may_open(self, *, platform: str, channel: str, user_id: str, is_bot: bool = False) -> bool:
-        """Rules 1 and 3 alone, for a platform that must decide before a message exists."""
+        """Rules 2 and 4 alone, for a platform that must decide before a message exists."""
         if is_bot:
             return False
         access = self._settings.access
@@ -67,25 +65,46 @@ class Admission:
             return False
         return True
 
-    async def screen(self, message: InboundMessage) -> bool:
-        """Rules 1–4: whether ``message`` is for the bot, allowed, and new. Nothing is posted
-        for a message screened out (it was not for the bot, or it was answered already)."""
-        key = message.key
-        if not self.may_open(
-            platform=key.platform, channel=key.channel, user_id=message.user_id, is_bot=message.is_bot
-        ):
-            return False
-        if not (message.mentioned or message.is_dm) and not await self._continues_session(message):
-            return False
-        if not await self._store.processed.claim(f"{key.platform}:{message.message_id}"):
-            log.info("dropped duplicate delivery of %s in %s", message.message_id, key)
-            return False
-        return True  # the thread's row is made (or marked active) when its turn is queued
+    @property
+    def screening(self) -> list[Rule]:
+        """Rules 2–5, in order: whether a message is for the bot, allowed, and new."""
+        return [self.author, self.mention, self.access, self.duplicate]
 
-    async def budget(self, message: InboundMessage) -> BudgetCheck:
-        """Rule 6, once the message's turn may start."""
-        refusal, allowance = await self._budgets.admit(message)
-        return BudgetCheck(refusal, allowance)
+    async def author(self, arrival: Arrival, proceed: Next) -> None:
+        """Rule 2: bots' messages (this bot's included) go no further."""
+        if not arrival.message.is_bot:
+            await proceed()
+
+    async def mention(self, arrival: Arrival, proceed: Next) -> None:
+        """Rule 3: a mention, a direct message, or a thread the bot follows without one."""
+        message = arrival.message
+        if message.mentioned or message.is_dm or await self._continues_session(message):
+            await proceed()
+
+    async def access(self, arrival: Arrival, proceed: Next) -> None:
+        """Rule 4: ``access.allow_channels`` and ``access.allow_users``."""
+        key = arrival.message.key
+        if self.may_open(platform=key.platform, channel=key.channel, user_id=arrival.message.user_id):
+            await proceed()
+
+    async def duplicate(self, arrival: Arrival, proceed: Next) -> None:
+        """Rule 5: a platform message id goes on once (the claim is in the store, for every replica)."""
+        message = arrival.message
+        if await self._store.processed.claim(f"{message.key.platform}:{message.message_id}"):
+            await proceed()  # the thread's row is made (or marked active) when its turn is queued
+        else:
+            log.info("dropped duplicate delivery of %s in %s", message.message_id, message.key)
+
+    async def budget(self, arrival: Arrival, proceed: Next) -> None:
+        """Rule 8, once the turn's place came and it is no command: an agent turn goes on within
+        its channel's budgets, else the person gets one sentence saying what ran out."""
+        refusal, allowance = await self._budgets.admit(arrival.message)
+        if refusal is not None:
+            metrics.turn_outcome("refused")
+            await arrival.outbox.post(Reply(text=refusal, ok=False))
+            return
+        arrival.allowance = allowance
+        await proceed()
 
     async def _continues_session(self, message: InboundMessage) -> bool:
         """An unmentioned message in a thread: for the bot when the platform follows threads

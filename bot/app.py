@@ -22,10 +22,11 @@ from bot.agent.loop import Agent
 from bot.budgets import Budgets, Clock
 from bot.commands import Commands
 from bot.config import Settings
-from bot.dispatcher import INTERRUPTED_NOTICE, Dispatcher
+from bot.dispatcher import Dispatcher
 from bot.events import Outbox, ThreadKey, ThreadReach
 from bot.health import OpsServer, Readiness
 from bot.hostpaths import HostPaths
+from bot.line import INTERRUPTED_NOTICE
 from bot.loopwatch import LoopWatchdog
 from bot.mcp.registry import McpServers
 from bot.outgoing import hiding_reach

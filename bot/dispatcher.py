@@ -1,18 +1,12 @@
-"""Every inbound message, end to end: the admission chain, the thread's line of turns, the turn.
+"""Every inbound message, end to end: the admission chain, then the turn it admits.
 
-Adapters call :meth:`Dispatcher.handle` for messages, :meth:`Dispatcher.may_open` where a
-platform must decide before any message exists (a Discord thread opened for a mention, a
-slash command acknowledged at once), :meth:`Dispatcher.stop` for a Stop button and
-:meth:`Dispatcher.feedback` for 👍/👎. Which messages become turns is :mod:`bot.admission`
-(author, mention, access, duplicate, then the queue, then the budget); this module runs that
-chain and the turn or in-thread command it admits.
-
-The line of a thread's turns is in the store (``Store.turns`` hands out tickets), so it
-holds across replicas: a turn waits until no earlier ticket of its thread is left, woken at
-once by a turn ending in this process and by polling for one ending on another replica. A
-queued or running turn stays marked in the store until it ends, so the turns of a process that
-died are found and their threads told (here, when a later message finds them ahead of it, and
-by ``bot.app.tell_interrupted``).
+Adapters call :meth:`Dispatcher.handle` for messages (the one way into the core, for every
+platform and the console), :meth:`Dispatcher.may_open` where a platform must decide before any
+message exists (a Discord thread opened for a mention, a slash command acknowledged at once),
+:meth:`Dispatcher.stop` for a Stop button and :meth:`Dispatcher.feedback` for 👍/👎. The chain
+(:mod:`bot.chain`) is one list of rules in order: :mod:`bot.line`'s arrival order, then
+:mod:`bot.admission`'s author, mention, access and duplicate rules, :mod:`bot.line`'s queue,
+and :mod:`bot.admission`'s command-or-budget rule; a message every rule hands on becomes a turn.
 
 Replicas share no kernels: before a turn, a replica whose kernel of the thread is older than
 another replica's turn drops it (the next kernel restores the saved variables), and with a
@@ -22,53 +16,26 @@ shared store every turn ends by saving the thread's variables for whichever repl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from dataclasses import dataclass, field
 
 from bot import logs, metrics
 from bot.admission import Admission
+from bot.chain import Arrival, Next, Rule, run_chain
 from bot.commands import Commands
 from bot.config import Settings
-from bot.events import InboundMessage, Outbox, Reply, ThreadKey
+from bot.events import InboundMessage, Outbox, ThreadKey
 from bot.hostpaths import HostPaths
+from bot.line import ThreadLine
 from bot.outgoing import hiding_paths
-from bot.store import QueuedTurn, Store
+from bot.store import Store
 from bot.turn import TurnRunner, kernel_options
 from kernels import KernelPool
 
 log = logging.getLogger(__name__)
 
-QUEUED_NOTICE = "⏳ I'm still working on the previous message in this thread; yours is queued and comes next."
-RESTART_NOTICE = "🔁 I was restarted while working on this message; please send it again."
-#: Posted at start-up into a thread whose turn an unclean stop (kill -9, crash) cut off.
-INTERRUPTED_NOTICE = "🔁 I was restarted while working on your message; please send it again."
 FAILURE_NOTICE = "⚠️ Something went wrong on my side while handling that message. Please try again."
-
-#: How often a queued turn looks whether the turn ahead of it ended on another replica (a
-#: turn ending in this process wakes it at once); with SQLite there is no other replica.
-POLL_SHARED_S = 0.2
-POLL_ALONE_S = 2.0
 #: How often a running turn looks whether Stop was pressed on another replica.
 STOP_POLL_S = 1.0
-
-
-@dataclass
-class _ThreadSlot:
-    """This process's messages of one thread; dropped again when none is left."""
-
-    #: Set (and replaced) each time a turn of the thread ends here.
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-    #: Held from a message's arrival until its turn is queued in the store (a FIFO lock), so
-    #: this process queues a thread's messages in the order they arrived, though the store's
-    #: connections may answer in any order.
-    intake: asyncio.Lock = field(default_factory=asyncio.Lock)
-    users: int = 0
-
-    def wake(self) -> None:
-        """Wake every turn of the thread waiting here."""
-        self.ended.set()
-        self.ended = asyncio.Event()
 
 
 class Dispatcher:
@@ -90,45 +57,49 @@ class Dispatcher:
         self._turns = turns
         self._commands = commands
         self._pool = pool
-        self._slots: dict[ThreadKey, _ThreadSlot] = {}
         self._host_paths = HostPaths.of(settings)
+        self._line = ThreadLine(store)
+        #: The admission chain, in order (see the module docstring).
+        self._chain: list[Rule] = [
+            self._line.in_order,
+            *admission.screening,
+            self._line.queue,
+            self.command,
+            admission.budget,
+        ]
 
     async def handle(self, message: InboundMessage, outbox: Outbox) -> None:
         """Handle one inbound message end to end. Never raises, except to pass on cancellation."""
-        outbox = hiding_paths(outbox, self._host_paths)  # no host path reaches any platform
-        slot = self._slots.setdefault(message.key, _ThreadSlot())  # before any await: arrival order
-        slot.users += 1
+        arrival = Arrival(message, hiding_paths(outbox, self._host_paths))  # no host path reaches any platform
+        self._line.arrive(arrival)  # before any await: arrival order
         log_context = logs.enter_turn(message.key, message.message_id)  # every line logged for it names it
         try:
-            async with slot.intake:
-                if not await self._admission.screen(message):
-                    return
-                queued = await self._store.turns.begin(message.key, message.message_id)
-            await self._serialised(message, outbox, queued, slot)
+            await run_chain(self._chain, arrival, self._run_turn)
         except asyncio.CancelledError:
-            # The bot is shutting down mid-turn: say so, so nobody waits for an answer that never comes.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(outbox.notify(RESTART_NOTICE))
-                # Told now, so the next start must not tell again; if the notice failed, the
-                # in-flight mark stays and the next start tells the thread instead.
-                await asyncio.shield(self._store.turns.end(message.key, message.message_id))
-            raise
+            raise  # the queue told the thread, if its turn was queued
         except Exception:
             log.exception("turn failed for %s message %s", message.key, message.message_id)
             try:
-                await outbox.notify(FAILURE_NOTICE)
+                await arrival.outbox.notify(FAILURE_NOTICE)
             except Exception:
                 log.exception("could not report the failure to %s", message.key)
         finally:
             logs.leave_turn(log_context)
-            slot.users -= 1
-            slot.wake()
-            if slot.users == 0:
-                self._slots.pop(message.key, None)
+            self._line.leave(arrival)
+
+    async def command(self, arrival: Arrival, proceed: Next) -> None:
+        """Rule: once the turn's place came (timed and counted by its outcome from here), an
+        in-thread command runs and goes no further; anything else goes on to the budget."""
+        message = arrival.message
+        with metrics.turn():
+            if not message.attachments and await self._commands.try_run(message, arrival.outbox):
+                metrics.turn_outcome("command")
+                return
+            await proceed()
 
     def waiting_turns(self) -> list[int]:
         """For each thread with messages of this process waiting behind its running turn: how many (metrics)."""
-        return [slot.users - 1 for slot in self._slots.values() if slot.users > 1]
+        return self._line.waiting_turns()
 
     def running(self, key: ThreadKey) -> bool:
         """Whether a turn of the thread runs in this process now."""
@@ -171,42 +142,18 @@ class Dispatcher:
         message exists (:meth:`bot.admission.Admission.may_open`)."""
         return self._admission.may_open(platform=platform, channel=channel, user_id=user_id, is_bot=is_bot)
 
-    async def _serialised(self, message: InboundMessage, outbox: Outbox, queued: QueuedTurn, slot: _ThreadSlot) -> None:
-        """Wait for the queued turn's turn, run it; its mark in the store goes when it ends."""
-        key = message.key
-        try:
-            if queued.ahead:  # else it is first in line already
-                await outbox.notify(QUEUED_NOTICE)
-                await self._wait_for_turn(key, queued.ticket, slot, outbox)
-            await self._run_turn(message, outbox)
-        except asyncio.CancelledError:
-            raise  # shutdown: handle() clears the mark once the restart notice is out
-        except BaseException:
-            await self._store.turns.end(key, message.message_id)
-            raise
-        await self._store.turns.end(key, message.message_id)
-
-    async def _wait_for_turn(self, key: ThreadKey, ticket: int, slot: _ThreadSlot, outbox: Outbox) -> None:
-        poll = POLL_SHARED_S if self._store.shared else POLL_ALONE_S
-        while True:
-            check = await self._store.turns.check(key, ticket)
-            if check.interrupted:  # the turn ahead died with its replica: the thread hears it once
-                await outbox.notify(INTERRUPTED_NOTICE)
-            if check.ready:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(slot.ended.wait(), poll)
-
-    async def _run_turn(self, message: InboundMessage, outbox: Outbox) -> None:
-        """Run the turn with this replica's kernel up to date, and leave the variables saved
-        for the next replica when replicas share the store."""
+    async def _run_turn(self, arrival: Arrival) -> None:
+        """The handler at the chain's end: run the turn with this replica's kernel up to date, and
+        leave the variables saved for the next replica when replicas share the store."""
+        message, outbox, allowance = arrival.message, arrival.outbox, arrival.allowance
+        assert allowance is not None, "the budget rule comes before the turn"
         await self._take_kernel(message.key)
         if not self._store.shared:
-            await self._run(message, outbox)
+            await self._turns.run(message, outbox, allowance)
             return
         watcher = asyncio.create_task(self._watch_for_stop(message), name=f"stop-watch {message.message_id}")
         try:
-            await self._run(message, outbox)
+            await self._turns.run(message, outbox, allowance)
         finally:
             watcher.cancel()
         kernel_key = str(message.key)  # the kernel layer's name of the thread
@@ -242,15 +189,3 @@ class Dispatcher:
                     return
             except Exception:
                 log.exception("could not look for a Stop of %s", message.key)
-
-    async def _run(self, message: InboundMessage, outbox: Outbox) -> None:
-        with metrics.turn():  # counts the turn by its outcome, and times it
-            if not message.attachments and await self._commands.try_run(message, outbox):
-                metrics.turn_outcome("command")
-                return
-            check = await self._admission.budget(message)
-            if check.refusal is not None:
-                metrics.turn_outcome("refused")
-                await outbox.post(Reply(text=check.refusal, ok=False))
-                return
-            await self._turns.run(message, outbox, check.allowance)

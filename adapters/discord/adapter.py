@@ -294,7 +294,8 @@ class DiscordAdapter(PlatformAdapter):
             inbound = to_inbound(message, key=key, bot_id=me.id, download=self._download)
             if isinstance(channel, discord.Thread) and is_post_start(message, channel):
                 inbound = self._forum_post(inbound, channel)
-            await self._dispatcher.handle(inbound, self._outbox(channel, message, key, turn_id=inbound.message_id))
+            outbox = self._outbox(channel, message, key, turn_id=inbound.message_id)
+            await self.dispatch(inbound, outbox, name=f"discord turn {inbound.message_id}")
         except Exception:
             log.exception("handling Discord message %s failed", message.id)
 
@@ -384,7 +385,8 @@ class DiscordAdapter(PlatformAdapter):
             if not self._may_open(key.channel, interaction.user):
                 await replies.say(NOT_ALLOWED)
                 return
-            await self._dispatcher.handle(self._interaction_message(interaction, key, text), replies)
+            command = self._interaction_message(interaction, key, text)
+            await self.dispatch(command, replies, name=f"discord command {command.message_id}")
         except Exception:
             log.exception("Discord command %r (interaction %s) failed", text, interaction.id)
         finally:
@@ -428,7 +430,8 @@ class DiscordAdapter(PlatformAdapter):
             key = session_key(session)
             attachments = (attachment_of(attachment, self._download),) if attachment is not None else ()
             inbound = self._interaction_message(interaction, key, question.strip(), attachments=attachments)
-            await self._dispatcher.handle(inbound, self._outbox(session, source, key, turn_id=inbound.message_id))
+            outbox = self._outbox(session, source, key, turn_id=inbound.message_id)
+            await self.dispatch(inbound, outbox, name=f"discord ask {inbound.message_id}")
         except Exception:
             log.exception("Discord /ask (interaction %s) failed", interaction.id)
             if not answered:

@@ -257,7 +257,9 @@ class SlackAdapter(PlatformAdapter):
     async def _dispatch_viewing(self, message: InboundMessage, outbox: SlackOutbox, channel: str) -> None:
         """Ask Slack whether the author is a member of the channel they view, then hand on the turn."""
         viewing = await self._in_view.describe(channel, message.user_id)
-        await self._dispatcher.handle(dataclasses.replace(message, viewing=viewing), outbox)
+        await self.dispatch(
+            dataclasses.replace(message, viewing=viewing), outbox, name=f"slack turn {message.message_id}"
+        )
 
     async def _on_home_opened(self, event: Mapping[str, Any], context: AsyncBoltContext) -> None:
         """The app's Messages tab was opened: greet the person the first time ever (remembered in

@@ -13,10 +13,11 @@ import pytest_asyncio
 from bot.admission import Admission
 from bot.app import Core
 from bot.budgets import Budgets
+from bot.chain import Arrival, run_chain
 from bot.events import InboundMessage, ThreadKey
 from bot.store import Store
 from tests.conftest import make_settings
-from tests.fakes.memory import MemoryChat
+from tests.fakes.memory import MemoryChat, MemoryOutbox
 from tests.fakes.openai_server import ScriptedOpenAI, answer
 from tests.slack.conftest import running_bot
 
@@ -26,6 +27,18 @@ DISCORD_THREAD = ThreadKey("discord", "G1", "C2", "99")
 
 def message(key: ThreadKey, message_id: str, **fields: Any) -> InboundMessage:
     return InboundMessage(key=key, message_id=message_id, user_id="U1", user_name="Ana", text="hi", **fields)
+
+
+async def screened(admission: Admission, message: InboundMessage) -> bool:
+    """Whether ``message`` passes the screening rules (author, mention, access, duplicate), run
+    as the dispatcher's chain runs them."""
+    passed: list[Arrival] = []
+
+    async def handler(arrival: Arrival) -> None:
+        passed.append(arrival)
+
+    await run_chain(admission.screening, Arrival(message, MemoryOutbox()), handler)
+    return bool(passed)
 
 
 async def chain(tmp_path: Path, store: Store, **sections: dict[str, Any]) -> Admission:
@@ -41,28 +54,28 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 
 async def test_author_mention_access_and_duplicates_in_that_order(tmp_path: Path, store: Store) -> None:
     admission = await chain(tmp_path, store)
-    assert not await admission.screen(message(SLACK_THREAD, "m0", is_bot=True))
+    assert not await screened(admission, message(SLACK_THREAD, "m0", is_bot=True))
     # Not for the bot: no mention, no DM, a thread it has no session in.
-    assert not await admission.screen(message(SLACK_THREAD, "m1", mentioned=False))
-    assert not await admission.screen(message(DISCORD_THREAD, "m1", mentioned=False))
-    assert await admission.screen(message(SLACK_THREAD, "m2"))
-    assert not await admission.screen(message(SLACK_THREAD, "m2"))  # the platform's retry
-    assert await admission.screen(message(DISCORD_THREAD, "m2"))  # another platform's id
-    assert await admission.screen(message(DISCORD_THREAD, "m3", is_dm=True, mentioned=False))
+    assert not await screened(admission, message(SLACK_THREAD, "m1", mentioned=False))
+    assert not await screened(admission, message(DISCORD_THREAD, "m1", mentioned=False))
+    assert await screened(admission, message(SLACK_THREAD, "m2"))
+    assert not await screened(admission, message(SLACK_THREAD, "m2"))  # the platform's retry
+    assert await screened(admission, message(DISCORD_THREAD, "m2"))  # another platform's id
+    assert await screened(admission, message(DISCORD_THREAD, "m3", is_dm=True, mentioned=False))
     # Once the bot has a session in a thread, it follows the thread without a mention.
     await store.threads.touch(SLACK_THREAD)
     await store.threads.touch(DISCORD_THREAD)
-    assert await admission.screen(message(SLACK_THREAD, "m4", mentioned=False))
-    assert await admission.screen(message(DISCORD_THREAD, "m4", mentioned=False))
+    assert await screened(admission, message(SLACK_THREAD, "m4", mentioned=False))
+    assert await screened(admission, message(DISCORD_THREAD, "m4", mentioned=False))
 
 
 async def test_slack_without_reply_without_mention_needs_a_mention_in_its_threads(tmp_path: Path, store: Store) -> None:
     admission = await chain(tmp_path, store, slack={"reply_without_mention": False})
     await store.threads.touch(SLACK_THREAD)
     await store.threads.touch(DISCORD_THREAD)
-    assert not await admission.screen(message(SLACK_THREAD, "m1", mentioned=False))
-    assert await admission.screen(message(SLACK_THREAD, "m2"))
-    assert await admission.screen(message(DISCORD_THREAD, "m1", mentioned=False))  # Slack's setting only
+    assert not await screened(admission, message(SLACK_THREAD, "m1", mentioned=False))
+    assert await screened(admission, message(SLACK_THREAD, "m2"))
+    assert await screened(admission, message(DISCORD_THREAD, "m1", mentioned=False))  # Slack's setting only
 
 
 async def test_the_allow_list_keeps_people_out_before_any_thread_opens(tmp_path: Path, store: Store) -> None:
@@ -71,8 +84,8 @@ async def test_the_allow_list_keeps_people_out_before_any_thread_opens(tmp_path:
     assert not admission.may_open(platform="slack", channel="C9", user_id="U1")
     assert not admission.may_open(platform="slack", channel="C1", user_id="U2")
     assert not admission.may_open(platform="slack", channel="C1", user_id="U1", is_bot=True)
-    assert not await admission.screen(message(ThreadKey("slack", "T1", "C9", "1.0"), "m1"))
-    assert await admission.screen(message(SLACK_THREAD, "m1"))
+    assert not await screened(admission, message(ThreadKey("slack", "T1", "C9", "1.0"), "m1"))
+    assert await screened(admission, message(SLACK_THREAD, "m1"))
     assert not await store.processed.claim("slack:m1")  # the admitted message's id was claimed
 
 

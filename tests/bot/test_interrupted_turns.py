@@ -24,8 +24,9 @@ from bot.admission import Admission
 from bot.app import tell_interrupted
 from bot.budgets import Budgets, TokenAllowance
 from bot.commands import Commands
-from bot.dispatcher import FAILURE_NOTICE, INTERRUPTED_NOTICE, QUEUED_NOTICE, RESTART_NOTICE, Dispatcher
+from bot.dispatcher import FAILURE_NOTICE, Dispatcher
 from bot.events import InboundMessage, Outbox, Reply, ThreadKey
+from bot.line import INTERRUPTED_NOTICE, QUEUED_NOTICE, RESTART_NOTICE
 from bot.store import Store
 from kernels.oneshot import OneShot
 from tests.conftest import make_settings

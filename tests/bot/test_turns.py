@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from bot.app import Core
-from bot.dispatcher import QUEUED_NOTICE
+from bot.line import QUEUED_NOTICE
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat, MemoryOutbox, bytes_attachment
 from tests.fakes.openai_server import ScriptedOpenAI, answer, error, tool_call

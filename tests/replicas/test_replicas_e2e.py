@@ -21,7 +21,7 @@ import pytest_asyncio
 import yaml
 
 from bench.gateway import free_port
-from bot.dispatcher import INTERRUPTED_NOTICE, RESTART_NOTICE
+from bot.line import INTERRUPTED_NOTICE, RESTART_NOTICE
 from tests.conftest import kernel_config
 from tests.fakes.bot_process import BotProcesses, eventually
 from tests.fakes.openai_server import ScriptedOpenAI, answer, delay, tool_call

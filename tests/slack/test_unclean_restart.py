@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from bot.dispatcher import INTERRUPTED_NOTICE, RESTART_NOTICE
+from bot.line import INTERRUPTED_NOTICE, RESTART_NOTICE
 from tests.conftest import kernel_config
 from tests.fakes.bot_process import BotProcesses, eventually, in_flight_marks
 from tests.fakes.openai_server import ScriptedOpenAI, delay
