@@ -86,7 +86,7 @@ PHASE_METHODS = (
     ("bot.database", "_Postgres", "write", "store"),
 )
 #: Threads of the bot's process counted to a phase by their name (prefix → phase).
-THREAD_PHASES = (("store", "store"), ("quota-", "execute"))
+THREAD_PHASES = (("store", "store"), ("quota-", "execute"), ("kernel-freeze", "freeze"))
 
 
 def current(phases: tuple[str, ...]) -> str:

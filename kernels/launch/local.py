@@ -30,6 +30,7 @@ dies with the bot, frozen or not.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import resource
 import shutil
@@ -398,7 +399,8 @@ class LocalKernelHandle:
     async def freeze(self) -> bool:
         """Freeze the kernel's cgroup; without one, SIGSTOP its process tree. True once frozen
         (its CPU time is read in the same trip to a thread: see :meth:`cpu_seconds`)."""
-        frozen, self._frozen_cpu = await asyncio.to_thread(self._freeze_and_read)
+        loop = asyncio.get_running_loop()
+        frozen, self._frozen_cpu = await loop.run_in_executor(_freezers(), self._freeze_and_read)
         return frozen
 
     def _freeze_and_read(self) -> tuple[bool, float | None]:
@@ -427,6 +429,22 @@ class LocalKernelHandle:
         if self._frozen_cpu is not None:
             return self._frozen_cpu
         return await asyncio.to_thread(freezing.cpu_seconds, self.cgroup, self.pid)
+
+
+#: Threads that freeze kernels (:func:`_freezers`).
+FREEZER_THREADS = 32
+_freezer_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _freezers() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads freezes run in, apart from the default executor: a freeze waits until every
+    thread of the kernel has stopped, tens of milliseconds when the cores are busy, and a
+    hundred kernels freezing at once held every default worker (6 on 2 cores) while the
+    other trips to a thread (walks, thaws, sweeps) waited behind them."""
+    global _freezer_pool
+    if _freezer_pool is None:
+        _freezer_pool = concurrent.futures.ThreadPoolExecutor(FREEZER_THREADS, thread_name_prefix="kernel-freeze")
+    return _freezer_pool
 
 
 def _tree_pss(pid: int | None) -> int | None:
