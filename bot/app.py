@@ -30,6 +30,7 @@ from bot.line import INTERRUPTED_NOTICE
 from bot.loopwatch import LoopWatchdog
 from bot.mcp.registry import McpServers
 from bot.outgoing import hiding_reach
+from bot.record import TurnRecords
 from bot.schedules.runner import POLL_S, Scheduler
 from bot.sources.registry import Sources
 from bot.store import Store
@@ -109,7 +110,8 @@ class Core:
             stack.push_async_callback(oneshot.close)
             turns = TurnRunner(
                 settings=settings,
-                store=store,
+                records=TurnRecords(store.transcripts, store.usage),
+                threads=store.threads,
                 pool=pool,
                 agent=agent,
                 budgets=budgets,

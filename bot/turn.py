@@ -24,10 +24,11 @@ from bot.events import Chart, FileOut, ImageOut, InboundMessage, Outbox, Progres
 from bot.live import LiveCell
 from bot.mcp.registry import McpServers
 from bot.mcp.tool import McpTool, tools_for
+from bot.record import TurnRecord, TurnRecords
 from bot.safetext import shown
 from bot.sources.registry import Sources
 from bot.sources.tool import SqlTool
-from bot.store import NOTICE_ROLE, Store, Transcripts
+from bot.store import Threads
 from bot.transcript import NewCell
 from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace, safefs
 from kernels.oneshot import OneShot
@@ -116,8 +117,8 @@ class _Turn:
     progress: Progress
     outputs: Outputs
     has_files: bool
-    #: The turn's row in the usage table, and the token budget it started with.
-    usage_row: int
+    #: What the turn records (transcript, usage), and the token budget it started with.
+    record: TurnRecord
     allowance: TokenAllowance
     #: The policy in force for the thread (:meth:`TurnRunner.policy`).
     policy: ChannelPolicy
@@ -135,8 +136,7 @@ class _RecordingRunner:
     """
 
     session: KernelSession
-    transcripts: Transcripts
-    key: ThreadKey
+    record: TurnRecord
     turn: _ActiveTurn
     packages: PackageInstaller | None = None
     progress: Progress | None = None
@@ -145,7 +145,6 @@ class _RecordingRunner:
     results: list[ExecutionResult] = field(default_factory=list)
     #: Lines for the reply (packages installed, installs that failed).
     notes: list[str] = field(default_factory=list)
-    _writes: list[asyncio.Task[None]] = field(default_factory=list)
     #: Missing modules already dealt with in this turn: each is installed (and re-run) once.
     _provided: dict[str, PackageOutcome] = field(default_factory=dict)
 
@@ -197,13 +196,8 @@ class _RecordingRunner:
     def _record(self, code: str, result: ExecutionResult) -> ExecutionResult:
         self.results.append(result)
         metrics.execution(result.outcome.value, result.duration_s)
-        # Stored while the model reads the result (the store keeps the order of its writes).
-        self._writes.append(asyncio.create_task(self.transcripts.add_cell(self.key, NewCell.of(code, result))))
+        self.record.add_cell(NewCell.of(code, result))  # stored while the model reads the result
         return result
-
-    async def stored(self) -> None:
-        """Wait until every cell of the turn is in the store."""
-        await asyncio.gather(*self._writes)
 
 
 class TurnRunner:
@@ -213,7 +207,8 @@ class TurnRunner:
         self,
         *,
         settings: Settings,
-        store: Store,
+        records: TurnRecords,
+        threads: Threads,
         pool: KernelPool,
         agent: Agent,
         budgets: Budgets,
@@ -222,7 +217,9 @@ class TurnRunner:
         sources: Sources | None = None,
         mcp: McpServers | None = None,
     ) -> None:
-        """``oneshot``: where upload previews are computed; ``packages``: installs missing
+        """``records``: where each turn records what it did (transcript, usage); ``threads``:
+        which channel a direct-message thread took its policy from; ``oneshot``: where upload
+        previews are computed; ``packages``: installs missing
         modules on demand (None: never); ``sources``: the data sources channels may be granted
         (the ``sql`` tool); ``mcp``: the MCP servers channels may be granted (their tools)."""
         self._oneshot = oneshot
@@ -231,7 +228,8 @@ class TurnRunner:
         self._settings = settings
         self._budgets = budgets
         self._packages = packages
-        self._store = store
+        self._records = records
+        self._threads = threads
         self._pool = pool
         self._agent = agent
         self._active: dict[ThreadKey, _ActiveTurn] = {}
@@ -255,7 +253,7 @@ class TurnRunner:
         started while its author viewed a channel they are a member of, that one's system prompt,
         data folder and sources over the DM's own (:meth:`~bot.config.ChannelPolicy.in_view_of`)."""
         own = self._settings.policy_for(key.channel_key)
-        viewed = await self._store.threads.viewed_channel(key) if self._settings.channels else None
+        viewed = await self._threads.viewed_channel(key) if self._settings.channels else None
         if not viewed or viewed not in self._settings.channels:
             return own
         return own.in_view_of(self._settings.channels[viewed])
@@ -266,9 +264,9 @@ class TurnRunner:
         viewing = message.viewing
         if viewing is None or viewing.key not in self._settings.channels:
             return
-        if await self._store.threads.viewed_channel(message.key) is not None:
+        if await self._threads.viewed_channel(message.key) is not None:
             return  # decided by an earlier turn of the thread
-        decided = await self._store.threads.decide_viewed_channel(message.key, viewing.key if viewing.member else "")
+        decided = await self._threads.decide_viewed_channel(message.key, viewing.key if viewing.member else "")
         if decided == viewing.key:
             await outbox.notify(VIEWED_CHANNEL_NOTICE.format(name=viewing.name))
         elif not viewing.member and decided == "":
@@ -297,7 +295,7 @@ class TurnRunner:
         else:  # only a direct-message thread takes a viewed channel's policy
             policy = self._settings.policy_for(key.channel_key)
         model = policy.model or self._settings.llm.model
-        row = await self._store.usage.begin(key, model=model, user_id=message.user_id, at=self._budgets.clock())
+        record = await self._records.open(key, model=model, user_id=message.user_id, at=self._budgets.clock())
         turn = _ActiveTurn()
         self._active[key] = turn
         progress = outbox.progress()
@@ -314,7 +312,7 @@ class TurnRunner:
                     progress,
                     outputs,
                     bool(intake.saved),
-                    row,
+                    record,
                     allowance,
                     policy,
                     intake,
@@ -368,7 +366,7 @@ class TurnRunner:
         """The agent loop against the thread's (leased) kernel, then the reply."""
         key = t.message.key
         t.active.session = session
-        kernel_is_fresh = session.fresh and await self._store.transcripts.cell_count(key) > 0
+        kernel_is_fresh = session.fresh and await t.record.ran_code_before()
         if t.uploads.saved:  # previews come from fresh sandboxed one-shots, never from here or the thread's kernel
             saved = await add_previews(t.uploads.saved, t.workspace, self._oneshot)
             t.user_content = f"{t.user_content}\n\n{describe_for_model(saved, t.uploads.refused)}".strip()
@@ -387,8 +385,7 @@ class TurnRunner:
         live = LiveCell(t.progress)
         runner = _RecordingRunner(
             session=session,
-            transcripts=self._store.transcripts,
-            key=key,
+            record=t.record,
             turn=t.active,
             packages=self._packages,
             progress=t.progress,
@@ -416,7 +413,7 @@ class TurnRunner:
         started = time.time()
         try:
             result = await self._agent.run_turn(
-                history=await self._store.transcripts.history(key),
+                history=await t.record.history(),
                 user_content=t.user_content,
                 runner=runner,
                 system_prompt=system_prompt,
@@ -432,16 +429,14 @@ class TurnRunner:
             # Also when the turn fails: the cells that ran belong in the store, and a failed
             # write must surface instead of vanishing with an unawaited task.
             await live.close()
-            await runner.stored()
+            await t.record.cells_stored()
         metrics.turn_outcome(result.stop_reason)
         # A failed model request leaves new_messages empty: nothing of it (not even the user's
         # message) enters the history, so the next turn replays only exchanges that worked.
         # Our own notes are stored as notices, which history() never returns to the model.
         if result.new_messages:
-            notice = [{"role": NOTICE_ROLE, "content": result.notice}] if result.notice else []
-            await self._store.transcripts.add_messages(key, [*result.new_messages, *notice], user_id=t.message.user_id)
-        await self._store.usage.add(
-            t.usage_row,
+            await t.record.add_messages(result.new_messages, notice=result.notice, user_id=t.message.user_id)
+        await t.record.add_usage(
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,
             # The CPU time the kernel's processes really used (threads a cell started, and the
