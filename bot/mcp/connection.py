@@ -29,7 +29,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from bot.mcp.hiding import Hider, one_line
+from bot.mcp.hiding import Hider
 from bot.mcp.settings import McpServerSettings
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,7 @@ class Connection:
             )
         if self._stale:
             return _Stale()
-        said = self._hider.hide(one_line(exc.message, 200))
+        said = self._hider.line(exc.message, 200)
         return CallFailed(f"The MCP server `{self.name}` refused the call: {said}", "failed")
 
     def _timed_out(self) -> CallFailed:
@@ -392,7 +392,7 @@ class Connection:
                 continue
             if not line:
                 return
-            text = self._hider.hide(one_line(line.decode("utf-8", "replace"), STDERR_LINE_CHARS))
+            text = self._hider.line(line.decode("utf-8", "replace"), STDERR_LINE_CHARS)
             if text:
                 log.info("MCP server %s (stderr): %s", self.name, text)
 
@@ -430,7 +430,7 @@ def _why(exc: BaseException, hider: Hider) -> str:
     if isinstance(exc, httpx2.HTTPStatusError):
         return f"HTTP {exc.response.status_code}"
     if isinstance(exc, MCPError):
-        return hider.hide(one_line(exc.message, 120))
+        return hider.line(exc.message, 120)
     if isinstance(exc, FileNotFoundError):
         return "its command was not found"
     if isinstance(exc, PermissionError):

@@ -39,6 +39,12 @@ class Hider:
                 data = data.replace(secret, HIDDEN.encode())
         return data
 
+    def line(self, text: str, limit: int = 300) -> str:
+        """``text`` as one line of at most ``limit`` characters, secrets hidden: before the cut,
+        which could leave a secret's beginning that no longer matches (and again after the
+        spaces are joined, which could make one)."""
+        return self.hide(one_line(self.hide(text), limit))
+
     def with_more(self, secrets: Iterable[str]) -> Hider:
         """A hider of these secrets and ``secrets``."""
         return Hider([*self._secrets, *secrets])

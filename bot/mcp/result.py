@@ -58,7 +58,7 @@ async def present(result: types.CallToolResult, *, function: str, workspace: Wor
     result.content = []
     if result.is_error:
         said = " ".join(part.text for part in content if isinstance(part, types.TextContent))
-        said = hider.hide(one_line(said, 300)) or "no reason given"
+        said = hider.line(said, 300) or "no reason given"
         return Presented(f"The tool reported an error: {said}", error=True)
     texts = [part.text for part in content if isinstance(part, types.TextContent)]
     others = [part for part in content if not isinstance(part, types.TextContent)]
@@ -112,7 +112,7 @@ async def _other(part: types.ContentBlock, function: str, workspace: Workspace, 
             return f"A resource ({resource.mime_type or 'text'}, {size:,} characters) is saved as `{saved}`."
         return await _blob("A resource", resource.blob, resource.mime_type, name, workspace, hider, out)
     if isinstance(part, types.ResourceLink):
-        what = hider.hide(one_line(f"{part.name}: {part.uri}", 300))
+        what = hider.line(f"{part.name}: {part.uri}", 300)
         return f"A link to a resource (not fetched): {what}"
     return f"A part of type {one_line(str(getattr(part, 'type', 'unknown')), 40)} was left out."
 

@@ -82,6 +82,12 @@ async def test_an_error_result_is_one_sentence(workspace: Workspace) -> None:
     assert told == "The tool reported an error: closed for maintenance [hidden]" and files == []
 
 
+async def test_an_error_cut_across_a_secret_shows_no_part_of_it(workspace: Workspace) -> None:
+    # The sentence is cut to 300 characters: cut first, the secret's beginning would survive it.
+    told, _ = await show(workspace, result(text("x" * 290 + f" {SECRET}"), error=True))
+    assert SECRET[:8] not in told and told.endswith("[hidden]")
+
+
 async def test_images_and_resources_are_saved_for_the_kernel(workspace: Workspace) -> None:
     png = tiny_png()
     image = types.ImageContent(type="image", data=base64.b64encode(png).decode(), mime_type="image/png")
