@@ -24,8 +24,9 @@ from typing import Any
 
 from adapters.slack.blocks import CHARTS_PER_MESSAGE, NativeKind, NativeTable, chart_block, table_block
 from adapters.slack.render import Mrkdwn, mrkdwn, mrkdwn_chunks
+from adapters.tables import aligned
 from bot.events import FileOut, ImageOut, Reply, Table
-from bot.tables import answer_parts, to_csv, to_markdown
+from bot.tables import answer_parts, to_csv
 
 log = logging.getLogger("threadbook.slack")
 
@@ -123,7 +124,7 @@ def pieces(text: str, support: NativeSupport) -> list[Piece]:
         if native.kind == "table" and not support.allows("table") and support.allows("data_table"):
             native = table_block(part, data_table=True)  # a workspace without table blocks may have data tables
         if not support.allows(native.kind):
-            prose.append(to_markdown(part))
+            prose.append(_as_code(part))
             continue
         if prose:
             out.append("\n".join(prose))
@@ -181,7 +182,7 @@ def _answer_table(piece: TablePiece, lead: Mrkdwn | None) -> Post:
     blocks = [*([section(lead)] if lead is not None else []), piece.native.block]
     if piece.note:
         blocks.append(section(mrkdwn(piece.note)))
-    table = to_markdown(piece.table) + (f"\n\n{piece.note}" if piece.note else "")
+    table = _as_code(piece.table) + (f"\n\n{piece.note}" if piece.note else "")
     fallback: list[Mrkdwn | str] = [*([lead] if lead is not None else []), table]
     text = lead if lead is not None else mrkdwn(_summary(piece.table))
     return Post(text, tuple(blocks), piece.native.kind, tuple(fallback))
@@ -196,7 +197,7 @@ def _shown_table(table: Table, support: NativeSupport) -> Post:
     if native.cut:
         where = f"; the whole table is attached as {_code(table.file)}" if table.file else ""
         note = f"_{_not_shown(native)}{where}._"
-    fallback = f"{caption}\n\n{to_markdown(table)}" + (f"\n\n{note}" if note else "")
+    fallback = f"{caption}\n\n{_as_code(table)}" + (f"\n\n{note}" if note else "")
     if not support.allows(native.kind):
         texts = tuple(mrkdwn_chunks(fallback))
         return Post(texts[0], (), None, texts)
@@ -223,6 +224,13 @@ def _summary(table: Table) -> str:
     return f"A table of {len(table.rows):,} rows and {table.columns} columns."
 
 
+def _as_code(table: Table) -> str:
+    """``table`` as the aligned code block of its fallback, in Markdown: never as a Markdown table
+    read again (a cell with a backtick can make that prose, its links and marks live)."""
+    return "\n".join(aligned(table))
+
+
 def _code(text: str) -> str:
-    """Text as inline code in Markdown (a backtick in it cannot end the span)."""
-    return f"`` {text} ``" if "`" in text else f"`{text}`"
+    """Untrusted text as inline code in Markdown: its backticks are shown as ``ˋ``, since a
+    run of them could end any span early and let the rest (a link, marks) out as prose."""
+    return f"`{text.replace('`', 'ˋ')}`"

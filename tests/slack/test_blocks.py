@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from adapters.slack.blocks import chart_block, plain_cell, table_block
-from bot.events import Chart, Number, Series, Table
+from adapters.slack.layout import NativeSupport, lay_out
+from bot.events import Chart, Number, Reply, Series, Table
 from tests.fakes.slack_blocks import check_blocks
 
 
@@ -123,3 +124,23 @@ def test_the_fake_refuses_what_slack_refuses() -> None:
     assert block is not None
     assert check_blocks([block, block, block]) is not None  # two charts a message
     assert check_blocks([{**block, "title": "x" * 51}]) is not None
+
+
+def test_a_shown_tables_caption_and_fallback_hold_no_live_link_or_mark() -> None:
+    # A frame's name and cells come from the kernel: backticks in them must not end the code
+    # they are shown in, nor stop the fallback's table from being a code block.
+    hostile = Table(
+        header=("`x", "y`"),
+        rows=(("[click](https://evil.example/b)", "<!channel> *bold*"),),
+        caption="x`` [click me](https://evil.example/a) ``y (1 rows × 2 columns)",
+        total_rows=1,
+        total_columns=2,
+        file="x.csv",
+    )
+    refused = NativeSupport()
+    refused.refuse("data_table", "invalid_blocks")
+    [native] = lay_out([], Reply(text="", tables=(hostile,)), NativeSupport(), [])[0].posts
+    [fallback] = lay_out([], Reply(text="", tables=(hostile,)), refused, [])[0].posts
+    for text in [native.text.text, *(t.text for t in fallback.fallback_texts())]:
+        assert "<https://evil" not in text and "<!channel>" not in text and "*bold*" not in text.split("```")[0]
+    assert "[click](https://evil.example/b) | &lt;!channel&gt; *bold*" in fallback.fallback_texts()[0].text
