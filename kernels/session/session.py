@@ -97,6 +97,8 @@ class KernelSession:
         #: the last :meth:`take_cpu_seconds` (None: this kernel's CPU time is not known).
         self._cpu_read: float | None = None
         self._cpu_untaken: float | None = None
+        #: Ask the kernel with each cell whether a save would keep anything (see :meth:`_run`).
+        self._ask_holds_state = settings.snapshot
 
     @property
     def fresh(self) -> bool:
@@ -260,6 +262,7 @@ class KernelSession:
         self.executions = 0
         self._inherited = False
         self._frozen = False
+        self._ask_holds_state = self.settings.snapshot
         self._cpu_read = await self._handle.cpu_seconds()  # its start is not the thread's to pay
         if self._cpu_read is not None and self._cpu_untaken is None:
             self._cpu_untaken = 0.0
@@ -469,7 +472,9 @@ class KernelSession:
             on_output=on_output,
             thaw=self._thaw,
             frozen=self._frozen_by_probe,
-            expressions={_HOLDS_STATE: HOLDS_STATE_EXPRESSION} if self.settings.snapshot else None,
+            # Asked until the kernel says it holds something: then it almost always goes on
+            # holding something, and the question costs each cell ~0.5 ms.
+            expressions={_HOLDS_STATE: HOLDS_STATE_EXPRESSION} if self._ask_holds_state else None,
         )
         self._execution = execution
         try:
@@ -477,7 +482,9 @@ class KernelSession:
             self.executions += 1
             self.snapshots.unsaved = True
             result = await execution.finish()
-            self.snapshots.ran(execution.expression_answers.get(_HOLDS_STATE))
+            holds_state = execution.expression_answers.get(_HOLDS_STATE)
+            self.snapshots.ran(holds_state)
+            self._ask_holds_state = self._ask_holds_state and holds_state != "True"
             if result.outcome is Outcome.DIED and self._handle is not handle:  # lost: it could not be thawed
                 result.notice = joined(THAW_FAILED_NOTICE, result.notice)
                 self.state = "dead"
