@@ -191,11 +191,11 @@ def _answer_table(piece: TablePiece, lead: Mrkdwn | None) -> Post:
 def _shown_table(table: Table, support: NativeSupport) -> Post:
     """A table the code showed: a data table captioned with the frame's name and size, and the
     file that holds it whole."""
-    caption = f"📋 {_code(table.caption)}"
+    caption = f"📋 {code_span(table.caption)}"
     native = table_block(table, caption=table.caption, data_table=True)
     note = ""
     if native.cut:
-        where = f"; the whole table is attached as {_code(table.file)}" if table.file else ""
+        where = f"; the whole table is attached as {code_span(table.file)}" if table.file else ""
         note = f"_{_not_shown(native)}{where}._"
     fallback = f"{caption}\n\n{_as_code(table)}" + (f"\n\n{note}" if note else "")
     if not support.allows(native.kind):
@@ -230,7 +230,7 @@ def _as_code(table: Table) -> str:
     return "\n".join(aligned(table))
 
 
-def _code(text: str) -> str:
+def code_span(text: str) -> str:
     """Untrusted text as inline code in Markdown: its backticks are shown as ``ˋ``, since a
     run of them could end any span early and let the rest (a link, marks) out as prose."""
     return f"`{text.replace('`', 'ˋ')}`"

@@ -32,6 +32,7 @@ from adapters.slack.layout import (
     NativeSupport,
     Post,
     TablePiece,
+    code_span,
     lay_out,
     pieces,
 )
@@ -304,7 +305,7 @@ class SlackOutbox:
             if file.size > MAX_UPLOAD_BYTES:
                 notes.append(
                     mrkdwn(
-                        f":package: {_code(name)} is over {human_size(MAX_UPLOAD_BYTES)}, so it stays in "
+                        f":package: {code_span(name)} is over {human_size(MAX_UPLOAD_BYTES)}, so it stays in "
                         "this thread's workspace; ask me for a smaller extract or a compressed copy."
                     )
                 )
@@ -324,12 +325,12 @@ class SlackOutbox:
         if outcome.refused is not None:
             self._native.refuse("data_visualization", outcome.refused)
         self._shared_text = outcome.shared
-        notes += [mrkdwn(f":warning: I could not read {_code(name)} to send it.") for name in outcome.unreadable]
+        notes += [mrkdwn(f":warning: I could not read {code_span(name)} to send it.") for name in outcome.unreadable]
         by_error: dict[str, list[str]] = {}
         for name, error in outcome.failed.items():
             by_error.setdefault(error, []).append(name)
         for error, failed in by_error.items():
-            names = ", ".join(_code(name) for name in failed)
+            names = ", ".join(code_span(name) for name in failed)
             notes.append(mrkdwn(f":warning: I could not upload {names} to Slack ({error})."))
         return notes
 
@@ -532,11 +533,6 @@ _NATIVE_KINDS = frozenset({"table", "data_table", "data_visualization"})
 def _table_blocks(piece: TablePiece) -> list[dict[str, Any]]:
     """A table's block and, when it is cut, the line saying so."""
     return [piece.native.block, *([section(mrkdwn(piece.note))] if piece.note else [])]
-
-
-def _code(name: str) -> str:
-    """A name as inline code in Markdown (a backtick in it cannot end the span)."""
-    return f"`` {name} ``" if "`" in name else f"`{name}`"
 
 
 def feedback_blocks(key: ThreadKey, turn_id: str) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from adapters.slack.format import MESSAGE_LIMIT, to_chunks, to_mrkdwn
+from adapters.slack.layout import code_span
 from adapters.slack.render import Mention, markdown_text, mrkdwn, plain
 from adapters.textsplit import split_markdown
 
@@ -206,3 +207,10 @@ def test_a_marked_up_label_naming_its_own_target_stays_a_link() -> None:
     assert to_mrkdwn("[**paypal**.com](https://paypal.com)") == "<https://paypal.com|**paypal**.com>"
     assert markdown_text("[a_b@x.org](mailto:a_b@x.org)").text == "[a_b@x.org](mailto:a_b@x.org)"
     assert to_mrkdwn("[see [1]](https://x.org)") == "<https://x.org|see [1]>"
+
+
+def test_a_name_shown_as_code_keeps_its_backticks_from_ending_the_span() -> None:
+    # A file a kernel wrote can be named so (no slash needed for a mailto link).
+    name = "a`` [click](mailto:x@evil.example) ``b.csv"
+    shown = mrkdwn(f":warning: I could not read {code_span(name)} to send it.").text
+    assert "<mailto:" not in shown and shown.count("`") == 2
