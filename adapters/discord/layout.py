@@ -85,7 +85,14 @@ def shown_table(table: Table, limit: int) -> str:
     rows = len(lines) - 2
     while True:
         note = hidden_note(table, rows=rows).replace("`", "ˋ")
-        text = "\n".join([head, "```", *lines[: rows + 2], "```", *([f"_{note}_"] if note else [])])
-        if len(text) <= limit or rows <= 0:
-            return text if len(text) <= limit else text[: limit - 1] + "…"
+        tail = [f"_{note}_"] if note else []
+        text = "\n".join([head, "```", *lines[: rows + 2], "```", *tail])
+        if len(text) <= limit:
+            return text
+        if rows <= 0:
+            # Not even the header fits: its lines are cut, never the closing fence (a block
+            # left open is prose to Discord, and the cells' links would be live).
+            room = max(2, (limit - len("\n".join([head, "```", "```", *tail])) - 2) // 2)
+            shown = [line if len(line) <= room else line[: room - 1] + "…" for line in lines[:2]]
+            return "\n".join([head, "```", *shown, "```", *tail])
         rows -= max(1, rows // 4) if len(text) > 2 * limit else 1

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from adapters.discord import DiscordAdapter
+from adapters.discord import DiscordAdapter, render
+from adapters.discord.layout import shown_table
 from bot.app import Core
+from bot.events import Table
 from tests.conftest import make_settings
 from tests.discord.conftest import running_adapter
 from tests.fakes.discord_components import attachments_of
@@ -107,3 +109,12 @@ async def test_where_discord_refuses_components_v2_answers_go_out_as_before(worl
             assert len(tried) == (1 if question == "chart it once" else 0), json.dumps(tried)[:200]  # remembered
     finally:
         fake.refuse_components_v2 = False
+
+
+def test_a_shown_table_too_wide_for_a_message_keeps_its_code_block_closed() -> None:
+    # Twenty header cells of 200 characters: the header alone is past 2,000 characters.
+    header = tuple(f"[click {n}](https://evil.example/{n})" + "y" * 160 for n in range(20))
+    table = Table(header=header, rows=(("1",) * 20,), caption="wide (1 rows × 20 columns)", total_rows=1)
+    text = shown_table(table, 2000)
+    assert len(text) <= 2000 and text.count("```") == 2
+    assert render.text(text) == text and "](https://evil" not in text.split("```")[0] + text.split("```")[2]
