@@ -107,6 +107,27 @@ def test_bundles_stay_within_the_bounds_the_bot_reads() -> None:
     assert long is not None and chart_from({CHART_MIME: long}) is not None
 
 
+def test_a_frames_csv_defuses_formulas_in_its_header_and_in_every_column_of_text() -> None:
+    import io
+
+    import pandas as pd
+
+    from threadbook_kernel.frames import _defused
+
+    frame = pd.DataFrame(
+        {
+            '=HYPERLINK("http://x")': ["a"],
+            "kind": pd.Series(["=cmd|' /c calc'!A1"]).astype("category"),
+            "note": pd.Series(["@SUM(1)"], dtype="string"),
+            "n": [-1],
+        }
+    )
+    out = io.StringIO()
+    _defused(frame).to_csv(out, index=False)
+    header, row = out.getvalue().splitlines()
+    assert header.startswith("\"'=HYPERLINK(") and row == "a,'=cmd|' /c calc'!A1,'@SUM(1),-1"
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def pool(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[KernelPool]:
     started = build_pool(kernel_settings(tmp_path_factory.mktemp("chart-data"), exec_timeout_s=120))

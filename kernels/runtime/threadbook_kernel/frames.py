@@ -98,14 +98,27 @@ def _write_csv(frame: Any, title: str) -> str:
 
 
 def _defused(frame: Any) -> Any:
-    """``frame`` with text cells that would start a spreadsheet formula prefixed by ``'``."""
-    texts = [c for c in frame.columns if frame[c].dtype == object or str(frame[c].dtype) in ("string", "str")]
-    if not texts:
+    """``frame`` with text that would start a spreadsheet formula prefixed by ``'``: in its
+    column names (the CSV's first line) and in every column that can hold text (object,
+    string, categorical and the like: any but numbers and datetimes)."""
+    from pandas.api.types import is_datetime64_any_dtype, is_numeric_dtype
+
+    names = [_defused_text(name) for name in frame.columns]
+    texts = [
+        i for i, dtype in enumerate(frame.dtypes) if not is_numeric_dtype(dtype) and not is_datetime64_any_dtype(dtype)
+    ]
+    if not texts and names == list(frame.columns):
         return frame
     frame = frame.copy()
-    for column in texts:
-        frame[column] = frame[column].map(lambda v: f"'{v}" if isinstance(v, str) and v.startswith(_FORMULA) else v)
+    frame.columns = range(len(names))  # by position: names may repeat
+    for i in texts:
+        frame[i] = frame[i].astype(object).map(_defused_text)
+    frame.columns = names
     return frame
+
+
+def _defused_text(value: Any) -> Any:
+    return f"'{value}" if isinstance(value, str) and value.startswith(_FORMULA) else value
 
 
 def _cell(value: Any) -> str | float | int | None:
