@@ -5,7 +5,7 @@
   filterable, paginated; up to :data:`DATA_TABLE_ROWS` body rows). The header is the first row,
   numbers are ``raw_number`` cells (value and the text written), the rest ``raw_text``. A table
   past Slack's limits (rows, :data:`MAX_COLUMNS` columns, :data:`MAX_TABLE_CHARS` characters) is
-  cut; :attr:`NativeTable.hidden_rows` / ``hidden_columns`` say how much is not shown.
+  cut; :attr:`NativeTable.hidden_rows` / ``hidden_columns`` / ``cut_cells`` say how much is not shown.
 - :func:`chart_block`: a :class:`~bot.events.Chart` as a ``data_visualization`` block (bar,
   line, area, pie), or None when it is past Slack's chart limits (:data:`MAX_CATEGORIES`
   categories, :data:`MAX_SERIES` series or pie slices, labels that stay apart in
@@ -73,11 +73,13 @@ class NativeTable:
     block: dict[str, Any]
     hidden_rows: int
     hidden_columns: int
+    #: Cells shown only up to :data:`MAX_CELL_CHARS` characters.
+    cut_cells: int = 0
 
     @property
     def cut(self) -> bool:
         """Whether part of the table is not shown."""
-        return bool(self.hidden_rows or self.hidden_columns)
+        return bool(self.hidden_rows or self.hidden_columns or self.cut_cells)
 
 
 def plain_cell(text: str, limit: int = MAX_CELL_CHARS) -> str:
@@ -109,6 +111,8 @@ def table_block(table: Table, *, caption: str = "", data_table: bool | None = No
             break
         budget -= size
         rows.append(cells)
+    shown_rows = len(rows)
+    cut_cells = sum(_shortened(cell) for row in [header, *rows] for cell in row)
     if not rows:  # Slack wants a header and at least one row
         rows.append([_text_cell("") for _ in range(columns)])
     block: dict[str, Any]
@@ -121,9 +125,9 @@ def table_block(table: Table, *, caption: str = "", data_table: bool | None = No
         }
     else:
         block = {"type": "table", "rows": [header, *rows], "column_settings": _settings(table, columns)}
-    hidden_rows = (table.total_rows if table.total_rows is not None else body) - min(body, len(rows))
+    hidden_rows = (table.total_rows if table.total_rows is not None else body) - shown_rows
     hidden_columns = (table.total_columns if table.total_columns is not None else table.columns) - columns
-    return NativeTable(kind, block, max(0, hidden_rows), max(0, hidden_columns))
+    return NativeTable(kind, block, max(0, hidden_rows), max(0, hidden_columns), cut_cells)
 
 
 def chart_block(chart: Chart) -> dict[str, Any] | None:
@@ -157,6 +161,12 @@ def chart_block(chart: Chart) -> dict[str, Any] | None:
         "title": title,
         "chart": {"type": chart.kind, "series": series, "axis_config": axis},
     }
+
+
+def _shortened(cell: dict[str, Any]) -> bool:
+    """Whether :func:`plain_cell` cut the cell's text to :data:`MAX_CELL_CHARS`."""
+    text: str = cell["text"]
+    return len(text) == MAX_CELL_CHARS and text.endswith("…")
 
 
 def _label(text: str) -> str:

@@ -217,7 +217,10 @@ def _not_shown(native: NativeTable) -> str:
         parts.append(f"{native.hidden_rows:,} more row{'s' if native.hidden_rows != 1 else ''}")
     if native.hidden_columns:
         parts.append(f"{native.hidden_columns:,} more column{'s' if native.hidden_columns != 1 else ''}")
-    return f"{' and '.join(parts)} not shown"
+    said = [f"{' and '.join(parts)} not shown"] if parts else []
+    if native.cut_cells:
+        said.append(f"{native.cut_cells:,} cell{'s' if native.cut_cells != 1 else ''} cut short")
+    return ", ".join(said)
 
 
 def _summary(table: Table) -> str:

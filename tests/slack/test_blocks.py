@@ -144,3 +144,13 @@ def test_a_shown_tables_caption_and_fallback_hold_no_live_link_or_mark() -> None
     for text in [native.text.text, *(t.text for t in fallback.fallback_texts())]:
         assert "<https://evil" not in text and "<!channel>" not in text and "*bold*" not in text.split("```")[0]
     assert "[click](https://evil.example/b) | &lt;!channel&gt; *bold*" in fallback.fallback_texts()[0].text
+
+
+def test_rows_and_cells_the_block_leaves_out_or_cuts_make_the_table_cut() -> None:
+    # Cut means a note and the whole table as CSV: nothing of the answer may go unsaid.
+    wide_header = Table(header=tuple(f"{'h' * 499}{n % 10}" for n in range(20)), rows=(("1",) * 20,))
+    native = table_block(wide_header)  # the header takes every character: no row fits
+    assert native.cut and native.hidden_rows == 1 and check_blocks([native.block]) is None
+    long_cell = table_block(Table(header=("a",), rows=(("z" * 900,),)))
+    assert long_cell.cut and long_cell.cut_cells == 1 and long_cell.hidden_rows == 0
+    assert not table_block(Table(header=("a",), rows=(("z" * 500,),))).cut
