@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, suppress
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO, cast
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 
 #: Connecting (the transport, ``initialize`` and the tool listing) gives up after this long.
 CONNECT_TIMEOUT_S = 10.0
-#: One SSE event (one answer) may be this large; the SDK's own default is 1 MiB.
+#: One answer may be this large: one SSE event (the SDK's own default is 1 MiB), or a JSON
+#: body, which the SDK reads whole (:class:`_CappedBody`).
 MAX_MESSAGE_BYTES = 64 * 2**20
 #: A call does not try to connect again within this long of a failed connect (the registry's
 #: health check does, every ``CHECK_EVERY_S``): a server that is down costs a call no wait.
@@ -74,12 +76,19 @@ class Connection:
     """The bot's one client session with the MCP server ``name``."""
 
     def __init__(
-        self, name: str, settings: McpServerSettings, hider: Hider, *, connect_timeout_s: float = CONNECT_TIMEOUT_S
+        self,
+        name: str,
+        settings: McpServerSettings,
+        hider: Hider,
+        *,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.name = name
         self.settings = settings
         self._hider = hider
         self._connect_timeout_s = connect_timeout_s
+        self._max_message_bytes = max_message_bytes
         #: The server's tools as last listed (all of them; the registry picks those offered).
         self.tools: tuple[types.Tool, ...] = ()
         self.health = Health(False, "not connected yet")
@@ -338,7 +347,8 @@ class Connection:
             headers = {name: value.get_secret_value() for name, value in settings.headers.items()}
             read_s = max(300.0, settings.timeout_s + 30)
             client = httpx2.AsyncClient(
-                headers=headers,
+                # Uncompressed: a body's size on the wire is its size (see _see_response).
+                headers={**headers, "Accept-Encoding": "identity"},
                 timeout=httpx2.Timeout(30.0, read=read_s),
                 follow_redirects=False,
                 event_hooks={"response": [self._see_response]},
@@ -346,7 +356,7 @@ class Connection:
             await stack.enter_async_context(client)
             streams = await stack.enter_async_context(
                 streamable_http_client(
-                    settings.url.get_secret_value(), http_client=client, max_sse_event_size=MAX_MESSAGE_BYTES
+                    settings.url.get_secret_value(), http_client=client, max_sse_event_size=self._max_message_bytes
                 )
             )
             return cast(tuple[Any, Any], streams)
@@ -364,6 +374,11 @@ class Connection:
             self._stale = True
         if response.status_code >= 400:
             self._refused_with = response.status_code
+        if not response.headers.get("content-type", "").lower().startswith("text/event-stream"):
+            # The SDK reads a JSON answer (or an error's body) whole: cap it. A body compressed
+            # anyway is left undecoded (it fails to parse) rather than inflated without bound.
+            response.headers.pop("content-encoding", None)
+            response.stream = _CappedBody(response.stream, self._max_message_bytes)
 
     async def _stderr_pipe(self, stack: AsyncExitStack) -> TextIO:
         """A pipe for the stdio server's stderr whose lines go to the log, secrets hidden."""
@@ -403,6 +418,26 @@ class Connection:
             task.add_done_callback(self._tasks.discard)
         elif isinstance(message, Exception):
             log.debug("MCP server %s: transport error %s", self.name, type(message).__name__)
+
+
+class _CappedBody(httpx2.AsyncByteStream):
+    """A response body that ends with :class:`httpx2.StreamError` past ``limit`` bytes (the
+    SDK turns that into a parse error of the call, one sentence for the model)."""
+
+    def __init__(self, stream: Any, limit: int) -> None:
+        self._stream = stream
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        total = 0
+        async for chunk in self._stream:
+            total += len(chunk)
+            if total > self._limit:
+                raise httpx2.StreamError(f"the answer is over {self._limit // 2**20} MiB")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 class _Stale(Exception):
