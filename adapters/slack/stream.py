@@ -234,6 +234,13 @@ class AnswerStream:
             )
             if isinstance(stopped, Failure):
                 self.refused = stopped.error
+                if self._cards:  # the message stays (it shows the steps): stopped as it stands, no step left running
+                    await call(
+                        "chat.stopStream",
+                        self._client.chat_stopStream(
+                            channel=self._channel, ts=self._ts, chunks=list(self._cards.values())
+                        ),
+                    )
             return not isinstance(stopped, Failure)
         # The final text is not the draft continued (a cut, a retried request): replace it whole,
         # unless the message shows steps (stopped as it is; the answer is posted after it).

@@ -105,3 +105,20 @@ async def test_where_slack_will_not_stream_the_status_message_shows_the_steps(bo
         assert any("row " in u for u in status.updates)  # the lines in the status message, as before
     finally:
         bot.slack.refuse_streaming = None
+
+
+async def test_a_refused_table_at_the_end_still_stops_the_steps_message_with_its_cards_done(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    async with running_bot(tmp_path_factory.mktemp("cards-refused"), socket_mode=False, streaming=True) as refusing:
+        refusing.slack.refuse_blocks = {"table", "data_table"}
+        table = "Totals:\n\n| Step | Rows |\n|---|--:|\n| sum | 10 |\n\nDone."
+        refusing.llm.script(tool_call(SECOND), answer(table))
+        event = refusing.slack.mention("C_CARDS_REFUSED", "sum the rows")
+        await refusing.slack.post_event(refusing.events_url, event)
+        assert await refusing.finished(event) == {"white_check_mark"}
+        message = streamed(refusing, event)
+        assert message.stream_state == "stopped"  # not left streaming because its last call was refused
+        assert cards(message)["step-1"][-1]["status"] == "complete"
+        posted = "\n".join(m.text for m in refusing.slack.bot_messages(event["channel"], event["ts"]))
+        assert "Totals:" in posted and "Done." in posted and "sum  |   10" in posted
