@@ -18,6 +18,7 @@ from bot.events import FileOut, InboundMessage, Outbox, Reply
 from bot.hostpaths import HostPaths
 from bot.mcp.registry import McpServers
 from bot.notebook import export_notebook
+from bot.policies import ThreadPolicies
 from bot.readable import readable
 from bot.safetext import shown
 from bot.schedules.commands import ScheduleCommands, is_schedule_command
@@ -99,6 +100,7 @@ class Commands:
         self._store = store
         self._pool = pool
         self._settings = settings
+        self._policies = ThreadPolicies(settings, store.threads)
         self._host_paths = HostPaths.of(settings)
         self._table: dict[str, Callable[[InboundMessage], Awaitable[Reply]]] = {
             "help": self._help,
@@ -280,8 +282,8 @@ class Commands:
         )
 
     async def _mcp_status(self, message: InboundMessage) -> str:
-        """A line on the channel's MCP servers (each pinged, within 3 s), or empty without any."""
-        granted = self._settings.policy_for(message.key.channel_key).mcp
+        """A line on the thread's MCP servers (each pinged, within 3 s), or empty without any."""
+        granted = (await self._policies.of(message.key)).mcp
         if not granted or self._mcp is None:
             return ""
         found = await self._mcp.check(granted)

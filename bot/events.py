@@ -24,6 +24,10 @@ class FetchRefused(Exception):
     ``str()`` is the reason, one sentence for the person who attached it."""
 
 
+#: Whether the message's author is a member of a channel (its ``platform:channel`` key) now, as
+#: the platform says (cached briefly); None when it could not be asked.
+LookUpMembership = Callable[[str], Awaitable[bool | None]]
+
 #: Looks up the time zone (an IANA name such as ``Europe/Paris``) the message's author set on
 #: the platform; None when the platform does not say. Asked only by the commands that need it.
 LookUpTimezone = Callable[[], Awaitable[str | None]]
@@ -86,6 +90,9 @@ class InboundMessage:
     #: In a direct message: the channel the person was looking at when they wrote, where the
     #: platform says so and that channel has a policy (Slack's agent context).
     viewing: ViewedChannel | None = None
+    #: Asks the platform whether the author is a member of a channel (a direct message's
+    #: thread that took a viewed channel's policy asks on every turn); None: it cannot say.
+    member_of: LookUpMembership | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from bot.events import Chart, FileOut, ImageOut, InboundMessage, Outbox, Progres
 from bot.live import LiveCell
 from bot.mcp.registry import McpServers
 from bot.mcp.tool import McpTool, tools_for
+from bot.policies import ThreadPolicies
 from bot.record import TurnRecord, TurnRecords
 from bot.safetext import shown
 from bot.sources.registry import Sources
@@ -73,13 +74,6 @@ QUEUE_LEFT_NOTICE = "⏹️ Stopped while waiting for a kernel; nothing ran."
 KERNEL_START_NOTICE = "⚠️ I could not start a Python kernel for this thread. Please try again."
 KERNEL_SERVICE_NOTICE = (
     "⚠️ The service that runs Python kernels is not reachable right now; please ask again in a minute."
-)
-
-
-#: A direct-message thread takes the policy of the channel its author views (said once, as it starts).
-VIEWED_CHANNEL_NOTICE = "Using #{name}'s sources and files in this thread."
-NOT_A_MEMBER_NOTICE = (
-    "You are not a member of #{name}, so this thread does not use its sources and files (only members get them)."
 )
 
 
@@ -218,7 +212,7 @@ class TurnRunner:
         mcp: McpServers | None = None,
     ) -> None:
         """``records``: where each turn records what it did (transcript, usage); ``threads``:
-        which channel a direct-message thread took its policy from; ``oneshot``: where upload
+        which channel a direct-message thread took its policy from (:mod:`bot.policies`); ``oneshot``: where upload
         previews are computed; ``packages``: installs missing
         modules on demand (None: never); ``sources``: the data sources channels may be granted
         (the ``sql`` tool); ``mcp``: the MCP servers channels may be granted (their tools)."""
@@ -229,7 +223,7 @@ class TurnRunner:
         self._budgets = budgets
         self._packages = packages
         self._records = records
-        self._threads = threads
+        self._policies = ThreadPolicies(settings, threads)
         self._pool = pool
         self._agent = agent
         self._active: dict[ThreadKey, _ActiveTurn] = {}
@@ -249,28 +243,8 @@ class TurnRunner:
         return True
 
     async def policy(self, key: ThreadKey) -> ChannelPolicy:
-        """The policy in force for a thread: its channel's, or for a direct-message thread that
-        started while its author viewed a channel they are a member of, that one's system prompt,
-        data folder and sources over the DM's own (:meth:`~bot.config.ChannelPolicy.in_view_of`)."""
-        own = self._settings.policy_for(key.channel_key)
-        viewed = await self._threads.viewed_channel(key) if self._settings.channels else None
-        if not viewed or viewed not in self._settings.channels:
-            return own
-        return own.in_view_of(self._settings.channels[viewed])
-
-    async def _decide_viewed_channel(self, message: InboundMessage, outbox: Outbox) -> None:
-        """A direct-message thread's first turn decides, once, whether the channel its author
-        views lends the thread its policy (members only), and says so in the thread."""
-        viewing = message.viewing
-        if viewing is None or viewing.key not in self._settings.channels:
-            return
-        if await self._threads.viewed_channel(message.key) is not None:
-            return  # decided by an earlier turn of the thread
-        decided = await self._threads.decide_viewed_channel(message.key, viewing.key if viewing.member else "")
-        if decided == viewing.key:
-            await outbox.notify(VIEWED_CHANNEL_NOTICE.format(name=viewing.name))
-        elif not viewing.member and decided == "":
-            await outbox.notify(NOT_A_MEMBER_NOTICE.format(name=viewing.name))
+        """The policy in force for a thread, as decided (:meth:`bot.policies.ThreadPolicies.of`)."""
+        return await self._policies.of(key)
 
     async def run(self, message: InboundMessage, outbox: Outbox, allowance: TokenAllowance) -> None:
         """Run one admitted turn for ``message`` (its tokens checked against ``allowance`` as it
@@ -289,11 +263,10 @@ class TurnRunner:
             metrics.turn_outcome("empty")
             return
 
-        if message.is_dm:
-            await self._decide_viewed_channel(message, outbox)
-            policy = await self.policy(key)
-        else:  # only a direct-message thread takes a viewed channel's policy
-            policy = self._settings.policy_for(key.channel_key)
+        in_force = await self._policies.for_turn(message, outbox)
+        if in_force.stop_kernel:  # it saw a channel's data folder the thread may no longer see
+            await self._pool.shutdown(str(key))
+        policy = in_force.policy
         model = policy.model or self._settings.llm.model
         record = await self._records.open(key, model=model, user_id=message.user_id, at=self._budgets.clock())
         turn = _ActiveTurn()

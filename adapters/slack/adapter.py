@@ -227,7 +227,11 @@ class SlackAdapter(PlatformAdapter):
             return
         if message.user_id and not message.is_bot:
             user_id = message.user_id
-            message = dataclasses.replace(message, timezone=lambda: self._timezones.of(user_id))
+            message = dataclasses.replace(
+                message,
+                timezone=lambda: self._timezones.of(user_id),
+                member_of=(lambda channel: self._in_view.member(channel, user_id)) if message.is_dm else None,
+            )
         # Only a DM thread's first message (a top-level one) can take the viewed channel's policy.
         first_in_dm = message.is_dm and not message.is_bot and not event.get("thread_ts")
         viewed = self._viewed_for(event, message.user_id) if first_in_dm else None

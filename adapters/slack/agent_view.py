@@ -91,6 +91,14 @@ class ChannelsInView:
             return None
         return ViewedChannel(key=f"slack:{channel}", name=await self._name(channel), member=member)
 
+    async def member(self, channel_key: str, user: str) -> bool | None:
+        """Whether ``user`` is a member of the channel of ``channel_key`` (``slack:C…``) now, as
+        Slack says (remembered for :data:`MEMBERSHIP_TTL_S`); None when it could not be asked."""
+        platform, _, channel = channel_key.partition(":")
+        if platform != "slack" or not _CHANNEL_ID.match(channel):
+            return False
+        return await self._is_member(channel, user)
+
     async def _is_member(self, channel: str, user: str) -> bool | None:
         now = self._clock()
         known = self._members.get((channel, user))
@@ -129,7 +137,11 @@ class ChannelsInView:
         known = self._names.get(channel)
         if known is not None and known[1] > now:
             return known[0]
-        info = await call("conversations.info", self._client.conversations_info(channel=channel))
+        try:
+            async with asyncio.timeout(LOOKUP_TIMEOUT_S):
+                info: Any = await call("conversations.info", self._client.conversations_info(channel=channel))
+        except TimeoutError:
+            info = Failure("conversations.info", "timeout")
         name = channel
         if not isinstance(info, Failure):
             given = (info.get("channel") or {}).get("name")

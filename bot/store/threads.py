@@ -53,6 +53,11 @@ class Threads:
 
         return await self._db.write(decide)
 
+    async def forget_viewed_channel(self, key: ThreadKey) -> None:
+        """The thread no longer takes a viewed channel's policy (its author left the channel)."""
+        statement = sa.update(threads).where(threads.c.key == key).values(viewed_channel="")
+        await self._db.write(lambda conn: conn.execute(statement))
+
     async def exists(self, key: ThreadKey) -> bool:
         """True when the thread has been seen before (touched or written to)."""
         statement = sa.select(threads.c.key).where(threads.c.key == key)

@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from adapters.slack import agent_view
 from bot.config import ChannelPolicy
 from tests.fakes.openai_server import answer, tool_call
 from tests.slack.conftest import running_bot
@@ -156,3 +158,40 @@ def test_a_viewed_channel_lends_its_sources_and_mcp_servers_not_its_model_or_lim
     lent = dm.in_view_of(sales)
     assert (lent.system_prompt, lent.sources, lent.mcp) == ("S", ("warehouse",), ("tracker",))
     assert lent.model == "dm-model"
+
+
+async def test_a_person_who_leaves_the_channel_loses_its_policy_in_their_dm_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Membership is asked again on every turn of a DM thread that took a channel's policy (Slack
+    caches it a minute): once the person left, the thread keeps its variables but neither the
+    channel's prompt nor its data folder, whose kernel is stopped."""
+    monkeypatch.setattr(agent_view, "MEMBERSHIP_TTL_S", 0.0)  # no minute of Slack's cache to wait out
+    async with running_bot(tmp_path, socket_mode=False, channels=channels(sales_data(tmp_path))) as bot:
+        slack = bot.slack
+        slack.channel_members["C_SALES"] = {"U_ALICE"}
+        slack.channel_names["C_SALES"] = "sales"
+        bot.llm.script(tool_call("kept = 41\nprint('ok')"), answer("Noted."))
+        question = slack.message_event(
+            DM,
+            "remember 41",
+            user="U_ALICE",
+            channel_type="im",
+            app_context={"entities": [{"type": "slack#/types/channel_id", "value": "C_SALES"}]},
+        )
+        await slack.post_event(bot.events_url, question)
+        assert await bot.finished(question) == {"white_check_mark"}
+        assert "SALES-CHANNEL-PROMPT" in system_prompt(bot.llm.requests[0])
+
+        slack.channel_members["C_SALES"] = set()  # alice left #sales
+        bot.llm.script(
+            tool_call("import os\nprint(kept + 1, os.environ.get('THREADBOOK_DATA_DIR'))"),
+            lambda request: answer("Now: " + request["messages"][-1]["content"]),
+        )
+        again = slack.message_event(DM, "and now?", user="U_ALICE", channel_type="im", thread_ts=question["ts"])
+        await slack.post_event(bot.events_url, again)
+        assert await bot.finished(again) == {"white_check_mark"}
+        assert "SALES-CHANNEL-PROMPT" not in system_prompt(bot.llm.requests[-1])
+        answers = bot.answers(again)
+        assert any("no longer a member" in t for t in answers)
+        assert answers[-1].endswith("42 None")  # variables kept, the channel's data folder gone
