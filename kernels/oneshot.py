@@ -271,13 +271,29 @@ def _plan(launcher: KernelLauncher) -> LaunchPlan:
 
 
 async def _prepare(launcher: KernelLauncher) -> tuple[LaunchPlan, KernelCgroup | None]:
-    """A fresh job's plan, scratch folder and cgroup (for a process made ahead)."""
+    """A fresh job's plan, scratch folder and cgroup (for a process made ahead). Cancelled
+    (the server stops), it waits for the thread that makes them and removes what it made."""
     plan = _plan(launcher)
-    await asyncio.to_thread(_make_scratch, launcher, plan)
+    made = asyncio.ensure_future(asyncio.to_thread(_prepare_blocking, launcher, plan))
     try:
-        return plan, await _make_cgroup(launcher, plan)
-    except BaseException:
+        return plan, await asyncio.shield(made)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            cgroup = await made
+            if cgroup is not None:
+                await asyncio.to_thread(cgroup.remove)
         await _discard(plan)
+        raise
+
+
+def _prepare_blocking(launcher: KernelLauncher, plan: LaunchPlan) -> KernelCgroup | None:
+    """(Blocking) :func:`_prepare`'s folder and cgroup; nothing left behind when it fails."""
+    _make_scratch(launcher, plan)
+    cgroups = launcher.cgroups
+    try:
+        return cgroups.create(plan.kernel_id) if cgroups is not None and cgroups.enabled else None
+    except BaseException:
+        shutil.rmtree(plan.run_dir.parent, True)
         raise
 
 
