@@ -70,3 +70,9 @@ def without_terminal_control(text: str) -> str:
     if not _CONTROLS.search(text):
         return text
     return _CONTROLS.sub("", _SEQUENCES.sub("", text))
+
+
+def inline_code(text: str) -> str:
+    """Untrusted text as one Markdown inline code span: its backticks are shown as ``ˋ``, since a
+    run of them could end the span early and let the rest (a link, marks) out as prose."""
+    return f"`{text.replace('`', 'ˋ')}`"

@@ -19,7 +19,7 @@ from bot.agent.prompt import PromptFile, build_system_prompt
 from bot.attachments import IngestResult, add_previews, describe_for_model, ingest
 from bot.budgets import Budgets, TokenAllowance
 from bot.config import ChannelPolicy, Settings
-from bot.displays import chart_from, table_from
+from bot.displays import TABLE_MIME, chart_from, table_from
 from bot.events import Chart, FileOut, ImageOut, InboundMessage, Outbox, Progress, Reply, Table, ThreadKey
 from bot.live import LiveCell
 from bot.mcp.registry import McpServers
@@ -424,7 +424,14 @@ class TurnRunner:
         )
         # A kernel that stopped unasked or variables that could not be saved: told once, here.
         notes = [*runner.notes, *session.take_thread_notices()]
-        return _reply(result, t.outputs.images, t.outputs.files, notes, tables=t.outputs.tables)
+        return _reply(
+            result,
+            t.outputs.images,
+            t.outputs.files,
+            notes,
+            tables=t.outputs.tables,
+            tables_shown=t.outputs.tables_shown,
+        )
 
 
 def _or(value: float | None, fallback: float) -> float:
@@ -442,13 +449,14 @@ def _reply(
     extra: list[str] | None = None,
     *,
     tables: list[Table] | None = None,
+    tables_shown: int = 0,
 ) -> Reply:
     notes = list(extra or [])
     tables = tables or []
     if len(images) > MAX_IMAGES:
         notes.append(f"_{len(images) - MAX_IMAGES} more images were made; showing the first {MAX_IMAGES}._")
-    if len(tables) > MAX_TABLES:
-        notes.append(f"_{len(tables) - MAX_TABLES} more tables were shown; showing the first {MAX_TABLES}._")
+    if tables_shown > MAX_TABLES:
+        notes.append(f"_{tables_shown - MAX_TABLES} more tables were shown; showing the first {MAX_TABLES}._")
     if len(files) > MAX_FILES:
         notes.append(f"_{len(files) - MAX_FILES} more files were made; say `files` to list them all._")
     text, full = cap_answer(result.text)
@@ -486,6 +494,8 @@ class Outputs:
     files: list[FileOut] = field(default_factory=list)
     #: Tables the code showed, in order.
     tables: list[Table] = field(default_factory=list)
+    #: How many tables the code showed (only the first :data:`MAX_TABLES` are read).
+    tables_shown: int = 0
     _open: list[PinnedFile] = field(default_factory=list)
 
     def add_file(self, pinned: PinnedFile, name: str) -> None:
@@ -519,7 +529,13 @@ async def collect_outputs(results: list[ExecutionResult], workspace: Workspace, 
         if saved_images and len(displayed) <= len(saved_images):
             displayed = []
         displayed_images.extend(displayed)
-        outputs.tables.extend(table for out in outputs_shown if (table := table_from(out.data)) is not None)
+        for out in outputs_shown:
+            if TABLE_MIME not in out.data:
+                continue
+            outputs.tables_shown += 1
+            # Only the tables a reply shows are parsed; the rest are counted for its note.
+            if len(outputs.tables) < MAX_TABLES and (table := table_from(out.data)) is not None:
+                outputs.tables.append(table)
         changed.extend(n for n in result.changed_files if n not in changed)
 
     seen: set[str] = set()

@@ -58,7 +58,7 @@ from adapters.discord.outbox import STOPPED, Conversation, DiscordOutbox, StopVi
 from adapters.discord.slash import CommandTree, build_tree
 from bot.config import DiscordSettings
 from bot.events import Attachment, InboundMessage, ThreadKey
-from bot.safetext import shown
+from bot.safetext import inline_code, shown
 
 if TYPE_CHECKING:
     from bot.dispatcher import Dispatcher
@@ -409,7 +409,7 @@ class DiscordAdapter(PlatformAdapter):
                 return
             asked = f"❓ **{interaction.user.display_name}** asked: {_cut(question.strip(), _ASKED_LIMIT)}"
             if attachment is not None:
-                asked += f" 📎 `{shown(attachment.filename).replace('`', 'ˋ')}`"
+                asked += f" 📎 {inline_code(shown(attachment.filename))}"
             asked = render.text(asked)
             source = await interaction.edit_original_response(content=asked)
             answered = True

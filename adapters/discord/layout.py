@@ -26,6 +26,7 @@ import discord
 
 from adapters.tables import aligned
 from bot.events import Table
+from bot.safetext import inline_code
 from bot.tables import hidden_note
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ def answer_view(
 def shown_table(table: Table, limit: int) -> str:
     """A table the code showed as Markdown within ``limit`` characters: its caption, the rows
     that fit as an aligned code block, and a line saying how much is not shown."""
-    head = f"📋 `{table.caption.replace('`', 'ˋ')}`"
+    head = f"📋 {inline_code(table.caption)}"
     lines = aligned(table)[1:-1]
     rows = len(lines) - 2
     while True:

@@ -24,6 +24,7 @@ from adapters.discord.layout import LayoutSupport, answer_view, shown_table
 from adapters.discord.uploads import Upload, UploadPlan, open_files, plan_uploads, release
 from adapters.textsplit import split_markdown
 from bot.events import Reply
+from bot.safetext import inline_code
 
 log = logging.getLogger(__name__)
 
@@ -147,12 +148,12 @@ async def _send_batch(
     """One message of attachments (streamed from their readers) with ``text`` and ``view``;
     returns notes for the user. What cannot be uploaded leaves the text and buttons to go alone."""
     files, unreadable = await asyncio.to_thread(open_files, batch)
-    notes = [f"📄 `{name}` could not be read any more." for name in unreadable]
+    notes = [f"📄 {inline_code(name)} could not be read any more." for name in unreadable]
     if not files:
         if text is not None or view is not None:
             await send(text, [], view)
         return notes
-    names = ", ".join(f"`{file.filename}`" for file in files)
+    names = ", ".join(inline_code(file.filename) for file in files)
     try:
         await send(text, files, view)
         return notes

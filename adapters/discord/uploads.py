@@ -27,6 +27,7 @@ import discord
 
 from bot.attachments import human_size
 from bot.events import FileOut, ImageOut, OpenReader
+from bot.safetext import inline_code
 
 MAX_FILES_PER_MESSAGE = 10
 _CHUNK = 1 << 20
@@ -163,7 +164,9 @@ def _plan(images: tuple[ImageOut, ...], files: tuple[FileOut, ...], limit: int) 
                 Upload(name=name, size=len(image.data), open_reader=functools.partial(io.BytesIO, image.data))
             )
         else:
-            notes.append(f"🖼️ `{name}` is {human_size(len(image.data))}, over the {human_size(limit)} upload limit.")
+            notes.append(
+                f"🖼️ {inline_code(name)} is {human_size(len(image.data))}, over the {human_size(limit)} upload limit."
+            )
     for item in files:
         name = item.name
         if item.size <= limit:
@@ -172,16 +175,16 @@ def _plan(images: tuple[ImageOut, ...], files: tuple[FileOut, ...], limit: int) 
         try:
             spool = _zip_within(item, name, limit)
         except OSError:
-            notes.append(f"📄 `{name}` could not be read any more.")
+            notes.append(f"📄 {inline_code(name)} could not be read any more.")
             continue
         if spool is not None:
             size = spool.seek(0, io.SEEK_END)
             spools.append(spool)
             uploads.append(Upload(name=f"{name}.zip", size=size, open_reader=functools.partial(_reopen, spool)))
-            notes.append(f"🗜️ `{name}` is {human_size(item.size)}, so it comes zipped ({human_size(size)}).")
+            notes.append(f"🗜️ {inline_code(name)} is {human_size(item.size)}, so it comes zipped ({human_size(size)}).")
         else:
             notes.append(
-                f"📄 `{name}` is {human_size(item.size)}, over the {human_size(limit)} upload limit even zipped; "
+                f"📄 {inline_code(name)} is {human_size(item.size)}, over the {human_size(limit)} upload limit even zipped; "
                 "it stays in this thread's workspace."
             )
     return UploadPlan(batches=_batches(uploads, limit), notes=notes, spools=spools)

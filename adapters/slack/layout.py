@@ -26,6 +26,7 @@ from adapters.slack.blocks import CHARTS_PER_MESSAGE, NativeKind, NativeTable, c
 from adapters.slack.render import Mrkdwn, mrkdwn, mrkdwn_chunks
 from adapters.tables import aligned
 from bot.events import FileOut, ImageOut, Reply, Table
+from bot.safetext import inline_code
 from bot.tables import answer_parts, to_csv
 
 log = logging.getLogger("threadbook.slack")
@@ -191,11 +192,11 @@ def _answer_table(piece: TablePiece, lead: Mrkdwn | None) -> Post:
 def _shown_table(table: Table, support: NativeSupport) -> Post:
     """A table the code showed: a data table captioned with the frame's name and size, and the
     file that holds it whole."""
-    caption = f"📋 {code_span(table.caption)}"
+    caption = f"📋 {inline_code(table.caption)}"
     native = table_block(table, caption=table.caption, data_table=True)
     note = ""
     if native.cut:
-        where = f"; the whole table is attached as {code_span(table.file)}" if table.file else ""
+        where = f"; the whole table is attached as {inline_code(table.file)}" if table.file else ""
         note = f"_{_not_shown(native)}{where}._"
     fallback = f"{caption}\n\n{_as_code(table)}" + (f"\n\n{note}" if note else "")
     if not support.allows(native.kind):
@@ -231,9 +232,3 @@ def _as_code(table: Table) -> str:
     """``table`` as the aligned code block of its fallback, in Markdown: never as a Markdown table
     read again (a cell with a backtick can make that prose, its links and marks live)."""
     return "\n".join(aligned(table))
-
-
-def code_span(text: str) -> str:
-    """Untrusted text as inline code in Markdown: its backticks are shown as ``ˋ``, since a
-    run of them could end any span early and let the rest (a link, marks) out as prose."""
-    return f"`{text.replace('`', 'ˋ')}`"

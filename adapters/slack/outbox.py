@@ -32,9 +32,9 @@ from adapters.slack.layout import (
     NativeSupport,
     Post,
     TablePiece,
-    code_span,
     lay_out,
     pieces,
+    section,
 )
 from adapters.slack.render import Mention, Mrkdwn, cut, mrkdwn, mrkdwn_chunks, plain
 from adapters.slack.sessions import AgentSessions
@@ -42,6 +42,7 @@ from adapters.slack.stream import AnswerStream, StreamingSupport
 from adapters.slack.uploads import UploadItem, share_files
 from bot.attachments import human_size
 from bot.events import CellProgress, FileOut, Reply, ThreadKey
+from bot.safetext import inline_code
 
 STOP_ACTION_ID = "threadbook_stop"
 FEEDBACK_ACTION_ID = "threadbook_feedback"
@@ -57,7 +58,6 @@ RECEIVED, DONE, FAILED = "eyes", "white_check_mark", "x"
 STATUS_INTERVAL_S = 1.2
 #: Larger result files stay in the workspace (a chat thread is no place for them; uploads stream either way).
 MAX_UPLOAD_BYTES = 100 * 2**20
-_SECTION_LIMIT = 2900  # a section block's text may hold 3,000 characters
 _NO_CHANNEL_ERRORS = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
 
 
@@ -305,7 +305,7 @@ class SlackOutbox:
             if file.size > MAX_UPLOAD_BYTES:
                 notes.append(
                     mrkdwn(
-                        f":package: {code_span(name)} is over {human_size(MAX_UPLOAD_BYTES)}, so it stays in "
+                        f":package: {inline_code(name)} is over {human_size(MAX_UPLOAD_BYTES)}, so it stays in "
                         "this thread's workspace; ask me for a smaller extract or a compressed copy."
                     )
                 )
@@ -325,12 +325,12 @@ class SlackOutbox:
         if outcome.refused is not None:
             self._native.refuse("data_visualization", outcome.refused)
         self._shared_text = outcome.shared
-        notes += [mrkdwn(f":warning: I could not read {code_span(name)} to send it.") for name in outcome.unreadable]
+        notes += [mrkdwn(f":warning: I could not read {inline_code(name)} to send it.") for name in outcome.unreadable]
         by_error: dict[str, list[str]] = {}
         for name, error in outcome.failed.items():
             by_error.setdefault(error, []).append(name)
         for error, failed in by_error.items():
-            names = ", ".join(code_span(name) for name in failed)
+            names = ", ".join(inline_code(name) for name in failed)
             notes.append(mrkdwn(f":warning: I could not upload {names} to Slack ({error})."))
         return notes
 
@@ -506,7 +506,7 @@ class SlackProgress:
 def status_blocks(status: str, key: ThreadKey) -> list[dict[str, Any]]:
     """A status section (``status`` is Markdown) plus a Stop button whose value is the thread key."""
     return [
-        section(cut(mrkdwn(":hourglass_flowing_sand: " + status), _SECTION_LIMIT)),
+        section(cut(mrkdwn(":hourglass_flowing_sand: " + status), SECTION_LIMIT)),
         {
             "type": "actions",
             "elements": [
@@ -520,14 +520,6 @@ def status_blocks(status: str, key: ThreadKey) -> list[dict[str, Any]]:
             ],
         },
     ]
-
-
-def section(text: Mrkdwn) -> dict[str, Any]:
-    """A section block showing rendered text."""
-    return {"type": "section", "text": {"type": "mrkdwn", "text": text.text}}
-
-
-_NATIVE_KINDS = frozenset({"table", "data_table", "data_visualization"})
 
 
 def _table_blocks(piece: TablePiece) -> list[dict[str, Any]]:

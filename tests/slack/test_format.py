@@ -7,9 +7,9 @@ import re
 import pytest
 
 from adapters.slack.format import MESSAGE_LIMIT, to_chunks, to_mrkdwn
-from adapters.slack.layout import code_span
 from adapters.slack.render import Mention, markdown_text, mrkdwn, plain
 from adapters.textsplit import split_markdown
+from bot.safetext import inline_code as code_span
 
 
 def test_inline_markdown_becomes_mrkdwn() -> None:
