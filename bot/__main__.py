@@ -13,7 +13,7 @@ from bot import logs
 from bot.config import ConfigError, Settings, load_settings
 from bot.hardening import HardeningError, harden
 from bot.store import StoreError
-from kernels.result import SandboxUnavailableError
+from kernels import SandboxUnavailableError
 
 LOG_FORMAT = logs.TEXT_FORMAT
 #: The interactive console's log, beside the SQLite store (in ``data/`` with PostgreSQL).

@@ -35,9 +35,7 @@ from bot.schedules.runner import POLL_S, Scheduler
 from bot.sources.registry import Sources
 from bot.store import Store
 from bot.turn import TurnRunner
-from kernels import KernelPool, Reaper, build_launcher
-from kernels.build import oneshot_for, package_installer
-from kernels.oneshot import OneShot
+from kernels import KernelPool, OneShot, Reaper, build_launcher, oneshot_for, package_installer
 
 log = logging.getLogger(__name__)
 

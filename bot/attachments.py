@@ -27,11 +27,8 @@ from pathlib import PurePosixPath
 
 from bot.events import Attachment, FetchRefused
 from bot.safetext import shown
-from kernels import safefs
-from kernels.oneshot import OneShot, OneShotUnavailableError
-from kernels.result import KernelError, QuotaError, UnsafePathError
-from kernels.units import human_size as human_size  # re-exported for the adapters (which never import kernels)
-from kernels.workspace import Workspace
+from kernels import KernelError, OneShot, OneShotUnavailableError, QuotaError, UnsafePathError, Workspace, safefs
+from kernels import human_size as human_size  # re-exported for the adapters (which never import kernels)
 
 log = logging.getLogger(__name__)
 

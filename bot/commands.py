@@ -25,11 +25,15 @@ from bot.schedules.commands import ScheduleCommands, is_schedule_command
 from bot.store import Store
 from bot.transcript import TimelineEntry
 from bot.usage import UsageReport
-from kernels import KernelPool
-from kernels.build import UNSANDBOXED, sandbox_in_force
-from kernels.oneshot import OneShot, OneShotUnavailableError
-from kernels.result import UnsafePathError
-from kernels.units import human_age
+from kernels import (
+    UNSANDBOXED,
+    KernelPool,
+    OneShot,
+    OneShotUnavailableError,
+    UnsafePathError,
+    human_age,
+    sandbox_in_force,
+)
 
 log = logging.getLogger(__name__)
 

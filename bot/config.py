@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from bot.mcp.settings import McpServerSettings, valid_server_name
 from bot.sources.settings import NAME_PATTERN, SourceSettings
-from kernels.settings import KernelSettings
+from kernels import KernelSettings
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 

@@ -48,9 +48,7 @@ from bot.config import LLMSettings
 from bot.loopwatch import LoopWatchdog
 from bot.mcp.registry import McpServers
 from bot.store import Store
-from kernels.build import UNSANDBOXED, sandbox_in_force
-from kernels.launch.plan import Launcher
-from kernels.settings import KernelSettings
+from kernels import UNSANDBOXED, KernelSettings, Launcher, sandbox_in_force
 
 log = logging.getLogger(__name__)
 

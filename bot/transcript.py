@@ -15,7 +15,7 @@ from typing import Any
 
 from nbformat.v4 import new_output
 
-from kernels.result import DisplayOutput, ExecutionResult
+from kernels import DisplayOutput, ExecutionResult
 
 #: MIME types whose data nbformat stores as JSON (any other type holds text).
 _JSON_MIME = re.compile(r"^application/(.*\+)?json$")

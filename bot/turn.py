@@ -31,19 +31,28 @@ from bot.sources.registry import Sources
 from bot.sources.tool import SqlTool
 from bot.store import Threads
 from bot.transcript import NewCell
-from kernels import ExecutionResult, KernelOptions, KernelPool, KernelSession, Outcome, Workspace, safefs
-from kernels.oneshot import OneShot
-from kernels.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
-from kernels.result import (
+from kernels import (
     CHAT_IMAGE_MIMES,
     DisplayOutput,
+    ExecutionResult,
+    KernelOptions,
+    KernelPool,
+    KernelSession,
     KernelUnavailableError,
+    OneShot,
+    Outcome,
+    PackageInstaller,
+    PackageOutcome,
+    PinnedFile,
     QueueFullError,
     QueueLeftError,
     QueueTimeoutError,
     UnsafePathError,
+    Workspace,
+    distribution_for,
+    missing_module,
+    safefs,
 )
-from kernels.safefs import PinnedFile
 
 log = logging.getLogger(__name__)
 

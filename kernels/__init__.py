@@ -1,21 +1,45 @@
 """Kernel runtime: one Jupyter kernel and one workspace folder per chat thread.
 
-The bottom layer: nothing here imports the bot or its adapters. The bot builds a pool with
-:func:`build_pool` (or :func:`build_launcher` and :class:`KernelPool`) from its
-:class:`KernelSettings`; kernels start through one seam, :class:`Launcher` carrying out a
-:class:`LaunchPlan` (:mod:`kernels.launch.plan`).
+The bottom layer: nothing here imports the bot or its adapters. This module is the one door
+the bot comes in by (an import-linter contract forbids it every ``kernels.*`` submodule);
+what it exports, and nothing else, is what the bot may use:
+
+* **building** (the composition root and its checks): :func:`build_launcher`,
+  :func:`build_pool`, :func:`oneshot_for`, :func:`package_installer`, :func:`sandbox_in_force`
+  and :data:`UNSANDBOXED`, from the bot's :class:`KernelSettings`; the :class:`Reaper` of idle
+  kernels and stale workspaces; the :class:`Launcher` protocol (health checks look at it);
+* **a thread's kernel**: the :class:`KernelPool` and its :class:`KernelSession` objects, run with
+  :class:`KernelOptions`; an execution's :class:`ExecutionResult` (:class:`Outcome`,
+  :class:`DisplayOutput`, the image types a chat shows: :data:`CHAT_IMAGE_MIMES`);
+* **the bot's own work on untrusted data**: :class:`OneShot` (previews, ``export html``);
+  packages on demand: :class:`PackageInstaller`, :class:`PackageOutcome`,
+  :func:`missing_module`, :func:`distribution_for`;
+* **files a kernel can write**: the thread's :class:`Workspace` (its own folder
+  :data:`STATE_DIR`), and :mod:`safefs` with :class:`PinnedFile`, the one way to open them;
+* **errors**: :class:`KernelError` and its kinds;
+* **words for people**: :func:`human_size`, :func:`human_age`.
 """
 
 from __future__ import annotations
 
-from kernels.build import build_launcher, build_pool
+from kernels import safefs
+from kernels.build import (
+    UNSANDBOXED,
+    build_launcher,
+    build_pool,
+    oneshot_for,
+    package_installer,
+    sandbox_in_force,
+)
 from kernels.launch.local import KernelLauncher, LocalKernelHandle
 from kernels.launch.plan import KernelHandle, Launcher, LaunchPlan
+from kernels.oneshot import OneShot, OneShotUnavailableError
 from kernels.options import KernelOptions
-from kernels.packages import PackageInstaller, PackageOutcome
+from kernels.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
 from kernels.pool import KernelPool
 from kernels.reaper import Reaper
 from kernels.result import (
+    CHAT_IMAGE_MIMES,
     DisplayOutput,
     ErrorInfo,
     ExecutionResult,
@@ -24,37 +48,53 @@ from kernels.result import (
     KernelUnavailableError,
     Outcome,
     PoolFullError,
+    QueueFullError,
+    QueueLeftError,
+    QueueTimeoutError,
     QuotaError,
+    SandboxUnavailableError,
     StreamChunk,
     UnsafePathError,
 )
+from kernels.safefs import PinnedFile
 from kernels.session.session import KernelSession
 from kernels.settings import KernelSettings
-from kernels.workspace import FileInfo, SavedFile, Workspace, WorkspaceManager, sanitize_name
+from kernels.units import human_age, human_size
+from kernels.workspace import STATE_DIR, FileInfo, SavedFile, Workspace, WorkspaceManager, sanitize_name
 
 __all__ = [
+    "CHAT_IMAGE_MIMES",
+    "STATE_DIR",
+    "UNSANDBOXED",
     "DisplayOutput",
     "ErrorInfo",
     "ExecutionResult",
     "FileInfo",
     "KernelError",
     "KernelHandle",
-    "LocalKernelHandle",
     "KernelLauncher",
     "KernelOptions",
-    "KernelSettings",
-    "LaunchPlan",
-    "Launcher",
     "KernelPool",
     "KernelSession",
+    "KernelSettings",
     "KernelStartError",
     "KernelUnavailableError",
+    "LaunchPlan",
+    "Launcher",
+    "LocalKernelHandle",
+    "OneShot",
+    "OneShotUnavailableError",
     "Outcome",
     "PackageInstaller",
     "PackageOutcome",
+    "PinnedFile",
     "PoolFullError",
+    "QueueFullError",
+    "QueueLeftError",
+    "QueueTimeoutError",
     "QuotaError",
     "Reaper",
+    "SandboxUnavailableError",
     "SavedFile",
     "StreamChunk",
     "UnsafePathError",
@@ -62,5 +102,13 @@ __all__ = [
     "WorkspaceManager",
     "build_launcher",
     "build_pool",
+    "distribution_for",
+    "human_age",
+    "human_size",
+    "missing_module",
+    "oneshot_for",
+    "package_installer",
+    "safefs",
+    "sandbox_in_force",
     "sanitize_name",
 ]

@@ -44,7 +44,7 @@ from bot.agent.nudge import NUDGE, should_nudge
 from bot.agent.observation import format_observation
 from bot.agent.steps import step_label
 from bot.config import LLMSettings
-from kernels.result import ExecutionResult, KernelError, Outcome
+from kernels import ExecutionResult, KernelError, Outcome
 
 log = logging.getLogger(__name__)
 

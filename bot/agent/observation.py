@@ -8,7 +8,7 @@ death, restart) are spelled out so the model knows which variables it still has.
 from __future__ import annotations
 
 from bot.safetext import shown
-from kernels.result import ExecutionResult, Outcome
+from kernels import ExecutionResult, Outcome
 
 STDOUT_CHARS = 2500
 STDERR_CHARS = 1200

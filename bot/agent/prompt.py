@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bot.safetext import shown
-from kernels.units import human_size
+from kernels import human_size
 
 _BASE = """\
 You are Threadbook, a data analysis assistant in a chat thread. You have a persistent \

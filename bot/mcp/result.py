@@ -26,8 +26,7 @@ from urllib.parse import urlsplit
 import mcp_types as types
 
 from bot.mcp.hiding import Hider, one_line
-from kernels.result import QuotaError, UnsafePathError
-from kernels.workspace import Workspace
+from kernels import QuotaError, UnsafePathError, Workspace
 
 #: A text result up to this many characters goes to the model as it is.
 MAX_TEXT_CHARS = 8_000

@@ -21,7 +21,7 @@ from bot.mcp.connection import CallFailed
 from bot.mcp.hiding import one_line
 from bot.mcp.registry import McpServers, OfferedTool
 from bot.mcp.result import present
-from kernels.workspace import Workspace
+from kernels import Workspace
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import keyword
 from typing import Any
 
 from bot.safetext import cut
-from kernels.workspace import STATE_DIR
+from kernels import STATE_DIR
 
 #: The model's tool name.
 SQL_TOOL = "sql"

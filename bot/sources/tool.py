@@ -24,8 +24,7 @@ from bot.sources.engine import Fetched, QueryFailed, Source
 from bot.sources.guard import QueryRefused, check_query
 from bot.sources.parquet import MixedTypes, ParquetSink, ResultTooLarge, SinkFailed
 from bot.sources.registry import Sources
-from kernels.result import ExecutionResult, Outcome, UnsafePathError
-from kernels.workspace import STATE_DIR, Workspace
+from kernels import STATE_DIR, ExecutionResult, Outcome, UnsafePathError, Workspace
 
 log = logging.getLogger(__name__)
 
