@@ -67,7 +67,7 @@ KERNEL_WORK = ("execute", "save", "lease/thaw")
 #: (module, class, method, phase): the methods that make a phase while they run.
 PHASE_METHODS = (
     ("bot.turn", "TurnRunner", "run", "turn"),
-    ("kernels.pool", "KernelPool", "get_or_start", "lease/thaw"),
+    ("kernels.pool.pool", "KernelPool", "get_or_start", "lease/thaw"),
     ("kernels.session.session", "KernelSession", "_thaw", "lease/thaw"),
     ("kernels.session.session", "KernelSession", "execute", "execute"),
     ("kernels.session.session", "KernelSession", "_freeze", "freeze"),
@@ -273,7 +273,7 @@ class CpuMeter:
         """Count the CPU each one-shot's cgroup used, read as it is removed, to ``one-shots``:
         a spawned one-shot's processes end in bubblewrap's pid namespace, whose reaper the bot
         never sees (their time is missing from the bot's reaped children)."""
-        from kernels.launch.cgroups import KernelCgroup
+        from kernels.host.cgroups import KernelCgroup
 
         remove = KernelCgroup.remove
         meter = self

@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import kernels.launch.local as launcher_module
+import kernels.local.launcher as launcher_module
 from bench.kernels import FIRST_CELL, Sandbox, open_pool
-from kernels.fork.server import ForkingLauncher, ForkServer
-from kernels.launch.local import KernelLauncher, LocalKernelHandle
+from kernels.forking.launcher import ForkingLauncher, ForkServer
+from kernels.local.launcher import KernelLauncher, LocalKernelHandle
 from kernels.session.session import KernelSession
 
 #: (step, from mark, to mark) in the order a start goes through them.

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kernels import KernelPool, build_pool
-from kernels.fork.server import ForkingLauncher
-from kernels.settings import KernelSettings, PackageSettings
+from kernels.forking.launcher import ForkingLauncher
+from kernels.seam.settings import KernelSettings, PackageSettings
 
 MODES = ("spawn", "pool", "fork", "gateway", "gateway-pool")
 #: Kernels on a real Jupyter Kernel Gateway (:mod:`bench.gateway`): cold, and from a warm pool.

@@ -28,7 +28,7 @@ from bench.sources import _peak_while
 from bot.mcp.registry import McpServers
 from bot.mcp.settings import McpServerSettings
 from bot.mcp.tool import McpTool
-from kernels.workspace import Workspace
+from kernels.host.workspace import Workspace
 from tests.mcp.conftest import HttpServer, stdio_settings
 
 MODES = ("http", "stdio")

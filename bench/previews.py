@@ -1,7 +1,7 @@
 """The ``preview`` scenario (issue 44): what the bot's own one-shots cost a turn.
 
 Per mode, ``spawn`` (a fresh interpreter per one-shot) and ``fork`` (forked from the one-shot
-fork server, :mod:`kernels.fork.oneshots`), through the whole bot (the real dispatcher, turn
+fork server, :mod:`kernels.oneshot.server`), through the whole bot (the real dispatcher, turn
 runner and kernels, the scripted model answering at once, an in-memory chat platform):
 
 * ``p50_ms`` / ``p90_ms`` / ``max_ms``: what the preview of a 20,000-row CSV upload adds to a
@@ -28,7 +28,7 @@ from bench.cpu import CpuMeter
 from bench.kernels import Sandbox, summary
 from bot.app import Core
 from bot.attachments import preview
-from kernels.oneshot import OneShot
+from kernels.oneshot.runner import OneShot
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat, bytes_attachment
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call

@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.kernels import Sandbox, settings_for, summary, time_first_cell
 from kernels import KernelPool, build_launcher
-from kernels.fork.server import ForkingLauncher
+from kernels.forking.launcher import ForkingLauncher
 from kernels.warm.target import EVALUATE_EVERY_S, WarmTarget, available_memory
 
 MODES = ("fixed", "auto")

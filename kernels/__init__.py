@@ -22,7 +22,6 @@ what it exports, and nothing else, is what the bot may use:
 
 from __future__ import annotations
 
-from kernels import safefs
 from kernels.build import (
     UNSANDBOXED,
     build_launcher,
@@ -31,14 +30,17 @@ from kernels.build import (
     package_installer,
     sandbox_in_force,
 )
-from kernels.launch.local import KernelLauncher, LocalKernelHandle
-from kernels.launch.plan import KernelHandle, Launcher, LaunchPlan
-from kernels.oneshot import OneShot, OneShotUnavailableError
-from kernels.options import KernelOptions
-from kernels.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
-from kernels.pool import KernelPool
-from kernels.reaper import Reaper
-from kernels.result import (
+from kernels.host import safefs
+from kernels.host.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
+from kernels.host.safefs import PinnedFile
+from kernels.host.workspace import STATE_DIR, FileInfo, SavedFile, Workspace, WorkspaceManager, sanitize_name
+from kernels.local.launcher import KernelLauncher, LocalKernelHandle
+from kernels.oneshot.runner import OneShot, OneShotUnavailableError
+from kernels.pool.pool import KernelPool
+from kernels.pool.reaper import Reaper
+from kernels.seam.options import KernelOptions
+from kernels.seam.plan import KernelHandle, Launcher, LaunchPlan
+from kernels.seam.result import (
     CHAT_IMAGE_MIMES,
     DisplayOutput,
     ErrorInfo,
@@ -56,11 +58,9 @@ from kernels.result import (
     StreamChunk,
     UnsafePathError,
 )
-from kernels.safefs import PinnedFile
+from kernels.seam.settings import KernelSettings
+from kernels.seam.units import human_age, human_size
 from kernels.session.session import KernelSession
-from kernels.settings import KernelSettings
-from kernels.units import human_age, human_size
-from kernels.workspace import STATE_DIR, FileInfo, SavedFile, Workspace, WorkspaceManager, sanitize_name
 
 __all__ = [
     "CHAT_IMAGE_MIMES",

@@ -1,11 +1,11 @@
-"""The one place that decides which :class:`~kernels.launch.plan.Launcher` a deployment gets.
+"""The one place that decides which :class:`~kernels.seam.plan.Launcher` a deployment gets.
 
 ``kernels.sandbox`` picks bubblewrap or the plain launcher. It fails closed: ``auto`` and
 ``bwrap`` probe bubblewrap once and raise :class:`SandboxUnavailableError` (one line saying
 what fixes it) when it cannot run, so no kernel ever runs unsandboxed unless ``none`` says so
 (logged as a warning); slirp4netns is probed for ``network: true`` kernels, and ``kernels.fork_server`` wraps the
-result in a :class:`~kernels.fork.server.ForkingLauncher`. Whoever builds a
-:class:`~kernels.pool.KernelPool` calls :func:`build_launcher` and hands its result over.
+result in a :class:`~kernels.forking.launcher.ForkingLauncher`. Whoever builds a
+:class:`~kernels.pool.pool.KernelPool` calls :func:`build_launcher` and hands its result over.
 """
 
 from __future__ import annotations
@@ -13,21 +13,21 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from kernels.fork.server import ForkingLauncher
-from kernels.launch.gateway import GatewayLauncher
-from kernels.launch.interpreter import inspect_interpreter
-from kernels.launch.local import KernelLauncher
-from kernels.launch.plan import Launcher, ResourceLimits
-from kernels.oneshot import OneShot
-from kernels.packages import PackageInstaller
-from kernels.pool import KernelPool
-from kernels.result import KernelStartError, SandboxUnavailableError
-from kernels.sandbox.launcher import BwrapLauncher
+from kernels.bwrap.launcher import BwrapLauncher
+from kernels.forking.launcher import ForkingLauncher
+from kernels.gateway.launcher import GatewayLauncher
+from kernels.host.interpreter import inspect_interpreter
+from kernels.host.packages import PackageInstaller
+from kernels.local.launcher import KernelLauncher
+from kernels.oneshot.runner import OneShot
+from kernels.pool.pool import KernelPool
 from kernels.sandbox.probe import probe, probe_network
 from kernels.sandbox.remedy import NONE_SETTING, in_container, refusal
 from kernels.sandbox.slirp import SlirpSupport, detect_slirp
 from kernels.sandbox.support import BwrapSupport, detect_support
-from kernels.settings import KernelSettings
+from kernels.seam.plan import Launcher, ResourceLimits
+from kernels.seam.result import KernelStartError, SandboxUnavailableError
+from kernels.seam.settings import KernelSettings
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def build_launcher(
 
     ``bwrap`` and ``slirp4netns`` override where the binaries are looked for (default:
     :func:`kernels.sandbox.support.find_bwrap`, ``PATH``). Logs which resource isolation
-    kernels get (per-kernel cgroups or rlimits only, :mod:`kernels.launch.cgroups`).
+    kernels get (per-kernel cgroups or rlimits only, :mod:`kernels.host.cgroups`).
     """
     if settings.gateway.enabled:
         gateway = GatewayLauncher(settings)

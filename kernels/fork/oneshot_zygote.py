@@ -2,7 +2,7 @@
 process for every job.
 
 Run as ``python -I kernels/fork/oneshot_zygote.py PRELOAD_JSON LIFELINE_FD [jail|userns]`` by
-:class:`kernels.fork.oneshots.OneShotServer`, inside the kernels' sandbox (the same bubblewrap
+:class:`kernels.oneshot.server.OneShotServer`, inside the kernels' sandbox (the same bubblewrap
 command as the kernels' zygote, :func:`kernels.sandbox.args.zygote_args`) or, with
 ``kernels.sandbox: none``, as a plain child. Like ``zygote.py`` it imports nothing of the
 project but ``jail.py`` and ``zygote.py`` beside it (by path: their helpers), and it never runs

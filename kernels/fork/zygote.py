@@ -1,7 +1,7 @@
 """The fork server's own program ("zygote"): import once, fork a fresh ipykernel per request.
 
 Run as ``python -P kernels/fork/zygote.py PRELOAD_JSON LIFELINE_FD KERNEL_ARGV_JSON [jail]`` by
-:class:`kernels.fork.server.ForkServer`; it imports nothing from this project but its sibling
+:class:`kernels.forking.launcher.ForkServer`; it imports nothing from this project but its sibling
 ``jail.py`` (standard library only), so a kernel's ``sys.modules`` holds only what a
 spawned kernel would have plus the preloaded modules. Before it serves it imports what
 every kernel imports while it starts (:data:`KERNEL_IMPORTS`), resolves matplotlib's inline
@@ -18,7 +18,7 @@ namespaces and uid before any user code (:mod:`kernels.fork.jail`); the fork is 
 once the kernel process has dropped its privileges, or with the error that stopped it.
 In both profiles every child joins a new session keyring and raises its ``oom_score_adj``
 before any user code (:func:`kernels.fork.jail.isolate`); the bot moves it into the kernel's
-cgroup once the fork is answered (:mod:`kernels.launch.cgroups`).
+cgroup once the fork is answered (:mod:`kernels.host.cgroups`).
 
 Protocol: JSON lines. The zygote writes ``{"ready": pid, "threads": n}`` once its imports
 are done, then reads fork requests ``{"id", "argv", "cwd", "env", "log", "limits"}`` from
@@ -37,7 +37,7 @@ A forked kernel is tied to the bot, not to the zygote: the lifeline pipe's write
 only in the bot, so when the bot dies every kernel sees EOF and kills its process group (a
 jailed kernel's supervisor exits, which ends its pid namespace), while a zygote that dies
 (and is restarted) leaves running kernels alone. A kernel frozen between turns reads nothing:
-the bot's kernel warden (``kernels/launch/warden.py``) kills and thaws it instead.
+the bot's kernel warden (``kernels/host/warden.py``) kills and thaws it instead.
 """
 
 from __future__ import annotations

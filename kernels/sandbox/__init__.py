@@ -2,7 +2,7 @@
 
 Each kernel runs as ``bwrap [namespaces, binds] -- [sh -c remount] prlimit [limits] -- [setpriv]
 -- python -m ipykernel_launcher``, in its own cgroup where the host allows one
-(:mod:`kernels.launch.cgroups`; the bot's ``preexec_fn`` puts the bwrap process there):
+(:mod:`kernels.host.cgroups`; the bot's ``preexec_fn`` puts the bwrap process there):
 
 * new pid, net, ipc, uts and cgroup namespaces; only ``lo`` exists, so there is no network
   and the bot's own ports on the host's 127.0.0.1 are unreachable (``network: true``
@@ -34,7 +34,7 @@ Who the kernel is depends on who runs the bot:
   there is one.
 
 ``sandbox: auto`` and ``sandbox: bwrap`` probe once (a real sandboxed Python start) and fail
-closed: when the probe fails, start-up stops with :class:`~kernels.result.SandboxUnavailableError`, one line
+closed: when the probe fails, start-up stops with :class:`~kernels.seam.result.SandboxUnavailableError`, one line
 naming the fix (:mod:`kernels.sandbox.remedy`); only ``sandbox: none``, written by the
 operator, runs kernels without a sandbox.
 For ``network: true`` the same start-up probes slirp4netns (:mod:`kernels.sandbox.slirp`); without
@@ -45,10 +45,10 @@ The package, one concept per module:
 * :mod:`kernels.sandbox.support` - finding bwrap and its features, the host's layout;
 * :mod:`kernels.sandbox.args` - the bwrap command lines (pure functions);
 * :mod:`kernels.sandbox.identity` - the kernel's uid and its files on the host;
-* :mod:`kernels.sandbox.launcher` - the provisioner and the launcher;
 * :mod:`kernels.sandbox.probe` - the start-up probes;
 * :mod:`kernels.sandbox.remedy` - the one line that says what to do when it cannot start;
 * :mod:`kernels.sandbox.slirp` - the network of ``network: true`` kernels (slirp4netns).
 
-Which launcher a deployment gets is chosen in :func:`kernels.build.build_launcher`.
+The launcher whose kernels run in it is :class:`kernels.bwrap.launcher.BwrapLauncher`; which launcher
+a deployment gets is chosen in :func:`kernels.build.build_launcher`.
 """

@@ -2,7 +2,7 @@
 
 Nothing here touches the file system or starts a process: :func:`sandbox_args` turns a
 :class:`~kernels.sandbox.support.BwrapSupport` (with the host layout read at detection) and a
-:class:`~kernels.launch.plan.LaunchPlan` into the ``bwrap ... --`` prefix of a kernel, and
+:class:`~kernels.seam.plan.LaunchPlan` into the ``bwrap ... --`` prefix of a kernel, and
 :func:`zygote_args` does the same for the fork server's zygote.
 """
 
@@ -13,8 +13,8 @@ import shlex
 from pathlib import Path
 
 from kernels.fork.jail import HOST_VIEW
-from kernels.launch.plan import LaunchPlan, RLimits
 from kernels.sandbox.support import CA_CERTS, BwrapSupport
+from kernels.seam.plan import LaunchPlan, RLimits
 
 WORKSPACE = Path("/workspace")
 DATA = Path("/data")

@@ -14,9 +14,9 @@ import hashlib
 import os
 from pathlib import Path
 
-from kernels import safefs
-from kernels.launch.plan import Identity, LaunchPlan
+from kernels.host import safefs
 from kernels.sandbox.slirp import HOSTS, RESOLV_CONF
+from kernels.seam.plan import Identity, LaunchPlan
 
 #: Kernel uids when the bot runs as root: a stable uid per workspace in this range.
 KERNEL_UID_BASE = 1_900_000_000

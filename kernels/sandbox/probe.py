@@ -1,6 +1,6 @@
 """Start-up probes: does a sandboxed Python (and, for ``network: true``, slirp4netns) work here?
 
-Each probe carries out a real :class:`~kernels.launch.plan.LaunchPlan` in throw-away folders, the
+Each probe carries out a real :class:`~kernels.seam.plan.LaunchPlan` in throw-away folders, the
 way a kernel would be started, and raises :class:`KernelStartError` saying what failed.
 """
 
@@ -12,13 +12,13 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from kernels.launch.interpreter import KernelPython
-from kernels.launch.plan import LaunchPlan, ResourceLimits
-from kernels.result import KernelStartError
+from kernels.host.interpreter import KernelPython
 from kernels.sandbox.args import TMP_INODES, sandbox_args
 from kernels.sandbox.identity import identity_for, prepare_run_dir
 from kernels.sandbox.slirp import TAP, SlirpSupport, attach
 from kernels.sandbox.support import PROBE_TIMEOUT_S, BwrapSupport
+from kernels.seam.plan import LaunchPlan, ResourceLimits
+from kernels.seam.result import KernelStartError
 
 
 @contextlib.contextmanager

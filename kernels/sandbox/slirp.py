@@ -30,8 +30,8 @@ from typing import IO, Any
 
 import psutil
 
-from kernels.result import KernelStartError
 from kernels.sandbox.support import usage_text
+from kernels.seam.result import KernelStartError
 
 TAP = "tap0"
 MTU = 65520

@@ -14,8 +14,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.launch.interpreter import KernelPython
-from kernels.result import KernelStartError
+from kernels.host.interpreter import KernelPython
+from kernels.seam.result import KernelStartError
 
 PROBE_TIMEOUT_S = 20.0
 #: Host files bound read-only when present (the loader cache, time zone, MIME types, fonts).

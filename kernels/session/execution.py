@@ -30,15 +30,15 @@ from enum import Enum, auto
 from queue import Empty
 from typing import Any
 
-from kernels import safefs
-from kernels.launch.plan import KernelHandle
-from kernels.result import ExecutionResult, Outcome
-from kernels.safefs import MAX_WALK_ENTRIES
+from kernels.host import safefs
+from kernels.host.safefs import MAX_WALK_ENTRIES
+from kernels.host.workspace import FileStamps, Workspace
+from kernels.seam.plan import KernelHandle
+from kernels.seam.result import ExecutionResult, Outcome
+from kernels.seam.settings import KernelSettings
+from kernels.seam.units import human_size
 from kernels.session.output import MAX_MESSAGE_BYTES, OutputCollector
 from kernels.session.quota_probe import QuotaProbe
-from kernels.settings import KernelSettings
-from kernels.units import human_size
-from kernels.workspace import FileStamps, Workspace
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import re
 from collections import deque
 from typing import Any
 
-from kernels.result import DisplayOutput, ErrorInfo, StreamChunk
+from kernels.seam.result import DisplayOutput, ErrorInfo, StreamChunk
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _BINARY_MIME = ("image/png", "image/jpeg", "image/gif")

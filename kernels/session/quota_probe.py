@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kernels import safefs
+from kernels.host import safefs
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ idle``, the shell reply is read for the execution count, and a watchdog (every 0
 a dead process into ``Outcome.DIED``. On timeout the kernel is interrupted; if it is still
 busy ``interrupt_grace_s`` later (a long C call ignores SIGINT), the session replaces it by a
 fresh kernel in the same workspace. When an execution ends, processes it left running are
-killed unless the channel allows background processes (:mod:`kernels.launch.leftovers`); the
+killed unless the channel allows background processes (:mod:`kernels.host.leftovers`); the
 result's notice says how many. The thread's variables are saved and restored through
 :class:`~kernels.session.snapshots.Snapshots`.
 """
@@ -21,13 +21,13 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 
-from kernels.launch.plan import KernelHandle, Launcher
-from kernels.options import KernelOptions
-from kernels.result import ExecutionResult, KernelError, Outcome
+from kernels.host.workspace import FileStamps, Workspace, changed_files
+from kernels.seam.options import KernelOptions
+from kernels.seam.plan import KernelHandle, Launcher
+from kernels.seam.result import ExecutionResult, KernelError, Outcome
+from kernels.seam.settings import KernelSettings
 from kernels.session.execution import TRIP_LOOK_S, Execution, QuotaWatch, interrupt_quietly, joined
 from kernels.session.snapshots import HOLDS_STATE_EXPRESSION, RestoreReport, SaveReport, Snapshots
-from kernels.settings import KernelSettings
-from kernels.workspace import FileStamps, Workspace, changed_files
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class KernelSession:
         self._inherited = False
         #: Why a kernel of the thread stopped unasked, until the thread is told.
         self._died = died
-        #: The current kernel is frozen (:mod:`kernels.launch.freezing`): it is, whenever no work holds the session.
+        #: The current kernel is frozen (:mod:`kernels.host.freezing`): it is, whenever no work holds the session.
         self._frozen = False
         #: CPU seconds of the current kernel at its last freeze (or start), and those used since
         #: the last :meth:`take_cpu_seconds` (None: this kernel's CPU time is not known).
@@ -108,7 +108,7 @@ class KernelSession:
 
     @property
     def remote_id(self) -> str | None:
-        """The current kernel's :attr:`~kernels.launch.plan.KernelHandle.remote_id` (None: local, or none running)."""
+        """The current kernel's :attr:`~kernels.seam.plan.KernelHandle.remote_id` (None: local, or none running)."""
         return self._handle.remote_id if self._handle is not None else None
 
     @property

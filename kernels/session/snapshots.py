@@ -3,8 +3,8 @@
 Serialising and loading happen inside the thread's sandboxed kernel; the bot only asks for
 them with a silent user expression, reads the kernel's short JSON answer (bounded, checked
 field by field, names and reasons cut to size) and tells the model what came back. The
-snapshot's files are never opened by the bot: :meth:`kernels.workspace.Workspace.saved_state`
-sizes them, :meth:`~kernels.workspace.Workspace.forget_state` deletes them.
+snapshot's files are never opened by the bot: :meth:`kernels.host.workspace.Workspace.saved_state`
+sizes them, :meth:`~kernels.host.workspace.Workspace.forget_state` deletes them.
 
 :class:`Snapshots` is a session's part in this: it loads the snapshot into each new kernel of
 the thread and saves the kernel's variables into it, through the kernel the session lends it.
@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kernels.settings import KernelSettings
-from kernels.units import human_age, human_size
-from kernels.workspace import Workspace
+from kernels.host.workspace import Workspace
+from kernels.seam.settings import KernelSettings
+from kernels.seam.units import human_age, human_size
 
 __all__ = [
     "HOLDS_STATE_EXPRESSION",

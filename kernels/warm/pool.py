@@ -38,10 +38,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from kernels import safefs
-from kernels.launch.plan import KernelHandle, Launcher, LaunchPlan
-from kernels.options import KernelOptions
-from kernels.result import KernelStartError
+from kernels.host import safefs
+from kernels.seam.options import KernelOptions
+from kernels.seam.plan import KernelHandle, Launcher, LaunchPlan
+from kernels.seam.result import KernelStartError
 from kernels.warm.target import WarmTarget
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ def adopt_folder(folder: Path, workspace: Path, owner: tuple[int, int] | None = 
 
 
 class HandOff:
-    """A one-shot :class:`~kernels.launch.plan.Launcher` for one session: its first start adopts a
+    """A one-shot :class:`~kernels.seam.plan.Launcher` for one session: its first start adopts a
     warm kernel.
 
     Later starts of the same session (after a death or a restart) go to ``fallback``, as

@@ -6,7 +6,7 @@ from typing import Any
 
 from bot.agent import CodeRunner
 from bot.config import LLMSettings
-from kernels.result import ExecutionResult
+from kernels.seam.result import ExecutionResult
 from tests.fakes.openai_server import ScriptedOpenAI
 
 

@@ -14,7 +14,7 @@ import pytest_asyncio
 from bot.agent import CUT_OFF_NOTE, Agent, TurnResult
 from bot.agent.nudge import NUDGE
 from bot.app import Core
-from kernels.result import ExecutionResult, StreamChunk
+from kernels.seam.result import ExecutionResult, StreamChunk
 from tests.agent.conftest import PreparedRunner, assert_valid_transcript, llm_settings
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat, bytes_attachment

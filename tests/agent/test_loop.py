@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from bot.agent import Agent, TurnResult
 from bot.agent.history import FENCED_OUTPUT_HEADER, wire_messages
-from kernels.result import ErrorInfo, ExecutionResult, KernelError, Outcome, StreamChunk
+from kernels.seam.result import ErrorInfo, ExecutionResult, KernelError, Outcome, StreamChunk
 from tests.agent.conftest import PreparedRunner, assert_valid_transcript, llm_settings
 from tests.fakes.openai_server import ScriptedOpenAI, answer, error, raw_tool_call, tool_call
 

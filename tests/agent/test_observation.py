@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bot.agent.observation import STDOUT_CHARS, format_observation, short_traceback, truncate_middle
-from kernels.result import DisplayOutput, ErrorInfo, ExecutionResult, Outcome, StreamChunk
+from kernels.seam.result import DisplayOutput, ErrorInfo, ExecutionResult, Outcome, StreamChunk
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"0" * 200
 

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 from bot.agent import Agent, TurnResult
 from bot.agent.llm import LLMClient, LLMError
 from bot.config import LLMSettings
-from kernels.result import ExecutionResult, StreamChunk
+from kernels.seam.result import ExecutionResult, StreamChunk
 from tests.agent.conftest import PreparedRunner, assert_valid_transcript, llm_settings
 from tests.fakes.openai_server import (
     ScriptedOpenAI,

@@ -10,7 +10,7 @@ import pytest_asyncio
 
 from bot.agent import Agent
 from bot.agent.llm import LLMClient
-from kernels.result import ExecutionResult, StreamChunk
+from kernels.seam.result import ExecutionResult, StreamChunk
 from tests.agent.conftest import PreparedRunner, llm_settings
 from tests.fakes.openai_server import ScriptedOpenAI, Strictness, answer, text_tool_call, tool_call
 

@@ -25,8 +25,8 @@ from bot import commands
 from bot.app import Core
 from bot.commands import HELP_TEXT
 from kernels import KernelOptions
-from kernels.oneshot import OneShot
-from kernels.workspace import STATE_DIR
+from kernels.host.workspace import STATE_DIR
+from kernels.oneshot.runner import OneShot
 from tests.fakes.memory import MemoryChat
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
 

@@ -28,7 +28,7 @@ from bot.dispatcher import FAILURE_NOTICE, Dispatcher
 from bot.events import InboundMessage, Outbox, Reply, ThreadKey
 from bot.line import INTERRUPTED_NOTICE, QUEUED_NOTICE, RESTART_NOTICE
 from bot.store import Store
-from kernels.oneshot import OneShot
+from kernels.oneshot.runner import OneShot
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat, MemoryOutbox
 

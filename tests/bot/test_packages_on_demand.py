@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 
 from bot.app import Core
-from kernels.packages import installed_distributions
+from kernels.host.packages import installed_distributions
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call

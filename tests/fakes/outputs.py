@@ -1,6 +1,6 @@
 """Helpers for tests of what adapters send: files as the core hands them over, and peak memory.
 
-:func:`file_out` opens a file the way the core does (``kernels.safefs.pin``) and gives the
+:func:`file_out` opens a file the way the core does (``kernels.host.safefs.pin``) and gives the
 :class:`~bot.events.FileOut` adapters receive; :func:`big_random_file` writes a large file
 without holding it in memory; :class:`PeakRss` measures how far this process's resident
 memory rose while a block ran.
@@ -20,7 +20,7 @@ import psutil
 
 from bot.events import FileOut
 from bot.safetext import shown
-from kernels.safefs import pin
+from kernels.host.safefs import pin
 
 
 @contextmanager

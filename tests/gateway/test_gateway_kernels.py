@@ -12,7 +12,7 @@ import pytest_asyncio
 from bot.app import Core
 from bot.turn import KERNEL_SERVICE_NOTICE
 from kernels import KernelPool, KernelUnavailableError, Outcome, Reaper, build_pool
-from kernels.launch.gateway import GatewayLauncher
+from kernels.gateway.launcher import GatewayLauncher
 from tests.conftest import make_settings
 from tests.fakes.memory import MemoryChat
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelPool, build_pool
-from kernels.settings import KernelSettings
+from kernels.seam.settings import KernelSettings
 from tests.conftest import KERNEL_PYTHON
 
 

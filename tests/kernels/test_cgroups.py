@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kernels.launch.cgroups import (
+from kernels.host.cgroups import (
     KERNEL_PREFIX,
     PARENT,
     Cgroups,

@@ -27,8 +27,8 @@ from bot.notebook import export_notebook
 from bot.transcript import CellEntry, result_to_outputs
 from bot.turn import Outputs, collect_outputs
 from kernels import KernelPool, KernelSession, build_pool
-from kernels.fork.server import ForkingLauncher
-from kernels.result import DisplayOutput, ExecutionResult
+from kernels.forking.launcher import ForkingLauncher
+from kernels.seam.result import DisplayOutput, ExecutionResult
 from kernels.session.output import OutputCollector
 from tests.kernels.conftest import kernel_settings
 from tests.security import conftest as security

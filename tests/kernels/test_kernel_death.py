@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelPool, Reaper, build_pool
-from kernels.result import Outcome
+from kernels.seam.result import Outcome
 from tests.kernels.conftest import kernel_settings
 from tests.kernels.test_snapshots import SOURCES
 from tests.security.conftest import SKIP_REASON

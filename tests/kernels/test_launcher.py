@@ -10,8 +10,8 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 
 from kernels import KernelLauncher, KernelOptions, KernelStartError, LaunchPlan
-from kernels.launch.local import ThreadbookProvisioner
-from kernels.launch.plan import KernelHandle
+from kernels.local.launcher import ThreadbookProvisioner
+from kernels.seam.plan import KernelHandle
 from tests.kernels.conftest import kernel_settings
 
 

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from kernels import KernelLauncher, KernelOptions, KernelPool, build_pool
-from kernels.fork.server import ForkingLauncher
-from kernels.launch.cgroups import Cgroups, detected
+from kernels.forking.launcher import ForkingLauncher
+from kernels.host.cgroups import Cgroups, detected
 from tests.kernels.conftest import kernel_settings
 
 #: Starts a child and a daemon that leaves the tree (setsid, double fork); prints their pids.
@@ -132,8 +132,8 @@ def test_background_processes_do_not_change_how_kernels_start(tmp_path: Path) ->
 def test_the_launcher_walks_the_same_process_tree_as_the_sweep() -> None:
     """``_descendants`` (kill) and ``_tree_pss`` (memory) walk :func:`leftovers.process_tree`:
     the root's descendants without the root, and nothing for a process that is gone."""
-    from kernels.launch import local
-    from kernels.launch.leftovers import process_tree
+    from kernels.host.leftovers import process_tree
+    from kernels.local import launcher as local
 
     child = subprocess.Popen(["sleep", "300"])
     try:

@@ -1,4 +1,4 @@
-"""The kernel warden (``kernels/launch/warden.py``) and the bot's lifeline to it, with real kernels.
+"""The kernel warden (``kernels/host/warden.py``) and the bot's lifeline to it, with real kernels.
 
 What a SIGKILL of the bot does to frozen kernels is ``tests/security/test_bot_death.py``; here:
 the warden is a small process of its own, outside every kernel cgroup, that nothing the bot
@@ -26,10 +26,10 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelPool, build_pool
-from kernels.launch.cgroups import detected
-from kernels.launch.lifeline import WARDEN, Lifeline, WardenUnavailableError
-from kernels.launch.local import KernelLauncher, LocalKernelHandle
-from kernels.result import KernelStartError
+from kernels.host.cgroups import detected
+from kernels.host.lifeline import WARDEN, Lifeline, WardenUnavailableError
+from kernels.local.launcher import KernelLauncher, LocalKernelHandle
+from kernels.seam.result import KernelStartError
 from tests.kernels.conftest import kernel_processes, kernel_settings
 from tests.security.test_bot_death import DEATH_S, _alive, _clean_up, _processes, _read_line
 

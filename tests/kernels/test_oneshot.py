@@ -1,4 +1,4 @@
-"""One-shot processes (:mod:`kernels.oneshot`): real processes, plain and inside bubblewrap,
+"""One-shot processes (:mod:`kernels.oneshot.runner`): real processes, plain and inside bubblewrap,
 spawned (a fresh interpreter each) and forked (from the one-shot fork server).
 
 Each bound is checked from outside: the process list (psutil) after a run past its deadline,
@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from kernels.build import oneshot_for, spawn_launcher
-from kernels.launch.gateway import GatewayLauncher
-from kernels.oneshot import ONESHOT_PREFIX, OneShot, OneShotUnavailableError
+from kernels.gateway.launcher import GatewayLauncher
+from kernels.oneshot.runner import ONESHOT_PREFIX, OneShot, OneShotUnavailableError
 from tests.kernels.conftest import kernel_settings
 from tests.security.conftest import SKIP_REASON
 

@@ -19,8 +19,7 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelPool, Outcome, build_launcher
-from kernels.launch.local import KernelLauncher
-from kernels.packages import (
+from kernels.host.packages import (
     STAGING,
     PackageInstaller,
     Verdict,
@@ -30,8 +29,9 @@ from kernels.packages import (
     installer_error,
     missing_module,
 )
-from kernels.result import ErrorInfo
-from kernels.settings import PackageSettings
+from kernels.local.launcher import KernelLauncher
+from kernels.seam.result import ErrorInfo
+from kernels.seam.settings import PackageSettings
 from tests.fakes.wheels import make_wheel
 from tests.kernels.conftest import kernel_settings
 
@@ -102,7 +102,7 @@ def test_allow_list_compares_canonical_names(tmp_path: Path) -> None:
 
 
 def installer_for_names(settings: PackageSettings, folder: Path) -> PackageInstaller:
-    from kernels.launch.interpreter import KernelPython
+    from kernels.host.interpreter import KernelPython
 
     return PackageInstaller(settings, python=KernelPython(Path(sys.executable), (), (3, 11)), target=folder)
 

@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelPool, Reaper, build_pool
-from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError
+from kernels.seam.result import QueueFullError, QueueLeftError, QueueTimeoutError
 from tests.kernels.conftest import kernel_processes, kernel_settings
 
 

@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from kernels import KernelPool, KernelSession, Outcome, build_pool
-from kernels.launch.local import KernelLauncher
-from kernels.oneshot import OneShot
+from kernels.local.launcher import KernelLauncher
+from kernels.oneshot.runner import OneShot
 from tests.fakes.outputs import PeakRss
 from tests.fakes.uploads import huge_header_png, sparse_csv, zip_bomb_xlsx
 from tests.kernels.conftest import kernel_settings

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from kernels.host.workspace import Workspace
 from kernels.session import quota_probe
 from kernels.session.execution import WATCHDOG_INTERVAL_S, QuotaWatch, Watchdog
-from kernels.workspace import Workspace
 
 pytestmark = pytest.mark.timeout(30)
 MiB = 2**20

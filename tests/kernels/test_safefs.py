@@ -1,4 +1,4 @@
-"""kernels.safefs against real files: links, FIFOs, devices and races are refused, reads bounded.
+"""kernels.host.safefs against real files: links, FIFOs, devices and races are refused, reads bounded.
 
 Every test runs twice: with ``openat2`` (where the kernel has it) and with the per-component
 ``O_NOFOLLOW`` walk that replaces it elsewhere.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import safefs
-from kernels.result import UnsafePathError
+from kernels.host import safefs
+from kernels.seam.result import UnsafePathError
 
 SECRET = b"TB-SECRET-do-not-read"
 

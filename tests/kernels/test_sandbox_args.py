@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from kernels.fork.jail import HOST_VIEW
-from kernels.launch.plan import Identity, LaunchPlan, ResourceLimits
 from kernels.sandbox.args import DATA, PACKAGES, TMP_INODES, WORKSPACE, prlimit_options, sandbox_args, zygote_args
 from kernels.sandbox.identity import KERNEL_UID_BASE, USERNS_UID, identity_for
 from kernels.sandbox.support import CA_CERTS, BwrapSupport, HostLayout
+from kernels.seam.plan import Identity, LaunchPlan, ResourceLimits
 
 HOST = HostLayout(
     top_level=((Path("/bin"), "usr/bin"), (Path("/lib"), None)),

@@ -18,8 +18,8 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelPool, Reaper, build_pool
+from kernels.host.workspace import STATE_DIR
 from kernels.session.snapshots import MAX_ANSWER_CHARS, parse_restore, parse_save
-from kernels.workspace import STATE_DIR
 from tests.kernels.conftest import kernel_settings
 from tests.security.conftest import SKIP_REASON
 

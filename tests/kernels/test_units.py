@@ -1,5 +1,5 @@
 """The kernel runtime writes sizes exactly as the bot does: ``threadbook_kernel.answer.human_size``
-is a copy of ``kernels.units.human_size`` (the kernel environment cannot import the bot's
+is a copy of ``kernels.seam.units.human_size`` (the kernel environment cannot import the bot's
 packages), kept equal by this test."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from kernels.units import human_size
+from kernels.seam.units import human_size
 
 ANSWER = Path(__file__).resolve().parents[2] / "kernels" / "runtime" / "threadbook_kernel" / "answer.py"
 

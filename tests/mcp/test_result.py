@@ -12,7 +12,7 @@ import pytest
 
 from bot.mcp.hiding import Hider
 from bot.mcp.result import HEAD_CHARS, MAX_TEXT_CHARS, present
-from kernels.workspace import Workspace
+from kernels.host.workspace import Workspace
 from tests.mcp.servers import tiny_png
 
 MiB = 2**20

@@ -10,8 +10,8 @@ import yaml
 from bot.config import parse_settings
 from bot.health import sandbox_check
 from kernels.build import build_launcher
-from kernels.result import KernelStartError, SandboxUnavailableError
-from kernels.settings import KernelSettings
+from kernels.seam.result import KernelStartError, SandboxUnavailableError
+from kernels.seam.settings import KernelSettings
 from tests.conftest import kernel_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"

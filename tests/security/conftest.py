@@ -26,13 +26,13 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelOptions, KernelPool, KernelSession, KernelStartError, build_pool
-from kernels.fork.server import ForkingLauncher, ForkProvisioner
-from kernels.launch.interpreter import inspect_interpreter
-from kernels.launch.plan import ResourceLimits
-from kernels.sandbox.launcher import BwrapLauncher, BwrapProvisioner
+from kernels.bwrap.launcher import BwrapLauncher, BwrapProvisioner
+from kernels.forking.launcher import ForkingLauncher, ForkProvisioner
+from kernels.host.interpreter import inspect_interpreter
 from kernels.sandbox.probe import probe
 from kernels.sandbox.support import detect_support
-from kernels.settings import KernelSettings
+from kernels.seam.plan import ResourceLimits
+from kernels.seam.settings import KernelSettings
 from tests.conftest import KERNEL_PYTHON
 from tests.security.report import write_table
 

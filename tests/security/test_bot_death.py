@@ -1,6 +1,6 @@
 """A bot killed with SIGKILL (the OOM killer, ``kill -9``) takes its kernels along, frozen or not.
 
-Between turns every kernel is frozen (:mod:`kernels.launch.freezing`): its cgroup's freezer,
+Between turns every kernel is frozen (:mod:`kernels.host.freezing`): its cgroup's freezer,
 else ``SIGSTOP`` of its process tree. A frozen process acts on no signal until it is thawed,
 the death signal of a dead parent (``bwrap --die-with-parent``, ``PR_SET_PDEATHSIG``) and the
 fork server's lifeline included. Here a child process runs the bot's kernel layer (a real
@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 import pytest
 
-from kernels.launch.cgroups import KernelCgroup, detected
+from kernels.host.cgroups import KernelCgroup, detected
 from tests.conftest import KERNEL_PYTHON
 from tests.security.conftest import SKIP_REASON
 from tests.security.test_nonroot import Layout, _child_env, _drop, _leftovers, layout  # noqa: F401 (fixture)
@@ -95,10 +95,10 @@ async def child_main(root: Path, sandbox: str, source: str, cgroups: bool) -> No
     frozen, print one JSON line describing them, then wait to be killed."""
     from kernels import KernelOptions, KernelPool
     from kernels.build import spawn_launcher
-    from kernels.fork.server import ForkingLauncher
-    from kernels.launch.cgroups import Cgroups
-    from kernels.launch.local import KernelLauncher, LocalKernelHandle
-    from kernels.settings import KernelSettings
+    from kernels.forking.launcher import ForkingLauncher
+    from kernels.host.cgroups import Cgroups
+    from kernels.local.launcher import KernelLauncher, LocalKernelHandle
+    from kernels.seam.settings import KernelSettings
 
     tmp = Path(tempfile.gettempdir())  # TMPDIR: the kernels' run dirs go under it
     settings = KernelSettings(

@@ -42,7 +42,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from kernels.fork.server import ZYGOTE
+from kernels.forking.launcher import ZYGOTE
 from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB
 from kernels.sandbox.identity import USERNS_UID
 from kernels.sandbox.support import find_bwrap
@@ -404,9 +404,9 @@ async def child_main(root: Path, canary: str, stray: str, source: str) -> dict[s
     ``sandbox: bwrap`` (``source`` fork: with the fork server), run :data:`KERNEL_CHECKS` in
     each, shut everything down."""
     from kernels import KernelOptions, build_pool
-    from kernels.fork.server import ForkingLauncher, ForkProvisioner
-    from kernels.sandbox.launcher import BwrapLauncher
-    from kernels.settings import KernelSettings
+    from kernels.bwrap.launcher import BwrapLauncher
+    from kernels.forking.launcher import ForkingLauncher, ForkProvisioner
+    from kernels.seam.settings import KernelSettings
 
     paths = Layout.under(root)
     settings = KernelSettings(

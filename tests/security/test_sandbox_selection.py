@@ -11,11 +11,11 @@ import pytest
 
 from kernels import KernelLauncher, KernelOptions, build
 from kernels.build import UNSANDBOXED, sandbox_in_force, spawn_launcher
-from kernels.result import SandboxUnavailableError
+from kernels.bwrap.launcher import BwrapLauncher
 from kernels.sandbox.args import DATA
-from kernels.sandbox.launcher import BwrapLauncher
 from kernels.sandbox.remedy import CONTAINER_FLAGS, SECCOMP_PROFILE, refusal
-from kernels.settings import KernelSettings
+from kernels.seam.result import SandboxUnavailableError
+from kernels.seam.settings import KernelSettings
 from tests.security.conftest import NO_SLIRP, SKIP_REASON
 
 MISSING = "/nonexistent/bwrap"

@@ -16,8 +16,8 @@ from sqlalchemy.engine import make_url
 from bot.sources.registry import Sources
 from bot.sources.settings import SourceSettings
 from bot.sources.tool import SqlTool
-from kernels.result import ExecutionResult
-from kernels.workspace import Workspace
+from kernels.host.workspace import Workspace
+from kernels.seam.result import ExecutionResult
 from tests.sources.conftest import ORDERS_SQL, count_rows
 
 MakeSettings = Callable[..., SourceSettings]

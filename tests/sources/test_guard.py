@@ -16,8 +16,8 @@ from bot.sources.registry import Sources
 from bot.sources.scrub import scrub, secrets_of
 from bot.sources.settings import SourceSettings
 from bot.sources.tool import SqlTool
-from kernels.result import ExecutionResult
-from kernels.workspace import Workspace
+from kernels.host.workspace import Workspace
+from kernels.seam.result import ExecutionResult
 
 READS = [
     "SELECT * FROM orders",

@@ -14,7 +14,7 @@ import pytest
 
 from bot.sources import parquet
 from bot.sources.parquet import ParquetSink, SinkFailed
-from kernels import safefs
+from kernels.host import safefs
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from bot.sources import tool as tool_module
 from bot.sources.registry import Sources
 from bot.sources.settings import SourceSettings
 from bot.sources.tool import SqlTool
-from kernels.result import ExecutionResult
-from kernels.workspace import STATE_DIR, Workspace
+from kernels.host.workspace import STATE_DIR, Workspace
+from kernels.seam.result import ExecutionResult
 
 MakeSettings = Callable[..., SourceSettings]
 

@@ -28,8 +28,8 @@ import pytest_asyncio
 from bot.sources.registry import Sources
 from bot.sources.settings import SourceSettings
 from bot.sources.tool import SqlTool
-from kernels.result import ExecutionResult
-from kernels.workspace import STATE_DIR, Workspace
+from kernels.host.workspace import STATE_DIR, Workspace
+from kernels.seam.result import ExecutionResult
 from tests.fakes.outputs import PeakRss
 
 MakeSettings = Callable[..., SourceSettings]

@@ -19,9 +19,9 @@ import pytest_asyncio
 from bot.attachments import SavedUpload, add_previews, describe_for_model, human_size, ingest, preview
 from bot.events import Attachment
 from kernels import KernelPool, build_pool
-from kernels.launch.local import KernelLauncher
-from kernels.oneshot import OneShot
-from kernels.workspace import Workspace, WorkspaceManager
+from kernels.host.workspace import Workspace, WorkspaceManager
+from kernels.local.launcher import KernelLauncher
+from kernels.oneshot.runner import OneShot
 from tests.fakes.outputs import PeakRss
 from tests.fakes.uploads import zip_bomb_xlsx
 from tests.kernels.conftest import kernel_settings

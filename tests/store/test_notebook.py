@@ -14,7 +14,7 @@ from bot.events import ThreadKey
 from bot.notebook import export_notebook
 from bot.store import Store
 from bot.transcript import NewCell, result_to_outputs
-from kernels.result import DisplayOutput, ErrorInfo, ExecutionResult, Outcome, StreamChunk
+from kernels.seam.result import DisplayOutput, ErrorInfo, ExecutionResult, Outcome, StreamChunk
 
 KEY = ThreadKey.parse("slack:T1:C1:1700000000.000100")
 

@@ -12,7 +12,7 @@ import pytest
 from bot.events import ThreadKey
 from bot.store import SCHEMA_VERSION, Store, StoreError
 from bot.transcript import CellEntry, MessageEntry, NewCell
-from kernels.result import ErrorInfo, ExecutionResult, Outcome, StreamChunk
+from kernels.seam.result import ErrorInfo, ExecutionResult, Outcome, StreamChunk
 
 KEY = ThreadKey.parse("slack:T1:C1:1700000000.000100")
 OTHER = ThreadKey.parse("discord:G1:C2:99")

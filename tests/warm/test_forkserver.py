@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelOptions, KernelPool, Outcome, build_pool
-from kernels.fork.server import ForkingLauncher
+from kernels.forking.launcher import ForkingLauncher
 from tests.kernels.conftest import kernel_settings
 from tests.security.conftest import SKIP_REASON as SANDBOX_SKIP
 

@@ -17,7 +17,7 @@ class KernelOptions:
     installed; else the kernel stays offline). Unsandboxed kernels use the host's network
     either way.
     ``background_processes``: processes a cell leaves running survive the end of its execution
-    (default: they are killed, :mod:`kernels.launch.leftovers`). Only the session acts on it: a kernel
+    (default: they are killed, :mod:`kernels.host.leftovers`). Only the session acts on it: a kernel
     started for other options serves just as well.
     """
 

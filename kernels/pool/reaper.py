@@ -6,8 +6,8 @@ import logging
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from kernels.pool import KernelPool
-from kernels.settings import KernelSettings
+from kernels.pool.pool import KernelPool
+from kernels.seam.settings import KernelSettings
 
 log = logging.getLogger(__name__)
 _DAY_S = 86_400.0

@@ -36,9 +36,9 @@ from pathlib import Path
 from packaging.markers import UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 
-from kernels.launch.interpreter import KernelPython
-from kernels.result import ErrorInfo
-from kernels.settings import PackageSettings
+from kernels.host.interpreter import KernelPython
+from kernels.seam.result import ErrorInfo
+from kernels.seam.settings import PackageSettings
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ tree is not reached, but the leftover sweep after each execution has killed it a
 
 A frozen process acts on no signal until it is thawed, the death signal of a dead bot
 (``bwrap --die-with-parent``, the fork server's lifeline) included: the kernel warden
-(:mod:`kernels.launch.lifeline`, a process of its own that is never frozen) kills and thaws
+(:mod:`kernels.host.lifeline`, a process of its own that is never frozen) kills and thaws
 every kernel when the bot dies, and no kernel is frozen while no warden runs (the freeze of
-:class:`~kernels.launch.local.LocalKernelHandle` asks for one first).
+:class:`~kernels.local.launcher.LocalKernelHandle` asks for one first).
 
 CPU time: the cgroup's own counter (ended processes included); without one, the process
 tree's times plus what each member reaped (``children_user``/``children_system``).
@@ -29,8 +29,8 @@ import time
 
 import psutil
 
-from kernels.launch.cgroups import FREEZE_TIMEOUT_S, KernelCgroup
-from kernels.launch.leftovers import process_tree
+from kernels.host.cgroups import FREEZE_TIMEOUT_S, KernelCgroup
+from kernels.host.leftovers import process_tree
 
 
 def freeze(cgroup: KernelCgroup | None, pid: int | None) -> bool:

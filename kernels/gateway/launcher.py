@@ -37,12 +37,12 @@ import aiohttp
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 
-from kernels.launch.local import KERNEL_SETUP, START_TIMEOUT_S, shell_reply, wait_ready
-from kernels.launch.plan import KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
-from kernels.options import KernelOptions
-from kernels.result import KernelStartError, KernelUnavailableError
+from kernels.local.launcher import KERNEL_SETUP, START_TIMEOUT_S, shell_reply, wait_ready
+from kernels.seam.options import KernelOptions
+from kernels.seam.plan import KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
+from kernels.seam.result import KernelStartError, KernelUnavailableError
+from kernels.seam.settings import GatewaySettings, KernelSettings
 from kernels.session.output import MAX_MESSAGE_BYTES
-from kernels.settings import GatewaySettings, KernelSettings
 from kernels.warm.pool import run_silently, warm_up_code
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class GatewayApi:
 
 
 class GatewayChannels:
-    """A gateway kernel's shell and iopub channels (:class:`kernels.launch.plan.KernelChannels`)."""
+    """A gateway kernel's shell and iopub channels (:class:`kernels.seam.plan.KernelChannels`)."""
 
     def __init__(self, api: GatewayApi, kernel_id: str) -> None:
         self._api = api
@@ -291,7 +291,7 @@ def _quick_ack(ws: aiohttp.ClientWebSocketResponse) -> Callable[[], None]:
 
 
 class GatewayKernelHandle:
-    """A ready kernel on the gateway (:class:`kernels.launch.plan.KernelHandle`)."""
+    """A ready kernel on the gateway (:class:`kernels.seam.plan.KernelHandle`)."""
 
     def __init__(self, api: GatewayApi, kernel_id: str, channels: GatewayChannels) -> None:
         self.api = api
@@ -314,7 +314,7 @@ class GatewayKernelHandle:
         return self.kernel_id
 
     async def reply(self, msg_id: str, timeout: float) -> dict[str, Any] | None:
-        """The shell reply to ``msg_id`` (see :func:`kernels.launch.local.shell_reply`)."""
+        """The shell reply to ``msg_id`` (see :func:`kernels.local.launcher.shell_reply`)."""
         return await shell_reply(self.channels, msg_id, timeout)
 
     async def renew_iopub(self, timeout: float = 5.0) -> bool:
@@ -377,7 +377,7 @@ class GatewayKernelHandle:
 
 
 class GatewayLauncher:
-    """Starts every kernel on a Jupyter gateway (:class:`kernels.launch.plan.Launcher`)."""
+    """Starts every kernel on a Jupyter gateway (:class:`kernels.seam.plan.Launcher`)."""
 
     def __init__(self, settings: KernelSettings, *, start_slots: int = 16) -> None:
         self.settings = settings

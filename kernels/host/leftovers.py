@@ -10,7 +10,7 @@ server's supervisor and the kernel) are recorded when it becomes ready, before a
 code (:func:`infrastructure`). After each execution everything else is killed
 (:func:`stop`): every other member of the kernel's cgroup where it has one, which also
 catches processes that called ``setsid`` or double-forked away; else every other
-descendant of the kernel's root process (:mod:`kernels.launch.proctree`), which inside the sandbox also holds
+descendant of the kernel's root process (:mod:`kernels.host.proctree`), which inside the sandbox also holds
 orphans (they are re-parented to the sandbox's own init), but not without it.
 """
 
@@ -20,8 +20,8 @@ import time
 
 import psutil
 
-from kernels.launch import proctree
-from kernels.launch.cgroups import KILL_TIMEOUT_S, KernelCgroup
+from kernels.host import proctree
+from kernels.host.cgroups import KILL_TIMEOUT_S, KernelCgroup
 
 
 def infrastructure(cgroup: KernelCgroup | None, pid: int | None) -> frozenset[int]:

@@ -10,10 +10,10 @@ A plan says everything about one start - the thread's folder, where the kernel's
 log live, its complete environment, its limits, its network, its read-only data folder and
 who it runs as - so the kinds of launcher differ only in how they carry a plan out:
 
-* :class:`kernels.launch.local.KernelLauncher` spawns a local ``ipykernel`` with ``jupyter_client``;
+* :class:`kernels.local.launcher.KernelLauncher` spawns a local ``ipykernel`` with ``jupyter_client``;
 * :class:`kernels.sandbox.BwrapLauncher` spawns it inside bubblewrap (the plan then holds
   in-sandbox paths and the kernel's uid);
-* :class:`kernels.fork.server.ForkingLauncher` forks it from a pre-imported zygote, falling
+* :class:`kernels.forking.launcher.ForkingLauncher` forks it from a pre-imported zygote, falling
   back to its spawn launcher *with the same plan*;
 * :class:`kernels.warm.pool.HandOff` gives a session a kernel started ahead of time;
 * a remote launcher (a Jupyter gateway) implements the same five members.
@@ -32,8 +32,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from kernels.options import KernelOptions
-from kernels.settings import KernelSettings
+from kernels.seam.options import KernelOptions
+from kernels.seam.settings import KernelSettings
 
 MiB = 1024 * 1024
 #: (resource, soft == hard value) pairs, as ``prlimit`` and the fork server take them.
@@ -247,7 +247,7 @@ class Launcher(Protocol):
 
     async def start(self, plan: LaunchPlan) -> KernelHandle:
         """Start a kernel as ``plan`` says and wait until it answers; raises
-        :class:`kernels.result.KernelStartError` and leaves nothing behind when it cannot."""
+        :class:`kernels.seam.result.KernelStartError` and leaves nothing behind when it cannot."""
         ...
 
     async def attach(self, remote_id: str) -> KernelHandle | None:
@@ -258,7 +258,7 @@ class Launcher(Protocol):
 
     async def open(self) -> None:
         """Start background work the launcher needs: local launchers' kernel warden (raises
-        :class:`kernels.result.SandboxUnavailableError` when it cannot run), a fork server
+        :class:`kernels.seam.result.SandboxUnavailableError` when it cannot run), a fork server
         (never raises for it)."""
         ...
 

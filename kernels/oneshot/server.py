@@ -11,7 +11,7 @@ given its job) and shares nothing with the jobs before it but what the imports m
 
 Job processes are made ahead of need (:data:`AHEAD` of them, :class:`Ahead`): confining one
 and moving it into its cgroup takes ~5-25 ms (a cgroup v1 migration waits for an RCU grace
-period), which a job then does not wait for; :mod:`kernels.oneshot` takes one per job.
+period), which a job then does not wait for; :mod:`kernels.oneshot.runner` takes one per job.
 
 Like the kernels' fork server it dies with the bot (its standard input closes; the kernel
 warden kills its tree), is restarted in the background with a growing delay when it dies,
@@ -36,21 +36,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernels.fork.server import RESTART_ATTEMPTS, RESTART_DELAYS_S, START_TIMEOUT_S, code_dir, jail_for
-from kernels.launch.cgroups import KernelCgroup
-from kernels.launch.leftovers import process_tree
-from kernels.launch.local import PACKAGES_ENV, KernelLauncher, child_setup
-from kernels.launch.plan import LaunchPlan
-from kernels.options import KernelOptions
-from kernels.result import KernelStartError
+from kernels.bwrap.launcher import BwrapLauncher
+from kernels.fork import ONESHOT_ZYGOTE
+from kernels.forking.launcher import RESTART_ATTEMPTS, RESTART_DELAYS_S, START_TIMEOUT_S, code_dir, jail_for
+from kernels.host.cgroups import KernelCgroup
+from kernels.host.leftovers import process_tree
+from kernels.local.launcher import PACKAGES_ENV, KernelLauncher, child_setup
 from kernels.sandbox.args import WORKSPACE, zygote_args
 from kernels.sandbox.identity import ZYGOTE as ZYGOTE_IDENTITY
 from kernels.sandbox.identity import write_identity_files
-from kernels.sandbox.launcher import BwrapLauncher
+from kernels.seam.options import KernelOptions
+from kernels.seam.plan import LaunchPlan
+from kernels.seam.result import KernelStartError
 
 log = logging.getLogger(__name__)
 
-PROGRAM = Path(__file__).with_name("oneshot_zygote.py")
+PROGRAM = ONESHOT_ZYGOTE
 #: What the one-shot zygote imports (and prepares) before it serves: the one-shot modules and
 #: the libraries they import on first use. A library the kernel environment lacks is skipped.
 PRELOAD = (
@@ -74,7 +75,7 @@ AHEAD_RETRY_S = 1.0
 SERVER_FOLDER = "oneshot-{pid}-server-{id}"
 
 
-#: Makes a job's plan, scratch folder and cgroup (:mod:`kernels.oneshot`), and throws them away.
+#: Makes a job's plan, scratch folder and cgroup (:mod:`kernels.oneshot.runner`), and throws them away.
 Prepare = Callable[[], Awaitable[tuple[LaunchPlan, KernelCgroup | None]]]
 Discard = Callable[[LaunchPlan], Awaitable[None]]
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from kernels.result import UnsafePathError
+from kernels.seam.result import UnsafePathError
 
 _SYS_OPENAT2 = 437  # the same number on every architecture (added after the syscall table unification)
 _RESOLVE_NO_XDEV = 0x01

@@ -10,7 +10,7 @@ a process cap, and a CPU weight below the bot's.
   the bot first moves the processes of its own cgroup into the leaf ``<own>/threadbook-bot``.
 * **cgroup v1** where the ``memory``, ``pids`` and ``cpu`` hierarchies are mounted and the
   bot may create cgroups beneath its own cgroup of each (root).
-* nothing: the rlimits of :meth:`kernels.launch.plan.ResourceLimits.rlimits` are the only limits.
+* nothing: the rlimits of :meth:`kernels.seam.plan.ResourceLimits.rlimits` are the only limits.
 
 Layout, per hierarchy: ``<own>/threadbook/kernel-<bot pid>-<kernel id>``. Each kernel gets
 ``memory.max`` (v1 ``memory.limit_in_bytes``, and ``memory.memsw.limit_in_bytes`` where swap
@@ -22,7 +22,7 @@ against the bot leaf's 100), so all kernels together cannot starve the bot, and 
 has the default weight within it, so a spinning kernel gets no more than its neighbours.
 
 The cgroups of a bot process that died (a ``kill -9``) are emptied and removed within
-milliseconds by its kernel warden (:mod:`kernels.launch.warden`); whatever is left (a warden
+milliseconds by its kernel warden (:mod:`kernels.host.warden`); whatever is left (a warden
 killed with the bot) is removed by the next bot that starts on the host: its name carries the
 dead bot's pid.
 """
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import psutil
 
-from kernels.launch import proctree
+from kernels.host import proctree
 
 log = logging.getLogger(__name__)
 

@@ -20,15 +20,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from kernels.launch.plan import Launcher
-from kernels.options import KernelOptions
-from kernels.result import QueueFullError, QueueLeftError, QueueTimeoutError
+from kernels.host.workspace import WorkspaceManager
+from kernels.seam.options import KernelOptions
+from kernels.seam.plan import Launcher
+from kernels.seam.result import QueueFullError, QueueLeftError, QueueTimeoutError
+from kernels.seam.settings import KernelSettings
 from kernels.session.session import KernelSession
 from kernels.session.snapshots import SAVE_TIMEOUT_S
-from kernels.settings import KernelSettings
 from kernels.warm.pool import HandOff, WarmKernel, WarmPool
 from kernels.warm.target import WarmTarget, available_memory
-from kernels.workspace import WorkspaceManager
 
 log = logging.getLogger(__name__)
 

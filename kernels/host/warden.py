@@ -1,10 +1,10 @@
 """The kernel warden: when the bot dies, it kills the bot's kernels, frozen or not.
 
-A frozen kernel (:mod:`kernels.launch.freezing`) acts on no signal until it is thawed: the
+A frozen kernel (:mod:`kernels.host.freezing`) acts on no signal until it is thawed: the
 death signal of a dead parent (``bwrap --die-with-parent``, ``PR_SET_PDEATHSIG``), the fork
 server's lifeline and a SIGKILL of the cgroup v1 freezer's tasks all wait for a thaw that a
 dead bot never gives. So something that is never frozen must do it: this program, started by
-the bot (:class:`kernels.launch.lifeline.Lifeline`) as ``python -I -S warden.py`` in a session
+the bot (:class:`kernels.host.lifeline.Lifeline`) as ``python -I -S warden.py`` in a session
 of its own, outside every kernel cgroup, as the bot's uid (the uid that kills kernels today).
 It imports nothing but the standard library.
 

@@ -19,10 +19,10 @@ launcher, from data the bot holds:
   checked, never a path a kernel could swap);
 * **bounds**: killed at its deadline and once its standard output passes its cap (every
   process of it: its process tree, its process group, its cgroup, the sandbox's pid
-  namespace); what it writes is read back through :mod:`kernels.safefs` with a size cap.
+  namespace); what it writes is read back through :mod:`kernels.host.safefs` with a size cap.
 
 Where the kernels have a fork server (``kernels.fork_server``), one-shots are forked from a
-one-shot fork server instead (:mod:`kernels.fork.oneshots`): a parent that imported the
+one-shot fork server instead (:mod:`kernels.oneshot.server`): a parent that imported the
 one-shot code and never ran anything of a thread forks each job, confined as above (its own
 pid namespace and uid, its scratch folder, the rlimits, its cgroup before it may start); a
 job then costs a fork instead of an interpreter and its imports (~0.4 s). While that server
@@ -50,17 +50,17 @@ from pathlib import Path
 
 import psutil
 
-from kernels import safefs
-from kernels.fork.oneshots import Ahead, OneShotServer
-from kernels.launch.cgroups import KernelCgroup
-from kernels.launch.leftovers import process_tree
-from kernels.launch.local import PACKAGES_ENV, KernelLauncher, child_setup
-from kernels.launch.plan import LaunchPlan
-from kernels.options import KernelOptions
-from kernels.result import KernelError
+from kernels.bwrap.launcher import BwrapLauncher
+from kernels.host import safefs
+from kernels.host.cgroups import KernelCgroup
+from kernels.host.leftovers import process_tree
+from kernels.local.launcher import PACKAGES_ENV, KernelLauncher, child_setup
+from kernels.oneshot.server import Ahead, OneShotServer
 from kernels.sandbox.args import sandbox_args
 from kernels.sandbox.identity import prepare_run_dir
-from kernels.sandbox.launcher import BwrapLauncher
+from kernels.seam.options import KernelOptions
+from kernels.seam.plan import LaunchPlan
+from kernels.seam.result import KernelError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A workspace is the kernel's working directory. Its folder name is a hash of the thread
 key, never user text. The kernel may change anything beneath it at any moment, so every
-read, write, listing and diff goes through :mod:`kernels.safefs`: directory descriptors,
+read, write, listing and diff goes through :mod:`kernels.host.safefs`: directory descriptors,
 no link followed anywhere in a name, regular files only, bounded reads.
 """
 
@@ -22,9 +22,9 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels import safefs
-from kernels.result import QuotaError, UnsafePathError
-from kernels.safefs import MAX_WALK_ENTRIES, PinnedFile
+from kernels.host import safefs
+from kernels.host.safefs import MAX_WALK_ENTRIES, PinnedFile
+from kernels.seam.result import QuotaError, UnsafePathError
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class Workspace:
         )
 
     def open_file(self, relative: str) -> PinnedFile:
-        """(Blocking) open a regular file of the workspace for reading (see :func:`kernels.safefs.open_file`).
+        """(Blocking) open a regular file of the workspace for reading (see :func:`kernels.host.safefs.open_file`).
 
         Raises :class:`UnsafePathError` for a link anywhere in ``relative``, ``..``, an
         absolute path, or anything but a regular file; ``FileNotFoundError`` when it is gone.

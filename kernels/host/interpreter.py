@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.result import KernelStartError
+from kernels.seam.result import KernelStartError
 
 INSPECT_TIMEOUT_S = 30.0
 #: Printed by the interpreter: where it is installed and whether ipykernel is there.

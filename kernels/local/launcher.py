@@ -1,6 +1,6 @@
-"""Local kernels: carry out a :class:`~kernels.launch.plan.LaunchPlan` with ``jupyter_client``.
+"""Local kernels: carry out a :class:`~kernels.seam.plan.LaunchPlan` with ``jupyter_client``.
 
-:class:`KernelLauncher` is the plain :class:`~kernels.launch.plan.Launcher` (``sandbox: none``)
+:class:`KernelLauncher` is the plain :class:`~kernels.seam.plan.Launcher` (``sandbox: none``)
 and the base of the sandboxed and forked ones. :meth:`KernelLauncher.start` makes the plan's
 run dir, builds an ``AsyncKernelManager`` whose kernel spec comes from
 :meth:`KernelLauncher.kernel_spec` (argv, ``interrupt_mode``) and whose provisioner is made
@@ -15,15 +15,15 @@ dir to the plan's identity (sandboxed kernels), launches off the event loop in a
 (here: the rlimits; the sandbox sets them inside bwrap), and on kill takes down the whole
 group plus any descendant that left it.
 
-Limits without a sandbox: the rlimits of :meth:`kernels.launch.plan.ResourceLimits.rlimits`;
+Limits without a sandbox: the rlimits of :meth:`kernels.seam.plan.ResourceLimits.rlimits`;
 ``RLIMIT_NPROC`` is ignored for root, so as root a fork bomb is bounded only by the execution
 timeout (interrupt, then kill of the whole process group); the sandbox (:mod:`kernels.sandbox`)
 gives each kernel its own pid namespace and uid. Where the host allows it, every kernel also
-gets its own cgroup (:mod:`kernels.launch.cgroups`: memory for all its processes together, pids, CPU
+gets its own cgroup (:mod:`kernels.host.cgroups`: memory for all its processes together, pids, CPU
 weight), entered in the child's ``preexec_fn`` before any of its code runs, together with
 ``oom_score_adj`` 1000 and a new session keyring (:func:`child_setup`); what a cell leaves
-running is killed after it (:mod:`kernels.launch.leftovers`). Every kernel is registered with
-the launcher's kernel warden (:mod:`kernels.launch.lifeline`) before it can be frozen, so it
+running is killed after it (:mod:`kernels.host.leftovers`). Every kernel is registered with
+the launcher's kernel warden (:mod:`kernels.host.lifeline`) before it can be frozen, so it
 dies with the bot, frozen or not.
 """
 
@@ -51,18 +51,17 @@ from jupyter_client.launcher import launch_kernel
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
-from kernels import safefs
 from kernels.fork.jail import KERNEL_OOM_SCORE_ADJ, PR_SET_DUMPABLE, join_session_keyring, prctl, set_oom_score_adj
-from kernels.launch import freezing, leftovers
-from kernels.launch.cgroups import Cgroups, KernelCgroup
-from kernels.launch.interpreter import KernelPython, inspect_interpreter
-from kernels.launch.lifeline import Lifeline
-from kernels.launch.plan import Identity, KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
-from kernels.options import KernelOptions
-from kernels.result import KernelStartError
+from kernels.host import freezing, leftovers, safefs
+from kernels.host.cgroups import Cgroups, KernelCgroup
+from kernels.host.interpreter import KernelPython, inspect_interpreter
+from kernels.host.lifeline import Lifeline
 from kernels.sandbox.identity import prepare_run_dir
+from kernels.seam.options import KernelOptions
+from kernels.seam.plan import Identity, KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
+from kernels.seam.result import KernelStartError
+from kernels.seam.settings import KernelSettings
 from kernels.session.output import MAX_MESSAGE_BYTES
-from kernels.settings import KernelSettings
 
 MPL_INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 #: Variables copied from the bot's environment when set; everything else is dropped.
@@ -153,7 +152,7 @@ def _raise_oom_score() -> None:
 class ThreadbookProvisioner(LocalProvisioner):
     """A ``LocalProvisioner`` for one :class:`LaunchPlan`: the plan's environment, identity
     and rlimits, a per-kernel cgroup and whole-group kill; the kernel is registered with the
-    launcher's :class:`~kernels.launch.lifeline.Lifeline` so it dies with the bot."""
+    launcher's :class:`~kernels.host.lifeline.Lifeline` so it dies with the bot."""
 
     def __init__(self, *, plan: LaunchPlan, lifeline: Lifeline, cgroups: Cgroups | None = None, **kwargs: Any) -> None:
         """``lifeline``: the kernel warden's (kills this kernel if the bot dies); ``cgroups``:
@@ -181,7 +180,7 @@ class ThreadbookProvisioner(LocalProvisioner):
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
         """Start the process in its own session and cgroup, both registered with the kernel
-        warden (raises :class:`~kernels.launch.lifeline.WardenUnavailableError`, a
+        warden (raises :class:`~kernels.host.lifeline.WardenUnavailableError`, a
         ``KernelStartError``, when there is none), then finish its set-up."""
         self.cgroup = await self.make_cgroup()
         try:
@@ -285,13 +284,13 @@ class _Manager(AsyncKernelManager):
 
 @dataclass
 class LocalKernelHandle:
-    """A started, ready local kernel (:class:`kernels.launch.plan.KernelHandle`): its manager, a
+    """A started, ready local kernel (:class:`kernels.seam.plan.KernelHandle`): its manager, a
     connected client and its process."""
 
     manager: AsyncKernelManager
     client: AsyncKernelClient
     run_dir: Path
-    #: The kernel's own processes, recorded when it became ready (see :mod:`kernels.launch.leftovers`).
+    #: The kernel's own processes, recorded when it became ready (see :mod:`kernels.host.leftovers`).
     infrastructure: frozenset[int] = frozenset()
     #: The kernel's CPU time read right after its last freeze (None: not frozen by :meth:`freeze`
     #: since): a frozen kernel uses none, so :meth:`cpu_seconds` needs no second trip to a thread.
@@ -387,7 +386,7 @@ class LocalKernelHandle:
         """The end of the kernel process's own stderr/stdout (for death notices).
 
         The run dir is the kernel's to write: the log is read like any kernel-written file
-        (:mod:`kernels.safefs`), so a FIFO or a link planted in its place yields nothing.
+        (:mod:`kernels.host.safefs`), so a FIFO or a link planted in its place yields nothing.
         """
         data = await asyncio.to_thread(safefs.tail_file, self.run_dir, KERNEL_LOG, max_bytes)
         return data.decode(errors="replace")
@@ -410,7 +409,7 @@ class LocalKernelHandle:
     def freeze_blocking(self) -> bool:
         """(Blocking, any thread) :meth:`freeze`. Never without a kernel warden (it kills a
         frozen kernel if the bot dies): raises
-        :class:`~kernels.launch.lifeline.WardenUnavailableError` when none can run."""
+        :class:`~kernels.host.lifeline.WardenUnavailableError` when none can run."""
         lifeline: Lifeline | None = getattr(self.manager.provisioner, "lifeline", None)
         if lifeline is None:
             raise KernelStartError("a kernel without a kernel warden is never frozen")
@@ -462,7 +461,7 @@ def _tree_pss(pid: int | None) -> int | None:
 
 
 class KernelLauncher:
-    """The plain :class:`~kernels.launch.plan.Launcher`: local ipykernel processes with rlimits
+    """The plain :class:`~kernels.seam.plan.Launcher`: local ipykernel processes with rlimits
     and (where the host allows) a cgroup each. Subclasses change how a plan is carried out."""
 
     #: ipc sockets in the per-kernel run dir: no TCP port race when many kernels start at once.
@@ -569,8 +568,8 @@ class KernelLauncher:
         return None
 
     async def open(self) -> None:
-        """Start the kernel warden (:mod:`kernels.launch.lifeline`); raises
-        :class:`~kernels.launch.lifeline.WardenUnavailableError` (one line naming the fix) when
+        """Start the kernel warden (:mod:`kernels.host.lifeline`); raises
+        :class:`~kernels.host.lifeline.WardenUnavailableError` (one line naming the fix) when
         it cannot run: then no kernel could start anyway."""
         await asyncio.to_thread(self.lifeline.ensure)
 

@@ -12,15 +12,15 @@ from typing import Any
 import psutil
 from jupyter_client.manager import AsyncKernelManager
 
-from kernels.launch.interpreter import KernelPython
-from kernels.launch.local import KernelLauncher, ThreadbookProvisioner, kernel_environment
-from kernels.launch.plan import Identity, LaunchPlan
-from kernels.options import KernelOptions
+from kernels.host.interpreter import KernelPython
+from kernels.local.launcher import KernelLauncher, ThreadbookProvisioner, kernel_environment
 from kernels.sandbox.args import CACHE, DATA, PACKAGES, WORKSPACE, sandbox_args
 from kernels.sandbox.identity import identity_for
 from kernels.sandbox.slirp import Slirp, SlirpSupport, attach
 from kernels.sandbox.support import BwrapSupport
-from kernels.settings import KernelSettings
+from kernels.seam.options import KernelOptions
+from kernels.seam.plan import Identity, LaunchPlan
+from kernels.seam.settings import KernelSettings
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 :class:`ForkServer` runs ``kernels/fork/zygote.py`` (see its docstring for the protocol and the
 fork-safety rules) and talks JSON lines over its stdin/stdout. :class:`ForkingLauncher` is a
-:class:`~kernels.launch.local.KernelLauncher` whose provisioner asks the fork server for the
+:class:`~kernels.local.launcher.KernelLauncher` whose provisioner asks the fork server for the
 process instead of spawning one; everything else (run dir, connection file, environment,
 readiness check, handle) is the launcher's own code, so a ``KernelSession`` behaves the same
 for forked and spawned kernels. The forked process is represented by :class:`ForkedProcess`,
@@ -43,20 +43,20 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
+from kernels.bwrap.launcher import BwrapLauncher
+from kernels.fork import ZYGOTE
 from kernels.fork.jail import KERNEL_OOM_SCORE_ADJ
-from kernels.launch.local import KERNEL_SETUP, KernelLauncher, ThreadbookProvisioner, child_setup
-from kernels.launch.plan import KernelHandle, LaunchPlan
-from kernels.options import KernelOptions
-from kernels.result import KernelStartError
+from kernels.local.launcher import KERNEL_SETUP, KernelLauncher, ThreadbookProvisioner, child_setup
 from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, WORKSPACE, zygote_args
 from kernels.sandbox.identity import ZYGOTE as ZYGOTE_IDENTITY
 from kernels.sandbox.identity import write_identity_files
-from kernels.sandbox.launcher import BwrapLauncher
 from kernels.sandbox.support import BwrapSupport
+from kernels.seam.options import KernelOptions
+from kernels.seam.plan import KernelHandle, LaunchPlan
+from kernels.seam.result import KernelStartError
 
 log = logging.getLogger(__name__)
 
-ZYGOTE = Path(__file__).with_name("zygote.py")
 START_TIMEOUT_S = 60.0
 FORK_TIMEOUT_S = 10.0
 RESTART_DELAYS_S = (1.0, 2.0, 5.0, 15.0, 30.0)
@@ -64,7 +64,7 @@ RESTART_DELAYS_S = (1.0, 2.0, 5.0, 15.0, 30.0)
 RESTART_ATTEMPTS = 12
 #: Forked kernels started at once: a fork costs ~70 ms of CPU, most of a start is waiting for
 #: round trips, so four per core keep the cores busy through a burst (a spawn costs ~0.6 s
-#: of CPU: spawned starts keep ``kernels.launch.local.START_SLOTS``).
+#: of CPU: spawned starts keep ``kernels.local.launcher.START_SLOTS``).
 FORK_START_SLOTS = 4 * (os.cpu_count() or 1)
 
 

@@ -1,4 +1,4 @@
-"""The bot's end of the kernel warden (:mod:`kernels.launch.warden`): kernels die with the bot.
+"""The bot's end of the kernel warden (:mod:`kernels.host.warden`): kernels die with the bot.
 
 A :class:`Lifeline` starts the warden (``python -I -S warden.py``: the bot's interpreter, no
 site, standard library only, in a session of its own, outside every kernel cgroup, with an
@@ -37,8 +37,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from kernels.launch import warden
-from kernels.result import SandboxUnavailableError
+from kernels.host import warden
+from kernels.seam.result import SandboxUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,8 @@
+"""Host facilities: what the bot does on this machine for kernels, whoever starts them.
+
+Per-kernel cgroups (:mod:`.cgroups`), freezes between turns (:mod:`.freezing`), processes a
+cell left (:mod:`.leftovers`) and process trees (:mod:`.proctree`), the kernel interpreter
+(:mod:`.interpreter`), the kernel warden that kills kernels when the bot dies
+(:mod:`.lifeline`, :mod:`.warden`), the one way to touch kernel-writable places
+(:mod:`.safefs`), threads' workspaces (:mod:`.workspace`) and packages on demand
+(:mod:`.packages`). Imports only the seam."""
