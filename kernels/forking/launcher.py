@@ -46,7 +46,7 @@ from jupyter_client.manager import AsyncKernelManager
 from kernels.bwrap.launcher import BwrapLauncher
 from kernels.fork import ZYGOTE
 from kernels.fork.jail import KERNEL_OOM_SCORE_ADJ
-from kernels.local.launcher import KERNEL_SETUP, KernelLauncher, ThreadbookProvisioner, child_setup
+from kernels.local.launcher import KernelLauncher, ThreadbookProvisioner, child_setup
 from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, WORKSPACE, zygote_args
 from kernels.sandbox.identity import ZYGOTE as ZYGOTE_IDENTITY
 from kernels.sandbox.identity import write_identity_files
@@ -54,6 +54,7 @@ from kernels.sandbox.support import BwrapSupport
 from kernels.seam.options import KernelOptions
 from kernels.seam.plan import KernelHandle, LaunchPlan
 from kernels.seam.result import KernelStartError
+from kernels.seam.wire import KERNEL_SETUP
 
 log = logging.getLogger(__name__)
 

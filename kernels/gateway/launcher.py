@@ -11,7 +11,7 @@ websocket with a blocking call on the loop, it reads messages of any size, and i
 every ``KERNEL_*`` variable of the bot's own environment to the gateway. Here messages are
 built with jupyter_client's :class:`~jupyter_client.session.Session`, the websocket is
 aiohttp's (already a dependency), waiting is an awaited queue, and a message over
-:data:`kernels.session.output.MAX_MESSAGE_BYTES` is refused by the websocket before it is decoded.
+:data:`kernels.seam.wire.MAX_MESSAGE_BYTES` is refused by the websocket before it is decoded.
 
 Files stay where they are: the thread's workspace must be on a volume the bot and the
 kernels share at the same path (``KERNEL_WORKING_DIR`` tells gateway-provisioners where to
@@ -37,13 +37,19 @@ import aiohttp
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 
-from kernels.local.launcher import KERNEL_SETUP, START_TIMEOUT_S, shell_reply, wait_ready
 from kernels.seam.options import KernelOptions
 from kernels.seam.plan import KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
 from kernels.seam.result import KernelStartError, KernelUnavailableError
 from kernels.seam.settings import GatewaySettings, KernelSettings
-from kernels.session.output import MAX_MESSAGE_BYTES
-from kernels.warm.pool import run_silently, warm_up_code
+from kernels.seam.wire import (
+    KERNEL_SETUP,
+    MAX_MESSAGE_BYTES,
+    START_TIMEOUT_S,
+    run_silently,
+    shell_reply,
+    wait_ready,
+    warm_up_code,
+)
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +320,7 @@ class GatewayKernelHandle:
         return self.kernel_id
 
     async def reply(self, msg_id: str, timeout: float) -> dict[str, Any] | None:
-        """The shell reply to ``msg_id`` (see :func:`kernels.local.launcher.shell_reply`)."""
+        """The shell reply to ``msg_id`` (see :func:`kernels.seam.wire.shell_reply`)."""
         return await shell_reply(self.channels, msg_id, timeout)
 
     async def renew_iopub(self, timeout: float = 5.0) -> bool:

@@ -58,16 +58,15 @@ from kernels.host.interpreter import KernelPython, inspect_interpreter
 from kernels.host.lifeline import Lifeline
 from kernels.sandbox.identity import prepare_run_dir
 from kernels.seam.options import KernelOptions
-from kernels.seam.plan import Identity, KernelChannels, KernelHandle, LaunchPlan, ResourceLimits
+from kernels.seam.plan import Identity, KernelHandle, LaunchPlan, ResourceLimits
 from kernels.seam.result import KernelStartError
 from kernels.seam.settings import KernelSettings
-from kernels.session.output import MAX_MESSAGE_BYTES
+from kernels.seam.wire import KERNEL_SETUP, MAX_MESSAGE_BYTES, START_TIMEOUT_S, shell_reply, wait_ready
 
 MPL_INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 #: Variables copied from the bot's environment when set; everything else is dropped.
 _INHERITED = ("PATH", "LANG", "LC_ALL", "TZ")
 _THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
-START_TIMEOUT_S = 60.0
 #: Kernels one launcher starts at a time: a burst of new threads then finishes its starts one
 #: batch after another instead of all of them sharing the CPU past ``START_TIMEOUT_S``.
 START_SLOTS = 2 * (os.cpu_count() or 1)
@@ -80,8 +79,6 @@ KERNEL_LOG = "kernel.log"
 RUN_DIR_PREFIX = "kernel-"
 #: Where the kernel finds the shared packages folder (``threadbook_kernel.setup`` appends it to ``sys.path``).
 PACKAGES_ENV = "THREADBOOK_PACKAGES_DIR"
-#: Run first in every kernel, spawned or forked: the kernel-side set-up (``kernels/runtime``).
-KERNEL_SETUP = "__import__('threadbook_kernel').setup()"
 
 
 def kernel_environment(
@@ -632,39 +629,3 @@ async def _discard(manager: AsyncKernelManager, client: AsyncKernelClient | None
             await manager.shutdown_kernel(now=True)
     finally:
         await asyncio.to_thread(shutil.rmtree, run_dir, True)
-
-
-async def shell_reply(client: KernelChannels, msg_id: str, timeout: float) -> dict[str, Any] | None:
-    """The shell reply to request ``msg_id``, waiting at most ``timeout`` seconds (0: only
-    what has arrived already); None when it did not come. Replies to older requests found on
-    the way are dropped. Every handle's ``reply`` is this."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            msg: dict[str, Any] = await client.get_shell_msg(timeout=max(deadline - time.monotonic(), 0))
-        except Empty:
-            return None
-        if msg["parent_header"].get("msg_id") == msg_id:
-            return msg
-
-
-async def wait_ready(handle: KernelHandle, timeout: float) -> None:
-    """Ready = our kernel_info answered on shell and one iopub message seen (iopub subscribed)."""
-    client = handle.client
-    deadline = time.monotonic() + timeout
-    msg_id = client.kernel_info()
-    replied = False
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise KernelStartError(f"kernel did not answer within {timeout:.0f} s")
-        if not await handle.is_alive():
-            raise KernelStartError(f"kernel process exited during start (exit code {await handle.exit_code()})")
-        if not replied:
-            replied = await handle.reply(msg_id, min(0.25, remaining)) is not None
-            continue
-        try:
-            await client.get_iopub_msg(timeout=min(0.25, remaining))
-            return
-        except Empty:
-            client.kernel_info()  # provoke iopub traffic until the subscription is live

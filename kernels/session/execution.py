@@ -37,7 +37,8 @@ from kernels.seam.plan import KernelHandle
 from kernels.seam.result import ExecutionResult, Outcome
 from kernels.seam.settings import KernelSettings
 from kernels.seam.units import human_size
-from kernels.session.output import MAX_MESSAGE_BYTES, OutputCollector
+from kernels.seam.wire import MAX_MESSAGE_BYTES
+from kernels.session.output import OutputCollector
 from kernels.session.quota_probe import QuotaProbe
 
 log = logging.getLogger(__name__)

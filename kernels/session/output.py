@@ -15,14 +15,10 @@ from collections import deque
 from typing import Any
 
 from kernels.seam.result import DisplayOutput, ErrorInfo, StreamChunk
+from kernels.seam.wire import MAX_DISPLAY_BYTES
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _BINARY_MIME = ("image/png", "image/jpeg", "image/gif")
-#: Default budget for rich outputs (images, HTML) of one execution.
-MAX_DISPLAY_BYTES = 20 * 1024 * 1024
-#: One kernel message larger than this is refused by the ZMQ socket (``MAXMSGSIZE``) and never
-#: decoded: half the display budget, base64-encoded, plus room for the JSON around it.
-MAX_MESSAGE_BYTES = (MAX_DISPLAY_BYTES // 2) * 4 // 3 + 1024 * 1024
 
 
 def strip_ansi(text: str) -> str:

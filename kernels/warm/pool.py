@@ -42,6 +42,7 @@ from kernels.host import safefs
 from kernels.seam.options import KernelOptions
 from kernels.seam.plan import KernelHandle, Launcher, LaunchPlan
 from kernels.seam.result import KernelStartError
+from kernels.seam.wire import run_silently, warm_up_code
 from kernels.warm.target import WarmTarget
 
 log = logging.getLogger(__name__)
@@ -54,33 +55,6 @@ RETRY_DELAY_S = 5.0
 #: After this many failed warm starts in a row the refill waits for the next kick (an arrival,
 #: a kernel that stopped) instead of retrying on its own.
 MAX_FAILED_STARTS = 5
-_REPLY_TIMEOUT_S = 30.0
-
-
-async def run_silently(handle: KernelHandle, code: str, timeout: float = _REPLY_TIMEOUT_S) -> None:
-    """Run ``code`` in the kernel without history or output and wait for its reply.
-
-    Silent executions do not advance the execution count, so the thread's first cell is
-    still ``[1]``. Raises :class:`KernelStartError` when the code fails or times out.
-    """
-    msg_id = handle.client.execute(code, silent=True, store_history=False, allow_stdin=False)
-    reply = await handle.reply(msg_id, timeout)
-    if reply is None:
-        raise KernelStartError(f"warm-up did not answer within {timeout:g} s")
-    content = reply["content"]
-    if content.get("status") != "ok":
-        raise KernelStartError(f"warm-up failed: {content.get('ename')}: {content.get('evalue')}")
-
-
-def warm_up_code(preload: tuple[str, ...]) -> str:
-    """What a warm kernel runs before it is handed out: ``preload`` imported, inline plots ready."""
-    lines = [f"__import__({module!r})" for module in preload]
-    if "matplotlib" in preload:
-        # A forked kernel's shell has it already (the fork server set it up before forking):
-        # set up again, the inline backend costs ~5 ms and copies pages into the kernel.
-        lines.append("if not hasattr(get_ipython(), '_saved_rcParams'):")
-        lines.append("    get_ipython().run_line_magic('matplotlib', 'inline')")
-    return "\n".join(lines) or "pass"
 
 
 def _follow_rename_code(folder: Path) -> str:
