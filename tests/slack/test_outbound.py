@@ -52,6 +52,12 @@ def shown_texts(calls: list[Call]) -> Iterator[tuple[str, str]]:
             value = call.args.get(name)
             if isinstance(value, str) and value:
                 yield f"{call.method}.{name}", value
+        for chunk in call.args.get("chunks") or []:  # a stream's answer text and task cards
+            for name in ("text", "title", "details", "output"):
+                value = chunk.get(name) if isinstance(chunk, dict) else None
+                if isinstance(value, str) and value:
+                    kind = "markdown_text" if chunk.get("type") == "markdown_text" else name
+                    yield f"{call.method}.chunks.{kind}", value
         for block in call.args.get("blocks") or []:
             text = (block.get("text") or {}).get("text") if isinstance(block, dict) else None
             if isinstance(text, str):
