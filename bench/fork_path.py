@@ -16,11 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import kernels.local.launcher as launcher_module
+import kernels.spawn.spawner as spawner_module
 from bench.kernels import FIRST_CELL, Sandbox, open_pool
 from kernels.forking.launcher import ForkingLauncher, ForkServer
-from kernels.local.launcher import KernelLauncher, LocalKernelHandle
 from kernels.session.session import KernelSession
+from kernels.spawn.handle import LocalKernelHandle
+from kernels.spawn.spawner import Spawner
 
 #: (step, from mark, to mark) in the order a start goes through them.
 STEPS = (
@@ -55,9 +56,9 @@ def _marking(marks: dict[str, float]) -> Iterator[None]:
         patches.append((owner, name, original))
         setattr(owner, name, timed)
 
-    wrap(KernelLauncher, "start", "launch", None)
+    wrap(Spawner, "spawn", "launch", None)
     wrap(ForkServer, "fork", "request", None)
-    wrap(launcher_module, "wait_ready", None, "ready")
+    wrap(spawner_module, "wait_ready", None, "ready")
     wrap(LocalKernelHandle, "record_infrastructure", None, "recorded")
     wrap(KernelSession, "_ensure_kernel", None, "session")
     try:

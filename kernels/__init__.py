@@ -34,7 +34,7 @@ from kernels.host import safefs
 from kernels.host.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
 from kernels.host.safefs import PinnedFile
 from kernels.host.workspace import STATE_DIR, FileInfo, SavedFile, Workspace, WorkspaceManager, sanitize_name
-from kernels.local.launcher import KernelLauncher, LocalKernelHandle
+from kernels.local.launcher import KernelLauncher
 from kernels.oneshot.runner import OneShot, OneShotUnavailableError
 from kernels.pool.pool import KernelPool
 from kernels.pool.reaper import Reaper
@@ -61,6 +61,7 @@ from kernels.seam.result import (
 from kernels.seam.settings import KernelSettings
 from kernels.seam.units import human_age, human_size
 from kernels.session.session import KernelSession
+from kernels.spawn.handle import LocalKernelHandle
 
 __all__ = [
     "CHAT_IMAGE_MIMES",

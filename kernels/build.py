@@ -41,7 +41,7 @@ def build_launcher(
     run_root: Path | None = None,
     bwrap: str | None = None,
     slirp4netns: str | None = None,
-) -> KernelLauncher | GatewayLauncher:
+) -> KernelLauncher | BwrapLauncher | ForkingLauncher | GatewayLauncher:
     """(Blocking: probes) the launcher ``settings`` ask for: the Jupyter gateway's when
     ``kernels.gateway.url`` is set, else a local one, fork server included.
 
@@ -55,15 +55,15 @@ def build_launcher(
         return gateway
     launcher = spawn_launcher(settings, run_root=run_root, bwrap=bwrap, slirp4netns=slirp4netns)
     log.info("kernel isolation: %s", launcher.isolation)
-    log.info("kernel cgroups: %s", launcher.cgroups.where())
-    if settings.fork_server and ForkingLauncher.supports(launcher):
+    log.info("kernel cgroups: %s", launcher.spawner.cgroups.where())
+    if settings.fork_server:
         return ForkingLauncher(launcher)
     return launcher
 
 
 def spawn_launcher(
     settings: KernelSettings, *, run_root: Path | None = None, bwrap: str | None = None, slirp4netns: str | None = None
-) -> KernelLauncher:
+) -> KernelLauncher | BwrapLauncher:
     """(Blocking: probes) the launcher that spawns kernels as ``settings.sandbox`` asks;
     raises :class:`SandboxUnavailableError` when ``auto`` or ``bwrap`` cannot have bubblewrap."""
     python = inspect_interpreter(settings.python)
@@ -123,7 +123,7 @@ def oneshot_for(settings: KernelSettings, launcher: Launcher) -> OneShot:
     """
     if isinstance(launcher, ForkingLauncher):
         return OneShot(launcher.spawn, fork=settings.fork_server)
-    if isinstance(launcher, KernelLauncher):
+    if isinstance(launcher, (KernelLauncher, BwrapLauncher)):
         return OneShot(launcher, fork=settings.fork_server)
     try:
         local = spawn_launcher(settings)
@@ -135,12 +135,15 @@ def oneshot_for(settings: KernelSettings, launcher: Launcher) -> OneShot:
     return OneShot(local, fork=settings.fork_server)
 
 
-def package_installer(settings: KernelSettings, launcher: KernelLauncher | GatewayLauncher) -> PackageInstaller | None:
+def package_installer(
+    settings: KernelSettings, launcher: KernelLauncher | BwrapLauncher | ForkingLauncher | GatewayLauncher
+) -> PackageInstaller | None:
     """The installer of packages on demand for kernels of ``launcher``; None for gateway
     kernels (their image carries their packages)."""
     if isinstance(launcher, GatewayLauncher):
         return None
-    return PackageInstaller(settings.packages, python=launcher.python, target=launcher.packages_dir)
+    spawner = launcher.spawner
+    return PackageInstaller(settings.packages, python=spawner.python, target=spawner.packages_dir)
 
 
 def build_pool(settings: KernelSettings, *, run_root: Path | None = None) -> KernelPool:

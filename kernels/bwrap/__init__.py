@@ -1,2 +1,3 @@
 """The sandboxed launcher (:mod:`.launcher`): kernels spawned inside bubblewrap, from the
-pieces of :mod:`kernels.sandbox`. A launcher: it imports no other launcher."""
+pieces of :mod:`kernels.sandbox` by the spawner it composes (:mod:`kernels.spawn`). A launcher:
+it imports no other launcher."""

@@ -1,4 +1,9 @@
-"""The sandboxed launcher: a plan carried out as ``bwrap ... -- python -m ipykernel_launcher``."""
+"""The sandboxed launcher: a plan carried out as ``bwrap ... -- python -m ipykernel_launcher``.
+
+:class:`BwrapLauncher` composes a :class:`~kernels.spawn.spawner.Spawner` as the plain launcher
+does; it makes plans with in-sandbox paths and the kernel's own uid, and hands the spawner a
+:class:`BwrapProvisioner`, whose process is the kernel command behind the plan's bwrap prefix.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
 from kernels.host.interpreter import KernelPython
-from kernels.local.launcher import KernelLauncher, ThreadbookProvisioner, kernel_environment
 from kernels.sandbox.args import CACHE, DATA, PACKAGES, WORKSPACE, sandbox_args
 from kernels.sandbox.identity import identity_for
 from kernels.sandbox.slirp import Slirp, SlirpSupport, attach
 from kernels.sandbox.support import BwrapSupport
 from kernels.seam.options import KernelOptions
-from kernels.seam.plan import Identity, LaunchPlan
+from kernels.seam.plan import Identity, KernelHandle, LaunchPlan
 from kernels.seam.settings import KernelSettings
+from kernels.spawn.environment import kernel_environment
+from kernels.spawn.process import ThreadbookProvisioner
+from kernels.spawn.spawner import Spawner
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +97,10 @@ def _wait_exit(process: Any, timeout: float) -> None:
         pass
 
 
-class BwrapLauncher(KernelLauncher):
-    """A :class:`KernelLauncher` whose kernels run in the bubblewrap sandbox."""
+class BwrapLauncher:
+    """A :class:`~kernels.seam.plan.Launcher` whose kernels its :class:`Spawner` spawns in
+    the bubblewrap sandbox."""
 
-    transport = "ipc"
     interrupt_mode = "message"
 
     def __init__(
@@ -105,13 +113,23 @@ class BwrapLauncher(KernelLauncher):
         run_root: Path | None = None,
         python: KernelPython | None = None,
     ) -> None:
-        """``network``: how ``network: true`` kernels get it; None keeps them offline (one
-        warning quoting ``network_missing``)."""
-        super().__init__(settings, run_root=run_root, python=python)
+        """``support``: the bubblewrap probed; ``network``: how ``network: true`` kernels get
+        it; None keeps them offline (one warning quoting ``network_missing``)."""
+        self.spawner = Spawner(settings, run_root=run_root, python=python)
         self.support = support
         self.network = network
         self.network_missing = network_missing
         self._network_warned = False
+
+    @property
+    def isolation(self) -> str:
+        """One line saying which resource isolation kernels get (start-up log, ``status``)."""
+        return self.spawner.isolation
+
+    def kernel_spec(self) -> KernelSpec:
+        """The ipykernel command line of the kernel interpreter, interrupted by a message (a
+        signal cannot cross into the sandbox's pid namespace)."""
+        return self.spawner.kernel_spec(self.interrupt_mode)
 
     def kernel_view(self, options: KernelOptions) -> KernelOptions:
         """Inside: ``data_dir`` is ``/data``; network only where asked and slirp4netns works."""
@@ -121,23 +139,31 @@ class BwrapLauncher(KernelLauncher):
         )
 
     def plan(self, workspace: Path, options: KernelOptions) -> LaunchPlan:
-        """The base plan; network only where slirp4netns can give it (one warning where it cannot)."""
+        """One start's plan: in-sandbox paths, the kernel's own uid; network only where
+        slirp4netns can give it (one warning where it cannot)."""
         if options.network and self.network is None and not self._network_warned:
             self._network_warned = True
             log.warning(NETWORK_WARNING, self.network_missing)
-        return super().plan(workspace, options)
+        return self.spawner.plan(
+            workspace,
+            options,
+            environment=lambda run_dir: self.environment(workspace, run_dir, options),
+            network=self.kernel_view(options).network,
+            identity=self.identity(workspace),
+        )
 
     def environment(self, workspace: Path, run_dir: Path, options: KernelOptions) -> dict[str, str]:
         """In-sandbox paths: ``HOME=/workspace``, ``/data``, ``/packages``, caches in ``/tmp``."""
+        python = self.spawner.python
         env = kernel_environment(
-            python=self.python,
+            python=python,
             workspace=WORKSPACE,
             run_dir=run_dir,
             cache_dir=CACHE,
             data_dir=self.kernel_view(options).data_dir,
             packages_dir=PACKAGES,
         )
-        env["PATH"] = os.pathsep.join([str(self.python.bin_dir), "/usr/local/bin", "/usr/bin", "/bin"])
+        env["PATH"] = os.pathsep.join([str(python.bin_dir), "/usr/local/bin", "/usr/bin", "/bin"])
         env["XDG_CACHE_HOME"] = str(CACHE)  # font and other caches stay out of the workspace
         return env
 
@@ -148,12 +174,25 @@ class BwrapLauncher(KernelLauncher):
     def provisioner(self, plan: LaunchPlan, manager: AsyncKernelManager) -> ThreadbookProvisioner:
         """A :class:`BwrapProvisioner` with the plan's bwrap command."""
         return BwrapProvisioner(
-            plan=plan,
-            lifeline=self.lifeline,
-            cgroups=self.cgroups,
             prefix=sandbox_args(self.support, plan),
             network=self.network if plan.network else None,
-            kernel_id=manager.kernel_id,
-            kernel_spec=manager.kernel_spec,
-            parent=manager,
+            **self.spawner.provisioner_args(plan, manager),
         )
+
+    async def attach(self, remote_id: str) -> KernelHandle | None:
+        """None: local kernels cannot be taken over by another process."""
+        return None
+
+    async def open(self) -> None:
+        """Start the kernel warden (see :meth:`Spawner.open`)."""
+        await self.spawner.open()
+
+    async def close(self) -> None:
+        """Close the lifeline: the warden kills what of this launcher still runs, and exits."""
+        await self.spawner.close()
+
+    async def start(self, plan: LaunchPlan) -> KernelHandle:
+        """Start a sandboxed kernel as ``plan`` says and wait until it answers; at most the
+        spawner's start slots run at once."""
+        async with self.spawner.slots:
+            return await self.spawner.spawn(plan, spec=self.kernel_spec(), provisioning=self.provisioner)

@@ -1,11 +1,13 @@
 """Fork-server kernels: a pre-imported parent forks fresh ipykernel processes on request.
 
 :class:`ForkServer` runs ``kernels/fork/zygote.py`` (see its docstring for the protocol and the
-fork-safety rules) and talks JSON lines over its stdin/stdout. :class:`ForkingLauncher` is a
-:class:`~kernels.local.launcher.KernelLauncher` whose provisioner asks the fork server for the
-process instead of spawning one; everything else (run dir, connection file, environment,
-readiness check, handle) is the launcher's own code, so a ``KernelSession`` behaves the same
-for forked and spawned kernels. The forked process is represented by :class:`ForkedProcess`,
+fork-safety rules) and talks JSON lines over its stdin/stdout. :class:`ForkingLauncher` wraps
+a spawning launcher (plain or bubblewrap, :class:`~kernels.spawn.spawner.SpawningLauncher`):
+it takes that launcher's plans and composes a :class:`~kernels.spawn.spawner.Spawner` sharing
+its warden, cgroups and run root, to which it hands a provisioner that asks the fork server for
+the process instead of spawning one; everything else (run dir, connection file, environment,
+readiness check, handle) is the spawner's code, so a ``KernelSession`` behaves the same for
+forked and spawned kernels. The forked process is represented by :class:`ForkedProcess`,
 a ``Popen`` look-alike built on a pidfd: ``jupyter_client``'s ``LocalProvisioner`` then
 signals its process group (interrupt, kill) and polls it exactly as for a spawned kernel.
 
@@ -43,10 +45,8 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
-from kernels.bwrap.launcher import BwrapLauncher
 from kernels.fork import ZYGOTE
 from kernels.fork.jail import KERNEL_OOM_SCORE_ADJ
-from kernels.local.launcher import KernelLauncher, ThreadbookProvisioner, child_setup
 from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, WORKSPACE, zygote_args
 from kernels.sandbox.identity import ZYGOTE as ZYGOTE_IDENTITY
 from kernels.sandbox.identity import write_identity_files
@@ -55,6 +55,9 @@ from kernels.seam.options import KernelOptions
 from kernels.seam.plan import KernelHandle, LaunchPlan
 from kernels.seam.result import KernelStartError
 from kernels.seam.wire import KERNEL_SETUP
+from kernels.spawn.environment import child_setup
+from kernels.spawn.process import ThreadbookProvisioner
+from kernels.spawn.spawner import SpawningLauncher
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,7 @@ RESTART_DELAYS_S = (1.0, 2.0, 5.0, 15.0, 30.0)
 RESTART_ATTEMPTS = 12
 #: Forked kernels started at once: a fork costs ~70 ms of CPU, most of a start is waiting for
 #: round trips, so four per core keep the cores busy through a burst (a spawn costs ~0.6 s
-#: of CPU: spawned starts keep ``kernels.local.launcher.START_SLOTS``).
+#: of CPU: spawned starts keep ``kernels.spawn.spawner.START_SLOTS``).
 FORK_START_SLOTS = 4 * (os.cpu_count() or 1)
 
 
@@ -134,7 +137,7 @@ class ForkServer:
 
     def __init__(self, launcher: ForkingLauncher) -> None:
         self.launcher = launcher
-        self.preload = list(launcher.settings.preload)
+        self.preload = list(launcher.spawner.settings.preload)
         self.exit_codes: dict[int, int] = {}
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -168,23 +171,24 @@ class ForkServer:
     async def start(self) -> None:
         """Start the zygote and wait until its imports are done."""
         # The zygote runs as a kernel would (its environment, in-sandbox paths), in its own run dir.
-        plan = self.launcher.spawn.plan(self.launcher.run_root, KernelOptions())
+        spawner = self.launcher.spawner
+        plan = self.launcher.spawn.plan(spawner.run_root, KernelOptions())
         run_dir = plan.run_dir
         self._run_dirs.append(run_dir)  # removed by stop(), also when this start fails
-        await asyncio.to_thread(self.launcher.make_run_dir, run_dir)
+        await asyncio.to_thread(spawner.make_run_dir, run_dir)
         env = dict(plan.environment)
         sandbox = self.launcher.sandbox
         if sandbox is None:
             prefix, mode = [], []
         else:
             await asyncio.to_thread(write_identity_files, run_dir, ZYGOTE_IDENTITY)
-            prefix, mode = zygote_args(sandbox.support, run_dir=run_dir, code_dir=code_dir(sandbox.support)), ["jail"]
+            prefix, mode = zygote_args(sandbox, run_dir=run_dir, code_dir=code_dir(sandbox)), ["jail"]
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         with open(run_dir / "zygote.log", "ab") as log_file:
             self._proc = await asyncio.create_subprocess_exec(
                 *prefix,
-                str(self.launcher.python.executable),
+                str(spawner.python.executable),
                 "-P",
                 str(ZYGOTE),
                 json.dumps(self.preload),
@@ -207,7 +211,7 @@ class ForkServer:
         # Not frozen, and it dies with the bot by itself (its stdin, bwrap's --die-with-parent);
         # the warden takes its tree along too, the kernels still being forked in it included.
         try:
-            await asyncio.to_thread(self.launcher.lifeline.add_process, _zygote_key(self._proc), self._proc.pid)
+            await asyncio.to_thread(spawner.lifeline.add_process, _zygote_key(self._proc), self._proc.pid)
         except BaseException:
             await self._kill()
             raise
@@ -258,7 +262,7 @@ class ForkServer:
                 # Not the protocol: log it and keep reading, so a zygote that dies is still noticed.
                 log.error("the fork server wrote an unreadable line: %r", line[:200])
         await proc.wait()
-        await asyncio.to_thread(self.launcher.lifeline.drop, _zygote_key(proc))
+        await asyncio.to_thread(self.launcher.spawner.lifeline.drop, _zygote_key(proc))
         self.running = False
         for future in self._pending.values():
             if not future.done():
@@ -414,38 +418,29 @@ def jail_for(plan: LaunchPlan, support: BwrapSupport) -> dict[str, Any]:
     }
 
 
-class ForkingLauncher(KernelLauncher):
+class ForkingLauncher:
     """Starts kernels by forking them from a :class:`ForkServer`, spawning when it cannot.
 
     Plans come from the wrapped spawn launcher, so a start that cannot fork is spawned with
     the very same plan."""
 
-    def __init__(self, spawn: KernelLauncher) -> None:
-        super().__init__(
-            spawn.settings,
-            run_root=spawn.run_root.parent,
-            cgroups=spawn.cgroups,
-            python=spawn.python,
-            start_slots=FORK_START_SLOTS,
-            lifeline=spawn.lifeline,
-        )
-        if not self.supports(spawn):
-            raise ValueError(f"no fork-server profile for {type(spawn).__name__}")
+    def __init__(self, spawn: SpawningLauncher) -> None:
+        """``spawn``: the launcher whose kernels are forked (plain, or bubblewrap: as root each
+        kernel drops to its per-workspace uid; as a normal user each gets a user namespace)."""
         self.spawn = spawn
+        self.spawner = spawn.spawner.sharing(start_slots=FORK_START_SLOTS)
         #: The sandbox whose kernels are forked (None: the unsandboxed profile).
-        self.sandbox = spawn if isinstance(spawn, BwrapLauncher) else None
-        self.transport = spawn.transport
+        self.sandbox: BwrapSupport | None = spawn.support
         self.interrupt_mode = spawn.interrupt_mode
         self.server = ForkServer(self)
         #: Starts served by forking / by spawning (for benchmarks and tests).
         self.forked = 0
         self.spawned = 0
 
-    @staticmethod
-    def supports(spawn: KernelLauncher) -> bool:
-        """Whether kernels of ``spawn`` can be forked: unsandboxed, or bubblewrap (as root each
-        kernel drops to its per-workspace uid; as a normal user each gets a user namespace)."""
-        return type(spawn) in (KernelLauncher, BwrapLauncher)
+    @property
+    def isolation(self) -> str:
+        """One line saying which resource isolation kernels get (start-up log, ``status``)."""
+        return self.spawn.isolation
 
     @property
     def available(self) -> bool:
@@ -457,7 +452,7 @@ class ForkingLauncher(KernelLauncher):
         (those need slirp4netns: spawned); unsandboxed, the default profile only."""
         if self.sandbox is not None:
             return not plan.network
-        return plan.data_dir is None and plan.network == self.settings.network
+        return plan.data_dir is None and plan.network == self.spawner.settings.network
 
     def kernel_spec(self) -> KernelSpec:
         """The spawn launcher's kernel spec (interrupt mode included)."""
@@ -474,36 +469,37 @@ class ForkingLauncher(KernelLauncher):
     def provisioner(self, plan: LaunchPlan, manager: AsyncKernelManager) -> ThreadbookProvisioner:
         """A :class:`ForkProvisioner` wired to this launcher's fork server."""
         return ForkProvisioner(
-            plan=plan,
-            lifeline=self.lifeline,
-            cgroups=self.cgroups,
             server=self.server,
-            jail=None if self.sandbox is None else jail_for(plan, self.sandbox.support),
-            kernel_id=manager.kernel_id,
-            kernel_spec=manager.kernel_spec,
-            parent=manager,
+            jail=None if self.sandbox is None else jail_for(plan, self.sandbox),
+            **self.spawner.provisioner_args(plan, manager),
         )
 
+    async def attach(self, remote_id: str) -> KernelHandle | None:
+        """None: local kernels cannot be taken over by another process."""
+        return None
+
     async def open(self) -> None:
-        """Start the kernel warden (raises when it cannot, see :meth:`KernelLauncher.open`),
-        then the fork server (kernels are spawned until it is up)."""
-        await super().open()
+        """Start the kernel warden (raises when it cannot, see
+        :meth:`~kernels.spawn.spawner.Spawner.open`), then the fork server (kernels are
+        spawned until it is up)."""
+        await self.spawner.open()
         await self.server.launch()
 
     async def close(self) -> None:
         """Stop the fork server (it kills the kernels it forked that still run), then the warden."""
         await self.server.stop()
-        await super().close()
+        await self.spawner.close()
 
     async def start(self, plan: LaunchPlan) -> KernelHandle:
         """A forked kernel when the fork server is up and ``plan`` fits, else a spawned one."""
         if self.available and self.fits(plan):
             try:
-                handle = await super().start(plan)
+                async with self.spawner.slots:
+                    handle = await self.spawner.spawn(plan, spec=self.kernel_spec(), provisioning=self.provisioner)
                 self.forked += 1
                 return handle
             except KernelStartError:
                 log.warning("forking a kernel failed; spawning one", exc_info=True)
-        handle = await self.spawn.start(plan)
+        spawned = await self.spawn.start(plan)
         self.spawned += 1
-        return handle
+        return spawned

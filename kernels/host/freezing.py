@@ -16,7 +16,7 @@ A frozen process acts on no signal until it is thawed, the death signal of a dea
 (``bwrap --die-with-parent``, the fork server's lifeline) included: the kernel warden
 (:mod:`kernels.host.lifeline`, a process of its own that is never frozen) kills and thaws
 every kernel when the bot dies, and no kernel is frozen while no warden runs (the freeze of
-:class:`~kernels.local.launcher.LocalKernelHandle` asks for one first).
+:class:`~kernels.spawn.handle.LocalKernelHandle` asks for one first).
 
 CPU time: the cgroup's own counter (ended processes included); without one, the process
 tree's times plus what each member reaped (``children_user``/``children_system``).

@@ -54,13 +54,15 @@ from kernels.bwrap.launcher import BwrapLauncher
 from kernels.host import safefs
 from kernels.host.cgroups import KernelCgroup
 from kernels.host.leftovers import process_tree
-from kernels.local.launcher import PACKAGES_ENV, KernelLauncher, child_setup
+from kernels.local.launcher import KernelLauncher
 from kernels.oneshot.server import Ahead, OneShotServer
 from kernels.sandbox.args import sandbox_args
 from kernels.sandbox.identity import prepare_run_dir
 from kernels.seam.options import KernelOptions
 from kernels.seam.plan import LaunchPlan
 from kernels.seam.result import KernelError
+from kernels.spawn.environment import PACKAGES_ENV, child_setup
+from kernels.spawn.spawner import SpawningLauncher
 
 log = logging.getLogger(__name__)
 
@@ -108,13 +110,13 @@ class OneShotResult:
 class OneShot:
     """Runs ``threadbook_kernel`` modules in fresh processes sandboxed like ``launcher``'s kernels."""
 
-    def __init__(self, launcher: KernelLauncher | None, *, reason: str = "", fork: bool = False) -> None:
+    def __init__(self, launcher: SpawningLauncher | None, *, reason: str = "", fork: bool = False) -> None:
         """(Blocking) ``launcher``: the local (spawning) launcher whose interpreter, sandbox,
         limits, run root and cgroups one-shots share; None: unavailable, for ``reason``.
         ``fork``: fork one-shots from a one-shot fork server (started by :meth:`open`) where
         ``launcher`` allows one. Scratch folders a bot process that is gone left behind are removed."""
         if launcher is not None:
-            _remove_stale(launcher.run_root)
+            _remove_stale(launcher.spawner.run_root)
         self._launcher = launcher
         self._reason = reason
         self._running = asyncio.Semaphore(MAX_RUNNING)
@@ -187,7 +189,7 @@ class OneShot:
 class Job:
     """A one-shot's scratch folder (``/workspace`` of its runs) and the runs in it."""
 
-    def __init__(self, runner: OneShot, launcher: KernelLauncher, plan: LaunchPlan, ahead: Ahead | None) -> None:
+    def __init__(self, runner: OneShot, launcher: SpawningLauncher, plan: LaunchPlan, ahead: Ahead | None) -> None:
         """``ahead``: the process the one-shot fork server made for this job (its first run), or None."""
         self._runner = runner
         self._launcher = launcher
@@ -241,16 +243,16 @@ class Job:
         if ahead is not None:  # the job's first run; a later one is spawned
             async with runner._forking:
                 return await _run_ahead(ahead, list(python_args), timeout=timeout, max_output=max_output, fd=fd)
-        argv = [str(self._launcher.python.executable), "-I", *python_args]
+        argv = [str(self._launcher.spawner.python.executable), "-I", *python_args]
         async with runner._running:
             return await _run(self._launcher, self.plan, argv, timeout=timeout, max_output=max_output, fd=fd)
 
 
-def _plan(launcher: KernelLauncher) -> LaunchPlan:
+def _plan(launcher: SpawningLauncher) -> LaunchPlan:
     """A launch plan for one job: a fresh scratch folder as the workspace, no data folder, no
     network, no shared packages, the kernels' limits and (sandboxed) a uid of its own."""
     job_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    base = launcher.run_root / f"{ONESHOT_PREFIX}{job_id}"
+    base = launcher.spawner.run_root / f"{ONESHOT_PREFIX}{job_id}"
     workspace, run_dir = base / "work", base / "run"
     environment = launcher.environment(workspace, run_dir, KernelOptions())
     environment.pop(PACKAGES_ENV, None)
@@ -262,7 +264,7 @@ def _plan(launcher: KernelLauncher) -> LaunchPlan:
         workspace=workspace,
         run_dir=run_dir,
         environment=environment,
-        limits=launcher.limits,
+        limits=launcher.spawner.limits,
         data_dir=None,
         network=False,
         packages_dir=None,
@@ -270,7 +272,7 @@ def _plan(launcher: KernelLauncher) -> LaunchPlan:
     )
 
 
-async def _prepare(launcher: KernelLauncher) -> tuple[LaunchPlan, KernelCgroup | None]:
+async def _prepare(launcher: SpawningLauncher) -> tuple[LaunchPlan, KernelCgroup | None]:
     """A fresh job's plan, scratch folder and cgroup (for a process made ahead). Cancelled
     (the server stops), it waits for the thread that makes them and removes what it made."""
     plan = _plan(launcher)
@@ -286,10 +288,10 @@ async def _prepare(launcher: KernelLauncher) -> tuple[LaunchPlan, KernelCgroup |
         raise
 
 
-def _prepare_blocking(launcher: KernelLauncher, plan: LaunchPlan) -> KernelCgroup | None:
+def _prepare_blocking(launcher: SpawningLauncher, plan: LaunchPlan) -> KernelCgroup | None:
     """(Blocking) :func:`_prepare`'s folder and cgroup; nothing left behind when it fails."""
     _make_scratch(launcher, plan)
-    cgroups = launcher.cgroups
+    cgroups = launcher.spawner.cgroups
     try:
         return cgroups.create(plan.kernel_id) if cgroups is not None and cgroups.enabled else None
     except BaseException:
@@ -302,7 +304,7 @@ async def _discard(plan: LaunchPlan) -> None:
     await asyncio.to_thread(shutil.rmtree, plan.run_dir.parent, True)
 
 
-def _forkable(launcher: KernelLauncher) -> bool:
+def _forkable(launcher: SpawningLauncher) -> bool:
     return type(launcher) in (KernelLauncher, BwrapLauncher)
 
 
@@ -319,22 +321,22 @@ def _remove_stale(run_root: Path) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
 
 
-def _make_scratch(launcher: KernelLauncher, plan: LaunchPlan) -> None:
+def _make_scratch(launcher: SpawningLauncher, plan: LaunchPlan) -> None:
     """(Blocking) the job's folder (0700, new), its workspace and run dir, handed to its uid."""
-    launcher.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    launcher.spawner.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
     plan.run_dir.parent.mkdir(mode=0o700)
     plan.workspace.mkdir(mode=0o700)
     plan.run_dir.mkdir(mode=0o700)
     prepare_run_dir(plan)
 
 
-def _command(launcher: KernelLauncher, plan: LaunchPlan, argv: list[str]) -> list[str]:
+def _command(launcher: SpawningLauncher, plan: LaunchPlan, argv: list[str]) -> list[str]:
     if isinstance(launcher, BwrapLauncher):
         return [*sandbox_args(launcher.support, plan), *argv]
     return argv
 
 
-def _preexec(launcher: KernelLauncher, plan: LaunchPlan, cgroup: KernelCgroup | None) -> Callable[[], None]:
+def _preexec(launcher: SpawningLauncher, plan: LaunchPlan, cgroup: KernelCgroup | None) -> Callable[[], None]:
     """Between fork and exec: the cgroup, keyring and OOM score of a kernel; without the
     sandbox (whose ``prlimit`` sets them inside) the rlimits too."""
     setup = child_setup(cgroup)
@@ -349,7 +351,7 @@ def _preexec(launcher: KernelLauncher, plan: LaunchPlan, cgroup: KernelCgroup | 
 
 
 async def _run(
-    launcher: KernelLauncher, plan: LaunchPlan, argv: list[str], *, timeout: float, max_output: int, fd: int | None
+    launcher: SpawningLauncher, plan: LaunchPlan, argv: list[str], *, timeout: float, max_output: int, fd: int | None
 ) -> OneShotResult:
     cgroup = await _make_cgroup(launcher, plan)
     try:
@@ -428,8 +430,8 @@ async def _run_ahead(
     return OneShotResult(exit_code=exit_code, output=b"".join(chunks), cut=cut, timed_out=timed_out, errors=error_text)
 
 
-async def _make_cgroup(launcher: KernelLauncher, plan: LaunchPlan) -> KernelCgroup | None:
-    cgroups = launcher.cgroups
+async def _make_cgroup(launcher: SpawningLauncher, plan: LaunchPlan) -> KernelCgroup | None:
+    cgroups = launcher.spawner.cgroups
     if cgroups is None or not cgroups.enabled:
         return None
     return await asyncio.to_thread(cgroups.create, plan.kernel_id)

@@ -41,13 +41,15 @@ from kernels.fork import ONESHOT_ZYGOTE
 from kernels.forking.launcher import RESTART_ATTEMPTS, RESTART_DELAYS_S, START_TIMEOUT_S, code_dir, jail_for
 from kernels.host.cgroups import KernelCgroup
 from kernels.host.leftovers import process_tree
-from kernels.local.launcher import PACKAGES_ENV, KernelLauncher, child_setup
+from kernels.local.launcher import KernelLauncher
 from kernels.sandbox.args import WORKSPACE, zygote_args
 from kernels.sandbox.identity import ZYGOTE as ZYGOTE_IDENTITY
 from kernels.sandbox.identity import write_identity_files
 from kernels.seam.options import KernelOptions
 from kernels.seam.plan import LaunchPlan
 from kernels.seam.result import KernelStartError
+from kernels.spawn.environment import PACKAGES_ENV, child_setup
+from kernels.spawn.spawner import SpawningLauncher
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +141,7 @@ class Ahead:
 class OneShotServer:
     """Owns the one-shot zygote; forks jobs through it; restarts it when it dies."""
 
-    def __init__(self, launcher: KernelLauncher, *, prepare: Prepare, discard: Discard, ahead: int = AHEAD) -> None:
+    def __init__(self, launcher: SpawningLauncher, *, prepare: Prepare, discard: Discard, ahead: int = AHEAD) -> None:
         """``launcher``: the local spawning launcher whose interpreter, sandbox, run root and
         kernel warden the one-shots share (unsandboxed, or bubblewrap); ``prepare`` and
         ``discard`` make and remove a job's plan, scratch folder and cgroup; ``ahead``: how
@@ -209,7 +211,7 @@ class OneShotServer:
     async def start(self) -> None:
         """Start the zygote and wait until its imports are done."""
         launcher = self.launcher
-        folder = launcher.run_root / SERVER_FOLDER.format(pid=os.getpid(), id=uuid.uuid4().hex[:8])
+        folder = launcher.spawner.run_root / SERVER_FOLDER.format(pid=os.getpid(), id=uuid.uuid4().hex[:8])
         run_dir = folder / "run"
         self._folders.append(folder)  # removed by stop(), also when this start fails
         await asyncio.to_thread(_make_folder, launcher, run_dir)
@@ -229,7 +231,7 @@ class OneShotServer:
             with open(run_dir / "zygote.log", "ab") as log_file:
                 self._proc = await asyncio.create_subprocess_exec(
                     *prefix,
-                    str(launcher.python.executable),
+                    str(launcher.spawner.python.executable),
                     "-I",
                     str(PROGRAM),
                     json.dumps(PRELOAD),
@@ -256,7 +258,7 @@ class OneShotServer:
         self.running = True
         self._reader = asyncio.create_task(self._read(self._proc), name="oneshot-server-reader")
         try:
-            await asyncio.to_thread(launcher.lifeline.add_process, _key(self._proc), self._proc.pid)
+            await asyncio.to_thread(launcher.spawner.lifeline.add_process, _key(self._proc), self._proc.pid)
             ready = await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
         except BaseException:
             await self._kill()
@@ -421,7 +423,7 @@ class OneShotServer:
             except (ValueError, KeyError, TypeError):
                 log.error("the one-shot fork server wrote an unreadable line: %r", line[:200])
         await proc.wait()
-        await asyncio.to_thread(self.launcher.lifeline.drop, _key(proc))
+        await asyncio.to_thread(self.launcher.spawner.lifeline.drop, _key(proc))
         self.running = False
         if self._channel is not None:
             self._channel.close()
@@ -541,8 +543,8 @@ async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTrans
     return reader, transport
 
 
-def _make_folder(launcher: KernelLauncher, run_dir: Path) -> None:
-    launcher.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+def _make_folder(launcher: SpawningLauncher, run_dir: Path) -> None:
+    launcher.spawner.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
     run_dir.parent.mkdir(mode=0o700)
     run_dir.mkdir(mode=0o700)
 

@@ -10,8 +10,9 @@ A plan says everything about one start - the thread's folder, where the kernel's
 log live, its complete environment, its limits, its network, its read-only data folder and
 who it runs as - so the kinds of launcher differ only in how they carry a plan out:
 
-* :class:`kernels.local.launcher.KernelLauncher` spawns a local ``ipykernel`` with ``jupyter_client``;
-* :class:`kernels.sandbox.BwrapLauncher` spawns it inside bubblewrap (the plan then holds
+* :class:`kernels.local.launcher.KernelLauncher` spawns a local ``ipykernel`` with ``jupyter_client``
+  (through the :class:`kernels.spawn.spawner.Spawner` it composes);
+* :class:`kernels.bwrap.launcher.BwrapLauncher` spawns it inside bubblewrap (the plan then holds
   in-sandbox paths and the kernel's uid);
 * :class:`kernels.forking.launcher.ForkingLauncher` forks it from a pre-imported zygote, falling
   back to its spawn launcher *with the same plan*;

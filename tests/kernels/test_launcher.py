@@ -10,8 +10,8 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager
 
 from kernels import KernelLauncher, KernelOptions, KernelStartError, LaunchPlan
-from kernels.local.launcher import ThreadbookProvisioner
 from kernels.seam.plan import KernelHandle
+from kernels.spawn.process import ThreadbookProvisioner
 from tests.kernels.conftest import kernel_settings
 
 
@@ -28,15 +28,15 @@ async def test_failed_set_up_is_a_start_error_and_leaves_no_run_dir(tmp_path: Pa
     workspace.mkdir()
     with pytest.raises(KernelStartError, match="no space left"):
         await launcher.start(launcher.plan(workspace, KernelOptions()))
-    assert list(launcher.run_root.glob("kernel-*")) == []
+    assert list(launcher.spawner.run_root.glob("kernel-*")) == []
 
 
 def test_a_plan_is_complete_frozen_and_starts_nothing(tmp_path: Path) -> None:
     launcher = KernelLauncher(kernel_settings(tmp_path, memory_mb=640), run_root=tmp_path / "run")
     data = tmp_path / "data"
     plan = launcher.plan(tmp_path / "ws", KernelOptions(data_dir=data))
-    assert plan.run_dir.parent == launcher.run_root and plan.kernel_id in plan.run_dir.name
-    assert not plan.run_dir.exists() and not launcher.run_root.exists()  # planning touched nothing
+    assert plan.run_dir.parent == launcher.spawner.run_root and plan.kernel_id in plan.run_dir.name
+    assert not plan.run_dir.exists() and not launcher.spawner.run_root.exists()  # planning touched nothing
     assert plan.environment["HOME"] == str(tmp_path / "ws") and plan.environment["THREADBOOK_DATA_DIR"] == str(data)
     assert plan.limits.memory_mb == 640 and plan.identity is None and plan.data_dir == data
     with pytest.raises(dataclasses.FrozenInstanceError):

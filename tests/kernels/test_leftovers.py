@@ -51,7 +51,7 @@ async def test_leftovers_are_killed_when_the_cell_returns(tmp_path: Path) -> Non
         assert quiet.ok and quiet.notice is None, "a cell that leaves nothing gets no notice"
         result = await session.execute(LEAVE_TWO)
         pids = json.loads(result.stdout)
-        cgroups = pool.launcher.cgroups.enabled
+        cgroups = pool.launcher.spawner.cgroups.enabled
         expected = 2 if cgroups else 1  # without a cgroup the double-forked daemon is out of reach
         assert result.notice == f"{expected} background process(es) left by this code were stopped.", result.notice
         assert not _running(pids[0])
@@ -73,7 +73,7 @@ async def test_a_channel_may_allow_background_processes(tmp_path: Path) -> None:
         pids = json.loads(result.stdout)
         assert result.notice is None and all(_running(pid) for pid in pids)
         await pool.shutdown("t:background")
-        if pool.launcher.cgroups.enabled:  # the kernel's cgroup takes even the daemon along
+        if pool.launcher.spawner.cgroups.enabled:  # the kernel's cgroup takes even the daemon along
             deadline = time.monotonic() + 5
             while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -87,7 +87,7 @@ async def test_without_cgroups_the_process_tree_is_used(tmp_path: Path) -> None:
     settings = kernel_settings(tmp_path)
     none = Cgroups(None, memory_mb=settings.memory_mb, max_processes=settings.max_processes, reason="test")
     launcher = KernelLauncher(settings, cgroups=none)
-    assert launcher.isolation == "rlimits only (no cgroup)" and launcher.cgroups.where() == "none (test)"
+    assert launcher.isolation == "rlimits only (no cgroup)" and launcher.spawner.cgroups.where() == "none (test)"
     pool = KernelPool(settings, launcher=launcher)
     pids: list[int] = []
     try:
@@ -130,21 +130,21 @@ def test_background_processes_do_not_change_how_kernels_start(tmp_path: Path) ->
 
 
 def test_the_launcher_walks_the_same_process_tree_as_the_sweep() -> None:
-    """``_descendants`` (kill) and ``_tree_pss`` (memory) walk :func:`leftovers.process_tree`:
+    """``descendants_of`` (kill) and ``tree_pss`` (memory) walk :func:`leftovers.process_tree`:
     the root's descendants without the root, and nothing for a process that is gone."""
     from kernels.host.leftovers import process_tree
-    from kernels.local import launcher as local
+    from kernels.spawn import handle, process
 
     child = subprocess.Popen(["sleep", "300"])
     try:
         me = psutil.Process().pid
-        assert child.pid in [proc.pid for proc in local._descendants(me)]
-        assert me not in [proc.pid for proc in local._descendants(me)]
+        assert child.pid in [proc.pid for proc in process.descendants_of(me)]
+        assert me not in [proc.pid for proc in process.descendants_of(me)]
         assert [proc.pid for proc in process_tree(child.pid)] == [child.pid]
-        assert local._descendants(child.pid) == []
-        assert (local._tree_pss(child.pid) or 0) > 0
+        assert process.descendants_of(child.pid) == []
+        assert (handle.tree_pss(child.pid) or 0) > 0
     finally:
         child.kill()
         child.wait()
-    assert local._descendants(child.pid) == [] and local._tree_pss(child.pid) is None
-    assert local._descendants(None) == [] and local._tree_pss(None) is None
+    assert process.descendants_of(child.pid) == [] and handle.tree_pss(child.pid) is None
+    assert process.descendants_of(None) == [] and handle.tree_pss(None) is None

@@ -28,8 +28,9 @@ import pytest_asyncio
 from kernels import KernelPool, build_pool
 from kernels.host.cgroups import detected
 from kernels.host.lifeline import WARDEN, Lifeline, WardenUnavailableError
-from kernels.local.launcher import KernelLauncher, LocalKernelHandle
+from kernels.local.launcher import KernelLauncher
 from kernels.seam.result import KernelStartError
+from kernels.spawn.handle import LocalKernelHandle
 from tests.kernels.conftest import kernel_processes, kernel_settings
 from tests.security.test_bot_death import DEATH_S, _alive, _clean_up, _processes, _read_line
 
@@ -49,7 +50,7 @@ async def pool(tmp_path: Path) -> AsyncIterator[KernelPool]:
 
 def _lifeline(pool: KernelPool) -> Lifeline:
     assert isinstance(pool.launcher, KernelLauncher)
-    return pool.launcher.lifeline
+    return pool.launcher.spawner.lifeline
 
 
 def _kernel_tree(handle: LocalKernelHandle) -> list[psutil.Process]:

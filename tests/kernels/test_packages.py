@@ -69,7 +69,9 @@ def installer(launcher: KernelLauncher, links: Path, **overrides: Any) -> Packag
         "no_index": True,
     }
     values.update(overrides)
-    return PackageInstaller(PackageSettings(**values), python=launcher.python, target=launcher.packages_dir)
+    return PackageInstaller(
+        PackageSettings(**values), python=launcher.spawner.python, target=launcher.spawner.packages_dir
+    )
 
 
 def test_import_names_map_to_their_distributions() -> None:
@@ -137,8 +139,8 @@ async def test_missing_module_is_installed_and_the_code_then_runs(
     assert outcome.thread_note() == "📦 Installed tbdemo 1.2.3 for this code."
     again = await session.execute("import tbdemo\nprint('value', tbdemo.VALUE, before)")
     assert again.ok and again.stdout == "value 42 kept\n"  # the same kernel, variables kept
-    assert installed_distributions(launcher.packages_dir) == {"tbdemo": "1.2.3"}
-    assert list((launcher.packages_dir / STAGING).iterdir()) == []  # nothing half-done left
+    assert installed_distributions(launcher.spawner.packages_dir) == {"tbdemo": "1.2.3"}
+    assert list((launcher.spawner.packages_dir / STAGING).iterdir()) == []  # nothing half-done left
     # Another thread's kernel (started before or after) sees it too, and a second ask installs nothing.
     other = await pool.get_or_start("t:install-2")
     assert (await other.execute("import tbdemo; tbdemo.VALUE")).result == "42"
@@ -152,8 +154,8 @@ async def test_dependency_the_kernel_environment_has_is_not_installed_again(
     pool, launcher = launched
     outcome = await installer(launcher, links).provide("tbnum")  # needs numpy; no numpy wheel offline
     assert outcome.verdict is Verdict.INSTALLED, outcome.detail
-    assert "numpy" not in installed_distributions(launcher.packages_dir)
-    assert not (launcher.packages_dir / "numpy").exists()
+    assert "numpy" not in installed_distributions(launcher.spawner.packages_dir)
+    assert not (launcher.spawner.packages_dir / "numpy").exists()
     session = await pool.get_or_start("t:dependency")
     assert (await session.execute("import tbnum; tbnum.TOTAL")).result == "10"
 
@@ -166,8 +168,8 @@ async def test_requirement_the_kernel_environment_does_not_meet_is_refused(
     outcome = await installer(launcher, links).provide("tbfuture")
     assert outcome.verdict is Verdict.FAILED and not outcome.rerun
     assert "tbfuture needs numpy>=99, but the kernels have numpy" in outcome.detail
-    assert "tbfuture" not in installed_distributions(launcher.packages_dir)
-    assert not (launcher.packages_dir / "tbfuture").exists()
+    assert "tbfuture" not in installed_distributions(launcher.spawner.packages_dir)
+    assert not (launcher.spawner.packages_dir / "tbfuture").exists()
 
 
 @in_module_loop
@@ -179,8 +181,8 @@ async def test_module_off_the_allow_list_is_refused_and_nothing_is_installed(
     assert outcome.verdict is Verdict.NOT_ALLOWED and not outcome.rerun
     assert "not on the allow-list" in outcome.model_note() and "Do without it" in outcome.model_note()
     assert outcome.thread_note() is None
-    assert not (launcher.packages_dir / "tbother").exists()
-    assert "tbother" not in installed_distributions(launcher.packages_dir)
+    assert not (launcher.spawner.packages_dir / "tbother").exists()
+    assert "tbother" not in installed_distributions(launcher.spawner.packages_dir)
 
 
 @in_module_loop
@@ -227,7 +229,7 @@ async def test_install_without_a_matching_wheel_is_one_note_and_the_kernel_still
     assert outcome.thread_note() == f"⚠️ Could not install tbmissing: {outcome.detail}"
     assert "installing tbmissing failed" in outcome.model_note()
     assert (await session.execute("1 + 1")).result == "2"
-    assert list((launcher.packages_dir / STAGING).iterdir()) == []
+    assert list((launcher.spawner.packages_dir / STAGING).iterdir()) == []
 
 
 @in_module_loop
@@ -248,7 +250,7 @@ async def test_install_past_its_timeout_is_stopped_and_the_kernel_still_works(
     assert elapsed < 9, elapsed
     assert not [p for p in psutil.Process().children(recursive=True) if "uv" in " ".join(_cmdline(p))]
     assert (await session.execute("2 + 2")).result == "4"
-    assert list((launcher.packages_dir / STAGING).iterdir()) == []
+    assert list((launcher.spawner.packages_dir / STAGING).iterdir()) == []
 
 
 def _cmdline(process: psutil.Process) -> list[str]:
@@ -261,7 +263,7 @@ def _cmdline(process: psutil.Process) -> list[str]:
 def test_packages_folder_is_readable_by_everyone(launched: tuple[KernelPool, KernelLauncher]) -> None:
     # Sandboxed kernels may run as other uids: what was moved in must be world-readable.
     _, launcher = launched
-    for folder, _dirs, files in os.walk(launcher.packages_dir):
+    for folder, _dirs, files in os.walk(launcher.spawner.packages_dir):
         if STAGING in Path(folder).parts:
             continue
         for name in files:

@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from kernels import KernelPool, KernelSession, Outcome, build_pool
+from kernels.bwrap.launcher import BwrapLauncher
 from kernels.local.launcher import KernelLauncher
 from kernels.oneshot.runner import OneShot
 from tests.fakes.outputs import PeakRss
@@ -29,7 +30,7 @@ async def preview(session: KernelSession, name: str, timeout: float = 30) -> str
     launcher = session.launcher
     launcher = getattr(launcher, "fallback", launcher)  # a warm hand-off
     launcher = getattr(launcher, "spawn", launcher)  # the fork server's spawning launcher
-    assert isinstance(launcher, KernelLauncher)
+    assert isinstance(launcher, (KernelLauncher, BwrapLauncher))
     fd = os.open(session.workspace.path / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         result = await OneShot(launcher).run("preview", [str(fd), name], timeout=timeout, max_output=100_000, fd=fd)

@@ -278,7 +278,7 @@ async def attacker(
     tree = _sandbox_tree(session)
     uids = {proc.uids().real for proc in tree} - {0, os.getuid()}
     cgroups = cgroup_folders(session)
-    assert cgroups or not sandbox_pool.launcher.cgroups.enabled, "the kernel got no cgroup"
+    assert cgroups or not sandbox_pool.launcher.spawner.cgroups.enabled, "the kernel got no cgroup"
     yield session
     cgroups += cgroup_folders(session)  # the kernel may have been replaced meanwhile
     await sandbox_pool.shutdown(key)

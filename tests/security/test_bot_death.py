@@ -97,8 +97,9 @@ async def child_main(root: Path, sandbox: str, source: str, cgroups: bool) -> No
     from kernels.build import spawn_launcher
     from kernels.forking.launcher import ForkingLauncher
     from kernels.host.cgroups import Cgroups
-    from kernels.local.launcher import KernelLauncher, LocalKernelHandle
+    from kernels.local.launcher import KernelLauncher
     from kernels.seam.settings import KernelSettings
+    from kernels.spawn.handle import LocalKernelHandle
 
     tmp = Path(tempfile.gettempdir())  # TMPDIR: the kernels' run dirs go under it
     settings = KernelSettings(
@@ -117,7 +118,7 @@ async def child_main(root: Path, sandbox: str, source: str, cgroups: bool) -> No
     )
     spawn = spawn_launcher(settings)
     if not cgroups:
-        spawn.cgroups = Cgroups(None, memory_mb=512, max_processes=64, reason="switched off by the test")
+        spawn.spawner.cgroups = Cgroups(None, memory_mb=512, max_processes=64, reason="switched off by the test")
     launcher: KernelLauncher = ForkingLauncher(spawn) if source == "fork" else spawn
     pool = KernelPool(settings, launcher=launcher)
     await pool.start()
@@ -125,7 +126,7 @@ async def child_main(root: Path, sandbox: str, source: str, cgroups: bool) -> No
         assert launcher.available, "the fork server did not start"
     options = KernelOptions(background_processes=True)
     sessions = await asyncio.gather(*(pool.get_or_start(f"slack:C1:thread-{n}", options) for n in "ab"))
-    report: dict[str, Any] = {"kernels": [], "cgroups": spawn.cgroups.enabled}
+    report: dict[str, Any] = {"kernels": [], "cgroups": spawn.spawner.cgroups.enabled}
     # Unsandboxed and without a cgroup nothing reaches a daemon that left the tree (docs/security.md).
     daemon = sandbox != "none" or cgroups
     for session in sessions:

@@ -88,7 +88,7 @@ def test_auto_uses_bwrap_when_it_works(tmp_path: Path, caplog: pytest.LogCapture
         launcher = spawn_launcher(settings(tmp_path, "auto"))
     assert isinstance(launcher, BwrapLauncher) and not caplog.records
     assert (sandbox_in_force(launcher) or "").startswith("bubblewrap: own namespaces")
-    assert launcher.transport == "ipc" and launcher.kernel_spec().interrupt_mode == "message"
+    assert launcher.spawner.transport == "ipc" and launcher.kernel_spec().interrupt_mode == "message"
     # The model is told the in-sandbox data path, and network only where slirp4netns gives it.
     view = launcher.kernel_view(KernelOptions(data_dir=tmp_path, network=True))
     assert view == KernelOptions(data_dir=DATA, network=NO_SLIRP is None)
