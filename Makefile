@@ -65,11 +65,13 @@ test: dev-venv gateway-env
 test-fast: dev-venv
 	$(PY) -m pytest -m "not slow and not postgres and not gateway" $(PYTEST_ARGS)
 
-# Strict typing (with pydantic's plugin), the import layering, ruff's lint and format; all configured in pyproject.toml.
+# Strict typing (with pydantic's plugin), the import layering, the house rules on code shape (tests/test_house.py),
+# ruff's lint and format; all configured in pyproject.toml.
 check: dev-venv
 	$(PY) -m mypy
 	cd kernels/runtime && MYPYPATH=. $(CURDIR)/$(PY) -m mypy --config-file /dev/null --strict --ignore-missing-imports --python-version 3.11 -p threadbook_kernel
 	$(VENV)/bin/lint-imports --no-cache --no-logo
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_house.py
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 

@@ -1,5 +1,6 @@
 """Thread key → kernel session, with a ``max_kernels`` cap, LRU eviction of idle kernels and a
-first-come-first-served queue for new threads when every kernel is in use.
+first-come-first-served queue (:mod:`kernels.pool.queue`) for new threads when every kernel
+is in use.
 
 A kernel is *in use* while it executes, starts, or is leased by a turn (:meth:`KernelPool.lease`:
 a turn holds its kernel between executions while the model thinks). A new thread that finds
@@ -13,17 +14,15 @@ import asyncio
 import contextlib
 import functools
 import logging
-import statistics
 import time
-from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 from kernels.host.workspace import WorkspaceManager
+from kernels.pool.queue import OnWait, QueueStats, Ticket, WaitingLine
 from kernels.seam.options import KernelOptions
 from kernels.seam.plan import Launcher
-from kernels.seam.result import QueueFullError, QueueLeftError, QueueTimeoutError
 from kernels.seam.settings import KernelSettings
 from kernels.session.session import KernelSession
 from kernels.session.snapshots import SAVE_TIMEOUT_S
@@ -32,12 +31,6 @@ from kernels.warm.target import WarmTarget, available_memory
 
 log = logging.getLogger(__name__)
 
-#: Called with the number of threads ahead whenever a waiting thread's place changes.
-OnWait = Callable[[int], Awaitable[None]]
-#: A waiting thread re-checks for room at least this often (a kernel that finished an
-#: execution outside any lease wakes nobody).
-_RECHECK_S = 0.5
-_WAITS_KEPT = 200
 #: The after-turn save waits until the thread has been quiet this long: turns in quick
 #: succession do not wait for saves between them; a bot killed within this time of a turn's
 #: end loses that turn.
@@ -49,24 +42,34 @@ _SAVE_WAIT_FLOOR_S = 0.05
 _SAVE_LOOKS = 20
 
 
-@dataclass(eq=False)
-class _Ticket:
-    """One thread's place in the queue."""
+class Departures:
+    """What a thread's next session must know of the one that left the pool (culled, evicted,
+    died): that its variables were lost, and why its kernel stopped unasked if the thread was
+    not told yet."""
 
-    key: str
-    queued_at: float = field(default_factory=time.monotonic)
-    woken: asyncio.Event = field(default_factory=asyncio.Event)
-    told: int | None = None  # the place last reported to ``on_wait``
+    def __init__(self) -> None:
+        #: Keys whose kernel ran code and was stopped by the pool (culled, evicted) or died.
+        self._lost: set[str] = set()
+        #: Key → why its last kernel stopped unasked, until the thread's next session tells it.
+        self._died: dict[str, str] = {}
 
+    def left(self, session: KernelSession) -> None:
+        """``session`` left the pool: its thread's next session hears that state was lost."""
+        if session.executions or session.state == "dead":
+            self._lost.add(session.key)
+        if (why := session.notices.died) is not None:
+            self._died[session.key] = why
 
-@dataclass(frozen=True)
-class QueueStats:
-    """The queue now and the waits of the threads that got a kernel lately."""
+    def lost_state(self, key: str) -> bool:
+        """Whether ``key``'s last session lost variables (asked once, by its next session)."""
+        if key in self._lost:
+            self._lost.discard(key)
+            return True
+        return False
 
-    waiting: int
-    recent_waits: int
-    p50_wait_s: float
-    max_wait_s: float
+    def died(self, key: str) -> str | None:
+        """Why ``key``'s last kernel stopped unasked, if the thread was not told (asked once)."""
+        return self._died.pop(key, None)
 
 
 class KernelPool:
@@ -92,13 +95,11 @@ class KernelPool:
         )
         self.launcher = launcher
         self._sessions: dict[str, KernelSession] = {}
-        self._queue: deque[_Ticket] = deque()
+        #: New threads waiting for a kernel when every kernel is in use.
+        self._line = WaitingLine(settings)
         self._leases: Counter[str] = Counter()
-        self._waits: deque[float] = deque(maxlen=_WAITS_KEPT)
-        #: Keys whose kernel ran code and was stopped by the pool (culled, evicted) or died.
-        self._lost: set[str] = set()
-        #: Key → why its last kernel stopped unasked, until the thread's next session tells it.
-        self._died: dict[str, str] = {}
+        #: What the sessions that left told their threads' next ones.
+        self._departed = Departures()
         self._lock = asyncio.Lock()
         #: Thread key → its after-turn save, waiting for quiet or running (:meth:`_save_in_background`).
         self._saves: dict[str, asyncio.Task[None]] = {}
@@ -146,18 +147,11 @@ class KernelPool:
     @property
     def max_queue(self) -> int:
         """How many threads may wait for a kernel at once."""
-        configured = self.settings.max_queue
-        return 4 * self.settings.max_kernels if configured is None else configured
+        return self._line.max_queue
 
     def queue_stats(self) -> QueueStats:
         """The queue's length and the recent waits (for ``status``)."""
-        waits = list(self._waits)
-        return QueueStats(
-            waiting=len(self._queue),
-            recent_waits=len(waits),
-            p50_wait_s=statistics.median(waits) if waits else 0.0,
-            max_wait_s=max(waits, default=0.0),
-        )
+        return self._line.stats()
 
     @asynccontextmanager
     async def lease(
@@ -179,7 +173,7 @@ class KernelPool:
             if self._leases[key] <= 0:
                 del self._leases[key]
                 self._save_in_background(session)
-            self._wake()
+            self._line.wake()
 
     def _save_in_background(self, session: KernelSession) -> None:
         """After a turn (the last lease ended): save the thread's variables once the thread has
@@ -223,24 +217,17 @@ class KernelPool:
             return False
         log.warning("the kernel of %s died: its session leaves the pool", key)
         del self._sessions[key]
-        self._forget(session)
+        self._departed.left(session)
         await session.shutdown()
         if self.warm is not None:
             self.warm.kick()
-        self._wake()
+        self._line.wake()
         return True
-
-    def _forget(self, session: KernelSession) -> None:
-        """``session`` left the pool: its thread's next session hears that state was lost."""
-        if session.executions or session.dead:
-            self._lost.add(session.key)
-        if (why := session.untold_death) is not None:
-            self._died[session.key] = why
 
     def _saved(self, key: str, task: asyncio.Task[None]) -> None:
         if self._saves.get(key) is task:
             del self._saves[key]
-        self._wake()  # the session is idle again: a waiting thread may take its place
+        self._line.wake()  # the session is idle again: a waiting thread may take its place
         if not task.cancelled() and (error := task.exception()) is not None:
             log.error("saving a thread's variables failed: %r", error)
 
@@ -261,22 +248,22 @@ class KernelPool:
         wait already, :class:`QueueTimeoutError` after ``queue_timeout_s``, and
         :class:`QueueLeftError` once ``leave`` is set.
         """
-        ticket: _Ticket | None = None
+        ticket: Ticket | None = None
         session: KernelSession | None = None
         try:
             while True:
                 async with self._lock:
                     session = self._sessions.get(key)
-                    if session is not None and session.dead and await self._drop_dead(session):
+                    if session is not None and session.state == "dead" and await self._drop_dead(session):
                         session = None  # it died since its last turn: a new session takes over
                     if session is not None:
                         # Asking counts as use: the turn that asked runs code once the model answers;
                         # the idle clock restarts so the reaper or an LRU eviction does not take it meanwhile.
                         session.last_activity = time.monotonic()
                         break
-                    if ticket is None and self._queue:
-                        ticket = self._enqueue(key)  # others came first
-                    if ticket is None or self._queue[0] is ticket:
+                    if ticket is None and self._line.waiting:
+                        ticket = self._line.join(key)  # others came first
+                    if ticket is None or self._line.first(ticket):
                         room, warm = await self._room(options)
                         if room:
                             session = self._new_session(key, options, warm)
@@ -284,11 +271,11 @@ class KernelPool:
                                 self.warm.arrived(hit=warm is not None)  # a new thread, or one whose kernel stopped
                             break
                         if ticket is None:
-                            ticket = self._enqueue(key)
-                await self._wait(ticket, on_wait, leave)
+                            ticket = self._line.join(key)
+                await self._line.wait(ticket, on_wait, leave)
         finally:
             if ticket is not None:
-                self._dequeue(ticket, served=session is not None and self._sessions.get(key) is session)
+                self._line.leave(ticket, served=session is not None and self._sessions.get(key) is session)
         try:
             await session.start()  # outside the pool lock: other threads start in parallel
         except BaseException:
@@ -305,10 +292,9 @@ class KernelPool:
             self.settings,
             launcher=self.launcher if warm is None else HandOff(warm, self.launcher),
             options=options,
-            lost_state=key in self._lost,
-            died=self._died.pop(key, None),
+            lost_state=self._departed.lost_state(key),
+            died=self._departed.died(key),
         )
-        self._lost.discard(key)
         self._sessions[key] = session
         return session
 
@@ -329,53 +315,6 @@ class KernelPool:
         log.info("evicting the least recently used kernel %s (idle %.0f s)", victim.key, victim.idle_seconds())
         await self._stop(victim)
         return True, None
-
-    def _enqueue(self, key: str) -> _Ticket:
-        if len(self._queue) >= self.max_queue:
-            raise QueueFullError(
-                f"all {self.settings.max_kernels} kernels are in use and {len(self._queue)} threads wait already"
-            )
-        ticket = _Ticket(key)
-        self._queue.append(ticket)
-        log.info("thread %s waits for a kernel (%d in the queue)", key, len(self._queue))
-        return ticket
-
-    def _dequeue(self, ticket: _Ticket, *, served: bool) -> None:
-        if ticket in self._queue:
-            self._queue.remove(ticket)
-        if served:
-            self._waits.append(time.monotonic() - ticket.queued_at)
-        self._wake()
-
-    def _wake(self) -> None:
-        """Tell every waiting thread to look again (room may have come free, places moved)."""
-        for ticket in self._queue:
-            ticket.woken.set()
-
-    async def _wait(self, ticket: _Ticket, on_wait: OnWait | None, leave: asyncio.Event | None) -> None:
-        """Wait until woken, ``_RECHECK_S`` passed, ``leave`` is set or the queue timeout ends."""
-        if ticket not in self._queue:
-            return
-        ahead = self._queue.index(ticket)
-        if on_wait is not None and ahead != ticket.told:
-            ticket.told = ahead
-            await on_wait(ahead)
-        remaining = ticket.queued_at + self.settings.queue_timeout_s - time.monotonic()
-        if remaining <= 0:
-            raise QueueTimeoutError(f"no kernel came free within {self.settings.queue_timeout_s:g} s")
-        if leave is not None and leave.is_set():
-            raise QueueLeftError("stopped while waiting for a kernel")
-        ticket.woken.clear()
-        waiters = [asyncio.ensure_future(ticket.woken.wait())]
-        if leave is not None:
-            waiters.append(asyncio.ensure_future(leave.wait()))
-        try:
-            await asyncio.wait(waiters, timeout=min(remaining, _RECHECK_S), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-        if leave is not None and leave.is_set():
-            raise QueueLeftError("stopped while waiting for a kernel")
 
     async def save(self, key: str) -> None:
         """Save ``key``'s variables now, if it has a kernel and code ran since the last save
@@ -406,7 +345,7 @@ class KernelPool:
                 options=options,
                 taken_over=handle,
             )
-            self._lost.discard(key)
+            self._departed.lost_state(key)  # its variables live on in the kernel taken over
             self._sessions[key] = session
         await session.start()
         return True
@@ -425,11 +364,11 @@ class KernelPool:
             await self._save(session)
         if self._sessions.get(session.key) is session:
             del self._sessions[session.key]
-        self._forget(session)
+        self._departed.left(session)
         await session.shutdown()
         if self.warm is not None:
             self.warm.kick()  # room for a warm kernel again
-        self._wake()
+        self._line.wake()
 
     async def _save(self, session: KernelSession) -> None:
         """Save ``session``'s variables if it has unsaved ones; a failure is logged, never raised

@@ -38,6 +38,7 @@ from kernels.seam.result import ExecutionResult, Outcome
 from kernels.seam.settings import KernelSettings
 from kernels.seam.units import human_size
 from kernels.seam.wire import MAX_MESSAGE_BYTES
+from kernels.session.notices import exit_text
 from kernels.session.output import OutputCollector
 from kernels.session.quota_probe import QuotaProbe
 
@@ -219,14 +220,16 @@ class Watchdog:
     the request's own handling): an interrupt waits until the kernel announces the cell.
     """
 
-    def __init__(self, handle: KernelHandle, *, grace: float, key: str) -> None:
-        """Stop requests count from now; the clock starts with :meth:`arm`."""
+    def __init__(self, handle: KernelHandle, *, grace: float, key: str, cell_running: bool = False) -> None:
+        """Stop requests count from now; the clock starts with :meth:`arm`. ``cell_running``:
+        interrupt without waiting for the kernel to announce the cell (a silent request, which
+        announces none)."""
         self._handle = handle
         self._grace = grace
         self._key = key
         self._stop_requested_at: float | None = None
         #: The kernel has announced the cell (``execute_input``): SIGINT reaches it.
-        self._cell_running = False
+        self._cell_running = cell_running
         self._deadline = math.inf
         self._next_check = math.inf
         self._quota: QuotaWatch | None = None
@@ -303,6 +306,92 @@ class Watchdog:
         end = self._deadline if self.interrupted_at is None else self.interrupted_at + self._grace
         # At least every TRIP_LOOK_S, interrupted or not: a kernel the quota probe froze is walked soon.
         return min(self._next_check, now + TRIP_LOOK_S, end)
+
+
+class Evaluation:
+    """A question asked of a thread's kernel outside any cell: ``expression`` evaluated silently
+    (no cell, no output, no execution count), its answer read from the shell reply. The same
+    :class:`Watchdog` as a cell's watches it: a timeout interrupts it (its answer is None then),
+    and a kernel that ignores the interrupt ``interrupt_grace_s`` later, dies, or writes past its
+    workspace quota makes :attr:`lost` say why the session must discard it.
+    """
+
+    def __init__(
+        self,
+        handle: KernelHandle,
+        workspace: Workspace,
+        settings: KernelSettings,
+        timeout: float,
+        *,
+        key: str,
+        thaw: Callable[[], Awaitable[bool]],
+        frozen: Callable[[], None],
+    ) -> None:
+        """``thaw`` and ``frozen`` as for :class:`Execution`."""
+        self._handle = handle
+        self._workspace = workspace
+        self._timeout = timeout
+        self._key = key
+        self._thaw = thaw
+        self._frozen = frozen
+        # A silent request announces no cell: a timeout interrupts it at once.
+        self.watchdog = Watchdog(handle, grace=settings.interrupt_grace_s, key=key, cell_running=True)
+        #: Why the kernel must be discarded (None: it may stay; also when it was lost already,
+        #: because it could not be thawed).
+        self.lost: str | None = None
+
+    async def run(self, expression: str) -> str | None:
+        """The ``text/plain`` of ``expression``; None when it raised, timed out, or the kernel was lost."""
+        quota = await QuotaWatch.scan_and_start(self._workspace, self._handle, thaw=self._thaw, frozen=self._frozen)
+        try:
+            if not await self._thaw():  # lost: it could not be thawed
+                return None
+            msg_id = self._handle.client.execute(
+                "", silent=True, store_history=False, user_expressions={"value": expression}, allow_stdin=False
+            )
+            self.watchdog.arm(time.monotonic(), self._timeout, quota)
+            reply = await self._wait(msg_id, quota)
+            if reply is not None and await quota.check() is not None:  # grown past it without tripping the probe
+                self.lost = _EVALUATION_OVER_QUOTA
+                return None
+        finally:
+            await quota.stop()  # armed or not
+        if reply is None or self.watchdog.interrupted_at is not None:
+            return None
+        content = reply["content"]
+        value = (content.get("user_expressions") or {}).get("value") or {}
+        if content.get("status") != "ok" or value.get("status") != "ok":
+            log.info(
+                "evaluation in the kernel of %s failed: %s", self._key, value.get("evalue") or content.get("evalue")
+            )
+            return None
+        text = (value.get("data") or {}).get("text/plain")
+        return text if isinstance(text, str) else None
+
+    async def _wait(self, msg_id: str, quota: QuotaWatch) -> dict[str, Any] | None:
+        """The reply, or None when the watchdog ended the evaluation (:attr:`lost` says why)."""
+        while True:
+            now = time.monotonic()
+            end = await self.watchdog.look(now)
+            if end is End.STUCK:
+                log.warning("kernel of %s ignored the interrupt of an evaluation: discarding it", self._key)
+                self.lost = "it did not answer, so it was replaced"
+                return None
+            if end is not None and self.watchdog.quota_notice is not None:
+                log.warning("the kernel of %s wrote past its workspace quota during an evaluation", self._key)
+                self.lost = _EVALUATION_OVER_QUOTA
+                return None
+            if end is not None:
+                if not quota.lost:  # else it could not be thawed after a walk: lost already
+                    log.warning("kernel of %s died during an evaluation", self._key)
+                    self.lost = exit_text(await self._handle.exit_code())
+                return None
+            reply = await self._handle.reply(msg_id, max(self.watchdog.until(now) - now, 0.001))
+            if reply is not None:
+                return reply
+
+
+_EVALUATION_OVER_QUOTA = "it wrote past the workspace quota while the bot asked it something, so it was stopped"
 
 
 class ShellReply:
