@@ -68,9 +68,9 @@ KERNEL_WORK = ("execute", "save", "lease/thaw")
 PHASE_METHODS = (
     ("bot.turn", "TurnRunner", "run", "turn"),
     ("kernels.pool.pool", "KernelPool", "get_or_start", "lease/thaw"),
-    ("kernels.session.session", "KernelSession", "_thaw", "lease/thaw"),
+    ("kernels.session.process", "KernelProcess", "thaw", "lease/thaw"),
     ("kernels.session.session", "KernelSession", "execute", "execute"),
-    ("kernels.session.session", "KernelSession", "_freeze", "freeze"),
+    ("kernels.session.process", "KernelProcess", "_freeze", "freeze"),
     ("kernels.session.session", "KernelSession", "save_state", "save"),
     ("bot.live", "LiveCell", "step", "live edits"),
     ("bot.live", "LiveCell", "ran", "live edits"),
@@ -243,19 +243,19 @@ class CpuMeter:
         for module, owner_name, method, name in PHASE_METHODS:
             owner = getattr(importlib.import_module(module), owner_name)
             self._patch(owner, method, _phased(getattr(owner, method), name))
-        from kernels.session.session import KernelSession
+        from kernels.session.process import KernelProcess
 
-        count_cpu = KernelSession._count_cpu
+        count_cpu = KernelProcess._count_cpu
 
-        async def counted(session: KernelSession, handle: Any) -> None:
-            before = session._cpu_read
-            await count_cpu(session, handle)
-            after = session._cpu_read
+        async def counted(process: KernelProcess, handle: Any) -> None:
+            before = process.cpu.reading
+            await count_cpu(process, handle)
+            after = process.cpu.reading
             if before is not None and after is not None and after > before:
                 with meter._lock:
                     meter.kernel[kernel_work(PHASE.get())] += after - before
 
-        self._patch(KernelSession, "_count_cpu", counted)
+        self._patch(KernelProcess, "_count_cpu", counted)
         executor = _PhaseExecutor(self)
         old_executor = getattr(loop, "_default_executor", None)
         loop.set_default_executor(executor)

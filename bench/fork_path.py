@@ -19,6 +19,7 @@ from typing import Any
 import kernels.spawn.spawner as spawner_module
 from bench.kernels import FIRST_CELL, Sandbox, open_pool
 from kernels.forking.launcher import ForkingLauncher, ForkServer
+from kernels.session.process import KernelProcess
 from kernels.session.session import KernelSession
 from kernels.spawn.handle import LocalKernelHandle
 from kernels.spawn.spawner import Spawner
@@ -60,7 +61,7 @@ def _marking(marks: dict[str, float]) -> Iterator[None]:
     wrap(ForkServer, "fork", "request", None)
     wrap(spawner_module, "wait_ready", None, "ready")
     wrap(LocalKernelHandle, "record_infrastructure", None, "recorded")
-    wrap(KernelSession, "_ensure_kernel", None, "session")
+    wrap(KernelProcess, "ensure", None, "session")
     try:
         yield
     finally:

@@ -36,6 +36,11 @@ class CpuMeter:
         #: Seconds used since the last :meth:`take` (None: not known).
         self._untaken: float | None = None
 
+    @property
+    def reading(self) -> float | None:
+        """The current kernel's CPU seconds at the last reading (benchmarks watch it change)."""
+        return self._read
+
     def started(self, used: float | None) -> None:
         """A kernel started having used ``used`` seconds (its start is not the thread's to pay)."""
         self._read = used
