@@ -105,6 +105,9 @@ class SlackSettings(_Model):
     #: Stream answers as the model writes them (Slack's chat streaming, or an edited message
     #: where Slack refuses it).
     streaming: bool = True
+    #: Seconds a turn runs before its status (the message with the Stop button, the agent
+    #: session, the assistant status line) shows; a quicker turn shows only :eyes: and ✅.
+    status_after_s: float = Field(1.0, ge=0, le=30)
     assistant: SlackAssistantSettings = Field(default_factory=SlackAssistantSettings)
 
     @property

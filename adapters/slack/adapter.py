@@ -145,7 +145,14 @@ class SlackAdapter(PlatformAdapter):
         # Any workspace: an org-wide (Enterprise Grid) install serves several team ids.
         if key.platform != "slack":
             return None
-        return SlackOutbox(self._client, key=key, message_ts="", user_id="", native=self._native)
+        return SlackOutbox(
+            self._client,
+            key=key,
+            message_ts="",
+            user_id="",
+            native=self._native,
+            status_after_s=self._settings.status_after_s,
+        )
 
     async def thread_open(self, key: ThreadKey) -> bool:
         """False when Slack says ``key``'s channel or thread is gone or archived (see
@@ -246,6 +253,7 @@ class SlackAdapter(PlatformAdapter):
             assistant=assistant,
             sessions=self._sessions,
             question=message.text,
+            status_after_s=self._settings.status_after_s,
         )
         if viewed is not None:
             self._tasks.spawn(self._dispatch_viewing(message, outbox, viewed), name=f"slack turn {message.message_id}")

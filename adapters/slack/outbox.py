@@ -56,6 +56,10 @@ LOADING_MESSAGES = [
 RECEIVED, DONE, FAILED = "eyes", "white_check_mark", "x"
 #: chat.update is rate-limited (~50/min): at most one status edit per 1.2 s, also while a long cell runs.
 STATUS_INTERVAL_S = 1.2
+#: A turn shows it is running (:eyes:, the message with the Stop button, the agent session, the
+#: assistant status line) only once it has run this long: one that ends in a blink would post
+#: them, then take them back (six Web API calls for nothing to see; its ✅ says it all).
+STATUS_AFTER_S = 1.0
 #: Larger result files stay in the workspace (a chat thread is no place for them; uploads stream either way).
 MAX_UPLOAD_BYTES = 100 * 2**20
 _NO_CHANNEL_ERRORS = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
@@ -72,8 +76,9 @@ class AssistantThread:
 class SlackOutbox:
     """The :class:`~bot.events.Outbox` for one inbound Slack message, answering in its thread.
 
-    The first thing the core says marks the message with :eyes: (so messages the core ignores
-    get no reaction); the end of the turn swaps it for :white_check_mark: or :x:.
+    A notice, or a turn still running after ``status_after_s``, marks the message with :eyes:
+    (so messages the core ignores get no reaction); the reply or the end of the turn swaps it
+    for :white_check_mark: or :x: (a quick turn's message gets only that).
     """
 
     def __init__(
@@ -89,12 +94,14 @@ class SlackOutbox:
         sessions: AgentSessions | None = None,
         question: str = "",
         native: NativeSupport | None = None,
+        status_after_s: float = STATUS_AFTER_S,
     ) -> None:
         """``turn_id``: the question's message id, which feedback clicks refer to (none: no
         buttons); ``streaming``: stream answers (None: post them whole); ``assistant``: the
         thread is an assistant thread; ``sessions``: the thread is an agent session while the
         turn runs, titled with ``question`` (None: no sessions); ``native``: the native block
-        kinds Slack refused so far (the adapter's, shared by its outboxes)."""
+        kinds Slack refused so far (the adapter's, shared by its outboxes); ``status_after_s``:
+        how long a turn runs before its status shows (:class:`SlackProgress`)."""
         self._client = client
         self.key = key
         self._message_ts = message_ts
@@ -111,6 +118,7 @@ class SlackOutbox:
         self._lock = asyncio.Lock()
         self._mark: str | None = None
         self._warned_user = False
+        self.status_after_s = status_after_s
 
     @property
     def client(self) -> AsyncWebClient:
@@ -136,7 +144,6 @@ class SlackOutbox:
     async def post(self, reply: Reply) -> None:
         """Post the reply: finish its streamed draft, or post its text (split to fit) with its
         images and files shared in the last part's message; 👍/👎 under an answer."""
-        await self.received()
         feedback = feedback_blocks(self.key, self._turn_id) if reply.rateable and self._turn_id else []
         if self._stream is None or not await self._finish_stream(self._stream, reply, feedback):
             await self._post_layout(*lay_out(pieces(reply.text, self._native), reply, self._native, feedback), reply)
@@ -234,8 +241,9 @@ class SlackOutbox:
             await self.say(text, blocks=[section(text), *buttons] if buttons and number == len(texts) else None)
 
     def progress(self) -> SlackProgress:
-        """A status message with a Stop button, edited in place."""
-        return SlackProgress(self)
+        """A status message with a Stop button, edited in place, shown once the turn has run
+        ``status_after_s``."""
+        return SlackProgress(self, show_after_s=self.status_after_s)
 
     async def say(self, text: Mrkdwn, blocks: list[dict[str, Any]] | None = None) -> str | None:
         """Post one rendered message in the thread; returns its ts (None if Slack refused it)."""
@@ -348,19 +356,32 @@ class SlackOutbox:
 
 
 class SlackProgress:
-    """One status message in the thread, edited in place (throttled) and deleted at the end."""
+    """One status message in the thread, edited in place (throttled) and deleted at the end.
 
-    def __init__(self, outbox: SlackOutbox, *, interval_s: float = STATUS_INTERVAL_S) -> None:
+    :eyes:, the message (with its Stop button), the agent session and the assistant status line
+    show only once the turn has run ``show_after_s``: a turn that ends sooner leaves nothing to
+    take back and gets only its ✅ (an assistant thread still gets its title at once)."""
+
+    def __init__(
+        self, outbox: SlackOutbox, *, interval_s: float = STATUS_INTERVAL_S, show_after_s: float = STATUS_AFTER_S
+    ) -> None:
         self._outbox = outbox
         self._assistant = outbox.assistant
         self._client = outbox.client
         self._interval = interval_s
+        self._show_after = show_after_s
         self._ts: str | None = None
         self._shown: str | None = None
         self._pending: str | None = None
         self._last = 0.0
         self._flusher: asyncio.Task[None] | None = None
+        #: The assistant thread's title, at once.
+        self._greeting: asyncio.Task[None] | None = None
+        #: The status, after the delay; ``_showing`` once the delay is over (no longer cancellable).
         self._posting: asyncio.Task[None] | None = None
+        self._showing = False
+        #: The newest status asked for before it showed.
+        self._wanted = ""
         #: Slack shows the thread as a processing agent session (with its own Stop button).
         self._in_session = False
 
@@ -380,28 +401,42 @@ class SlackProgress:
             await stream.drop()
 
     async def start(self, status: str) -> None:
-        """Post :eyes: and the status message with its Stop button, without holding up the turn;
-        in an assistant thread, also set Slack's status line (and the thread's title)."""
-        self._posting = asyncio.create_task(self._post(status))
+        """Name an assistant thread at once and, if the turn is still running ``show_after_s``
+        later, post :eyes:, the status message with its Stop button, the agent session and the
+        assistant status line; none of it holds up the turn."""
+        self._wanted = status
+        self._showing = self._show_after <= 0  # shown at once: finish() waits for it
+        if self._assistant is not None and self._assistant.title:
+            self._greeting = asyncio.create_task(self._name())
+        self._posting = asyncio.create_task(self._post())
 
-    async def _post(self, status: str) -> None:
+    async def _name(self) -> None:
+        if self._assistant is not None and self._assistant.title:
+            await call(
+                "assistant.threads.setTitle",
+                self._client.assistant_threads_setTitle(
+                    channel_id=self._outbox.channel,
+                    thread_ts=self._outbox.thread_ts,
+                    title=plain(self._assistant.title),
+                ),
+            )
+
+    async def _post(self) -> None:
+        if self._show_after > 0:
+            await asyncio.sleep(self._show_after)  # finish() cancels it here for a quick turn
+        self._showing = True
         await self._outbox.received()
+        status = self._wanted
         if (sessions := self._outbox.sessions) is not None:
             self._in_session = await sessions.working(
                 self._outbox.channel, self._outbox.thread_ts, self._outbox.question
             )
-        if self._assistant is not None and await self._set_status(status, LOADING_MESSAGES):
-            if self._assistant.title:
-                await call(
-                    "assistant.threads.setTitle",
-                    self._client.assistant_threads_setTitle(
-                        channel_id=self._outbox.channel,
-                        thread_ts=self._outbox.thread_ts,
-                        title=plain(self._assistant.title),
-                    ),
-                )
+        if self._assistant is not None:
+            await self._set_status(status, LOADING_MESSAGES)
         self._ts = await self._outbox.say(mrkdwn(status), blocks=status_blocks(status, self._outbox.key))
         self._shown, self._last = status, time.monotonic()
+        if self._wanted != status:  # asked for while it posted
+            await self._show(self._wanted)
 
     async def _set_status(self, status: str, loading: list[str] | None = None) -> bool:
         """Set Slack's status line; False (and the status message is edited from then on) when
@@ -426,8 +461,14 @@ class SlackProgress:
             await asyncio.shield(self._posting)
 
     async def update(self, status: str) -> None:
-        """Show ``status``: now if the last edit is a second old, else once the second is up."""
-        await self._posted()
+        """Show ``status``: now if the last edit is a second old, else once the second is up
+        (before the status shows, it is what will show)."""
+        self._wanted = status
+        if not self._showing or (self._posting is not None and not self._posting.done()):
+            return  # _post shows the newest wanted status once it has posted
+        await self._show(status)
+
+    async def _show(self, status: str) -> None:
         if self._ts is None:
             return
         self._pending = status
@@ -454,8 +495,13 @@ class SlackProgress:
 
     async def finish(self, ok: bool) -> None:
         """Delete the status message (and a draft no answer finished: the turn failed) and
-        mark the user's message as done or failed."""
+        mark the user's message as done or failed; a status not shown yet never shows."""
+        if self._posting is not None and not self._showing:
+            self._posting.cancel()
+            self._posting = None
         await self._posted()
+        if self._greeting is not None:
+            await asyncio.shield(self._greeting)
         await self._outbox.abandon_draft()
         if self._flusher is not None:
             self._flusher.cancel()

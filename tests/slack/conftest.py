@@ -66,6 +66,9 @@ async def running_bot(
             "http_host": "127.0.0.1",
             "http_port": 0,
             "streaming": streaming,
+            # Statuses show at once: the Stop button and status tests need not run a second
+            # first (test_live.py covers the delay that keeps a quick turn's status unposted).
+            "status_after_s": 0,
             **(slack_config or {}),
         }
         if socket_mode:

@@ -1,0 +1,77 @@
+"""A turn shows it is running only once it has run ``slack.status_after_s`` (issue 44).
+
+A quick turn leaves no status message, agent session or :eyes: to take back (its ✅ says it
+all); a slow one still gets them, and its Stop button still stops it. Real bolt, Core and
+kernels; fake Slack and model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from tests.fakes.openai_server import answer, tool_call
+from tests.fakes.slack_server import Message
+from tests.slack.conftest import Bot, running_bot
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SHOWN = ("chat.delete", "chat.update", "agents.sessions.setStatus", "assistant.threads.setStatus", "reactions.remove")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def bot(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bot]:
+    # Half a second: a slow turn's status shows within the test's patience, a quick one's never.
+    async with running_bot(
+        tmp_path_factory.mktemp("slack-quick"), socket_mode=False, slack_config={"status_after_s": 0.5}
+    ) as running:
+        yield running
+
+
+def _status_messages(bot: Bot, channel: str) -> list[Message]:
+    return [m for m in bot.slack.messages if m.channel == channel and m.blocks and "threadbook_stop" in str(m.blocks)]
+
+
+async def test_a_quick_turn_posts_no_status_and_no_eyes_only_its_answer_and_a_check(bot: Bot) -> None:
+    slack, llm = bot.slack, bot.llm
+    llm.script(tool_call("print(1)"), answer("It printed 1."))
+    first = slack.mention("C_QUICK", "print 1")
+    await slack.post_event(bot.events_url, first)
+    assert await bot.finished(first) == {"white_check_mark"}
+    for i in range(3):  # follow-ups: the bench's turn_overhead
+        llm.script(tool_call("print(1)"), answer("It printed 1."))
+        before = len(slack.calls)
+        event = slack.message_event("C_QUICK", f"again {i}", thread_ts=first["ts"])
+        await slack.post_event(bot.events_url, event)
+        assert await bot.finished(event) == {"white_check_mark"}
+        methods = [c.method for c in slack.calls[before:]]
+        assert "It printed 1." in bot.answers(event)[-1]
+        assert not [m for m in methods if m in SHOWN], methods
+        assert [c.args.get("name") for c in slack.calls[before:] if c.method == "reactions.add"] == ["white_check_mark"]
+        assert "auth.test" not in methods  # bolt authorises each event from what start-up learnt
+    assert not _status_messages(bot, "C_QUICK")
+    await asyncio.sleep(0.8)  # past status_after_s: nothing shows late either
+    assert not _status_messages(bot, "C_QUICK")
+    assert not [c for c in slack.calls if c.method == "reactions.add" and c.args.get("name") == "eyes"]
+
+
+async def test_a_slow_turn_shows_eyes_status_and_session_and_its_stop_button_stops_it(bot: Bot) -> None:
+    slack, llm = bot.slack, bot.llm
+    llm.script(tool_call("import time\ntime.sleep(60)"))
+    event = slack.mention("C_SLOW", "sleep a minute")
+    await slack.post_event(bot.events_url, event)
+    key = f"slack:T1:C_SLOW:{event['ts']}"
+    await slack.wait_for(lambda: _status_messages(bot, "C_SLOW"))
+    status_msg = _status_messages(bot, "C_SLOW")[0]
+    assert "eyes" in slack.reactions[("C_SLOW", event["ts"])]
+    assert [c for c in slack.calls_to("agents.sessions.setStatus") if c.args.get("channel_id") == "C_SLOW"]
+    await slack.wait_for(lambda: (s := bot.core.pool.get(key)) is not None and s.busy)
+
+    status, _ = await slack.post_interactive(bot.events_url, slack.block_action(status_msg, "threadbook_stop", key))
+    assert status == 200
+    assert await bot.finished(event, timeout=15) == {"x"}
+    assert "stop" in bot.answers(event)[-1].lower()
+    assert status_msg.deleted
