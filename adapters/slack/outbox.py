@@ -519,7 +519,7 @@ class SlackProgress:
                     ),
                 )
             self._ts = None
-        if self._assistant is not None:
+        if self._assistant is not None and self._showing:
             await self._set_status("")  # the status line goes (Slack also clears it on our reply)
         if self._in_session and self._outbox.sessions is not None:
             self._in_session = False

@@ -58,6 +58,22 @@ async def test_a_quick_turn_posts_no_status_and_no_eyes_only_its_answer_and_a_ch
     assert not [c for c in slack.calls if c.method == "reactions.add" and c.args.get("name") == "eyes"]
 
 
+async def test_a_quick_turn_in_an_assistant_thread_is_titled_but_sets_no_status_line(bot: Bot) -> None:
+    slack, llm = bot.slack, bot.llm
+    thread = slack.assistant_thread_started("D_QUICK", user="U1")
+    await slack.post_event(bot.events_url, thread)
+    thread_ts = thread["assistant_thread"]["thread_ts"]
+    await slack.wait_for(lambda: slack.bot_messages("D_QUICK", thread_ts))  # the greeting
+    before = len(slack.calls)
+    llm.script(answer("Sales grew."))
+    event = slack.message_event("D_QUICK", "what grew?", thread_ts=thread_ts, channel_type="im")
+    await slack.post_event(bot.events_url, event)
+    assert await bot.finished(event) == {"white_check_mark"}
+    methods = [c.method for c in slack.calls[before:]]
+    assert "assistant.threads.setTitle" in methods  # named at once, however quick the turn
+    assert not [m for m in methods if m in SHOWN], methods
+
+
 async def test_a_slow_turn_shows_eyes_status_and_session_and_its_stop_button_stops_it(bot: Bot) -> None:
     slack, llm = bot.slack, bot.llm
     llm.script(tool_call("import time\ntime.sleep(60)"))
