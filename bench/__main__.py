@@ -121,6 +121,20 @@ TARGETS = (
     Target(
         "mcp", "http", "big_peak_mib", 64, "the bot's memory while a 3 MB MCP result comes and is saved: <= +64 MiB"
     ),
+    Target(
+        "mcp",
+        "http",
+        "stall_3mb_ms",
+        50,
+        "the event loop's largest stall while a 3 MB MCP result comes (HTTP): <= 50 ms",
+    ),
+    Target(
+        "mcp",
+        "stdio",
+        "stall_3mb_ms",
+        50,
+        "the event loop's largest stall while a 3 MB MCP result comes (stdio): <= 50 ms",
+    ),
     Target("rendering", "slack_table", "p90_ms", 5, "a 100-row table laid out for Slack (native block): p90 <= 5 ms"),
     Target("rendering", "discord_table", "p90_ms", 5, "a 100-row table laid out for Discord (code block): p90 <= 5 ms"),
     Target("rendering", "chart", "p90_ms", 5, "a 6-series chart read and made a Slack chart block: p90 <= 5 ms"),
@@ -236,6 +250,8 @@ _ALSO = {
     "big_peak_mib": "bot peak +{:.1f} MiB (3 MB result)",
     "big_kept_mib": "+{:.1f} MiB after it",
     "big_ms": "3 MB result {:.0f} ms",
+    "stall_3mb_ms": "loop stall {:.0f} ms (3 MB)",
+    "stall_12mb_ms": "{:.0f} ms (12 MB)",
     "chat_p50_ms": "chat p50 {:.1f} ms",
     "floor_ratio": "wall / floor {:.2f}",
     "cpu_per_turn_ms": "CPU {:.0f} ms/turn",

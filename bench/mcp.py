@@ -8,7 +8,10 @@ parsed, the call over the bot's shared session, the result cut and hidden, the m
 the same session, so their difference is the bot's own overhead. ``big_peak_mib``: how much the
 bot process's resident memory rose over its level before, at most, while one call brought a
 3 MB text and saved it into a workspace (sampled every 5 ms); ``big_kept_mib``: what it still held
-after; ``big_ms``: that call's time.
+after; ``big_ms``: that call's time. ``stall_3mb_ms`` and ``stall_12mb_ms``: the event loop's
+largest lag (how much later than asked a 1 ms sleep woke up; the worst of :data:`STALL_CALLS`
+calls) while the bot's connection brought a 3 MB and a 12 MB text (``big_text``: sent once, so
+the message is about as large, under the 16 MiB cap).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import gc
 import json
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -31,8 +35,13 @@ from bot.mcp.tool import McpTool
 from kernels.host.workspace import Workspace
 from tests.mcp.conftest import HttpServer, stdio_settings
 
+T = TypeVar("T")
+
 MODES = ("http", "stdio")
 BIG = 3_000_000
+#: The texts the loop's stall is measured for (bytes), and how many calls each.
+STALL_SIZES = {"stall_3mb_ms": 3_000_000, "stall_12mb_ms": 12_000_000}
+STALL_CALLS = 3
 
 
 async def call_cost(mode: str, root: Path, samples: int) -> dict[str, Any]:
@@ -95,10 +104,43 @@ async def _measure(servers: McpServers, root: Path, samples: int) -> dict[str, A
     told_box.clear()
     gc.collect()
     kept = psutil.Process().memory_info().rss - before
+    await connection.call("big_text", {"size": 2**20})  # the worker threads and the first large parse
+    stalls: dict[str, float] = {}
+    for field, size in STALL_SIZES.items():
+        worst = 0.0
+        for _ in range(STALL_CALLS):
+            lag, result = await largest_lag(connection.call("big_text", {"size": size}))
+            if sum(len(getattr(part, "text", "")) for part in result.content) != size:
+                raise RuntimeError(f"the {size}-byte text did not come whole")
+            worst = max(worst, lag)
+        stalls[field] = worst * 1000
     return {
         **summary(times),
         "sdk_p50_ms": summary(bare)["p50_ms"],
         "big_peak_mib": peak / 2**20,
         "big_kept_mib": kept / 2**20,
         "big_ms": took * 1000,
+        **stalls,
     }
+
+
+async def largest_lag(work: Awaitable[T]) -> tuple[float, T]:
+    """``work``'s outcome and the event loop's largest lag (seconds) while it ran: how much later
+    than asked a 1 ms sleep woke up."""
+    lags = [0.0]
+    done = False
+
+    async def ticker() -> None:
+        while not done:
+            before = time.perf_counter()
+            await asyncio.sleep(0.001)
+            lags.append(time.perf_counter() - before - 0.001)
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0.01)
+    try:
+        outcome = await work
+    finally:
+        done = True
+        await ticking
+    return max(lags), outcome

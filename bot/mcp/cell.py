@@ -9,6 +9,7 @@ credential can be in them.
 from __future__ import annotations
 
 import json
+import re
 
 from bot.mcp.names import is_mcp_function, split
 
@@ -16,6 +17,13 @@ __all__ = ["is_mcp_function", "notebook_markdown"]
 
 #: The answer quoted under the call is cut here (it is at most the bounded tool message).
 MAX_QUOTED_CHARS = 10_000
+
+
+def fence_for(text: str) -> str:
+    """A backtick fence no line of ``text`` can close: longer than its longest run of backticks
+    (a closing fence must be at least as long as the opening one, CommonMark 4.5)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 def notebook_markdown(function: str, raw_arguments: str | None, answer: str | None) -> str:
@@ -26,7 +34,7 @@ def notebook_markdown(function: str, raw_arguments: str | None, answer: str | No
         arguments = json.dumps(json.loads(raw_arguments or "{}"), indent=2, ensure_ascii=False)
     except (TypeError, ValueError):
         arguments = str(raw_arguments)
-    fence = "~~~~" if "```" in arguments else "```"
+    fence = fence_for(arguments)
     lines = [f"🔌 **MCP** `{server}` → `{tool}`", "", f"{fence}json", arguments, fence]
     said = (answer or "").strip()
     if said:

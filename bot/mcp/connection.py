@@ -25,21 +25,24 @@ import anyio
 import httpx2
 import mcp_types as types
 from mcp.client.session import ClientSession, IncomingMessage
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client.stdio import get_default_environment
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from bot.mcp import wire
 from bot.mcp.hiding import Hider
+from bot.mcp.http import http_transport
 from bot.mcp.settings import McpServerSettings
+from bot.mcp.stdio import stdio_transport
 
 log = logging.getLogger(__name__)
 
 #: Connecting (the transport, ``initialize`` and the tool listing) gives up after this long.
 CONNECT_TIMEOUT_S = 10.0
-#: One answer may be this large: one SSE event (the SDK's own default is 1 MiB), or a JSON
-#: body, which the SDK reads whole (:class:`_CappedBody`).
-MAX_MESSAGE_BYTES = 64 * 2**20
+#: One answer may be this large: one SSE event (the SDK's own default is 1 MiB), a JSON body,
+#: which the SDK reads whole (:class:`_CappedBody`), or a stdio server's line. A server built
+#: on the SDK sends a text result twice (content and structuredContent): ~8 MB of text.
+MAX_MESSAGE_BYTES = 16 * 2**20
 #: A call does not try to connect again within this long of a failed connect (the registry's
 #: health check does, every ``CHECK_EVERY_S``): a server that is down costs a call no wait.
 RETRY_AFTER_S = 5.0
@@ -211,6 +214,12 @@ class Connection:
             )
         if self._stale:
             return _Stale()
+        if wire.too_large(self._max_message_bytes) in exc.message:
+            return CallFailed(
+                f"The MCP server `{self.name}` answered with more than {self._max_message_bytes // 2**20} MiB; "
+                "the answer was dropped.",
+                "failed",
+            )
         said = self._hider.line(exc.message, 200)
         return CallFailed(f"The MCP server `{self.name}` refused the call: {said}", "failed")
 
@@ -355,16 +364,26 @@ class Connection:
             )
             await stack.enter_async_context(client)
             streams = await stack.enter_async_context(
-                streamable_http_client(
-                    settings.url.get_secret_value(), http_client=client, max_sse_event_size=self._max_message_bytes
-                )
+                http_transport(settings.url.get_secret_value(), client, max_message_bytes=self._max_message_bytes)
             )
             return cast(tuple[Any, Any], streams)
         assert settings.command is not None
-        environment = {**STDIO_BASE_ENV, **{name: value.get_secret_value() for name, value in settings.env.items()}}
-        parameters = StdioServerParameters(command=settings.command, args=list(settings.args), env=environment)
+        environment = {
+            **get_default_environment(),
+            **STDIO_BASE_ENV,
+            **{name: value.get_secret_value() for name, value in settings.env.items()},
+        }
         errlog = await self._stderr_pipe(stack)
-        streams = await stack.enter_async_context(stdio_client(parameters, errlog=errlog))
+        streams = await stack.enter_async_context(
+            stdio_transport(
+                settings.command,
+                list(settings.args),
+                environment,
+                errlog=errlog,
+                max_line_bytes=self._max_message_bytes,
+                name=self.name,
+            )
+        )
         return cast(tuple[Any, Any], streams)
 
     async def _see_response(self, response: httpx2.Response) -> None:
@@ -433,7 +452,7 @@ class _CappedBody(httpx2.AsyncByteStream):
         async for chunk in self._stream:
             total += len(chunk)
             if total > self._limit:
-                raise httpx2.StreamError(f"the answer is over {self._limit // 2**20} MiB")
+                raise httpx2.StreamError(wire.too_large(self._limit))
             yield chunk
 
     async def aclose(self) -> None:

@@ -7,7 +7,8 @@ the token is read from a file so that it is on no command line a kernel could re
 its ``STDIO_TOKEN`` environment variable hashes to ``H`` (so the token is not on its command line);
 it says on stderr that it starts, with its token (which the bot must hide in its log).
 
-Both offer the same tools: ``echo``, ``add``, ``big`` (a text of any size), ``sleep``, ``chart``
+Both offer the same tools: ``echo``, ``add``, ``big`` (a text of any size; the SDK sends it twice,
+as content and as structured content), ``big_text`` (the same, sent once), ``sleep``, ``chart``
 (a PNG image), ``table`` (an embedded CSV resource), ``fail`` (an error result), ``leak`` (a
 result that holds the server's own token: the bot must hide it), ``env_names`` (the names in
 the server's environment), ``token_ok`` and ``drop_table`` (annotated destructive).
@@ -60,6 +61,14 @@ def build(secret: str) -> MCPServer:
         line_count = size // 16 + 1
         text = "".join(f"row {i:011d}\n" for i in range(line_count))
         return text[:size]
+
+    @server.tool(
+        description="Like `big`, sent once (as content, not also as structured content).",
+        annotations=READ_ONLY,
+        structured_output=False,
+    )
+    def big_text(size: int) -> str:
+        return big(size)
 
     @server.tool(description="Sleep for `seconds`, then say so.", annotations=READ_ONLY)
     async def sleep(seconds: float) -> str:

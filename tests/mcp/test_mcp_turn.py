@@ -219,7 +219,7 @@ async def test_ready_and_metrics_show_each_server(core: Core, llm: ScriptedOpenA
             body = await response.json()
         async with http.get(f"{ops.url}/metrics") as response:
             scraped = await response.text()
-    assert body["mcp"]["local"] == {"ok": True, "detail": "11 tools"}
+    assert body["mcp"]["local"] == {"ok": True, "detail": "12 tools"}
     assert body["mcp"]["tracker"]["ok"] is False and "mcp" not in body["failed"]  # informs, decides nothing
     assert 'threadbook_mcp_calls_total{outcome="ok",server="tracker"}' in scraped
     assert 'threadbook_mcp_call_duration_seconds_count{server="tracker"}' in scraped
