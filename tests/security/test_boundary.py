@@ -83,7 +83,7 @@ print(json.dumps({{'swapping': True}}))
     sent = refused = 0
     # Between turns the kernel is frozen and the swapper with it, so no turn ever meets this
     # race; thawed here, the bot's reader itself is what is tested.
-    await attacker._thaw()
+    await attacker._kernel.thaw()
     deadline = time.monotonic() + 4
     while time.monotonic() < deadline:
         outputs = Outputs()
