@@ -4,18 +4,17 @@ does not stall the event loop."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time
-from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import psutil
 import pytest
 
+from bench.mcp import largest_lag
 from bot.mcp import stdio
 from bot.mcp.connection import CallFailed, Connection
 from bot.mcp.hiding import Hider
@@ -23,33 +22,9 @@ from bot.mcp.settings import McpServerSettings
 from bot.mcp.stdio import Lines, Overlong
 from tests.mcp.conftest import STDIO_TOKEN, TOKEN, HttpServer, stdio_settings
 
-T = TypeVar("T")
-
 
 def text_of(result: Any) -> str:
     return "".join(part.text for part in result.content)
-
-
-async def largest_lag(work: Awaitable[T]) -> tuple[float, T]:
-    """``work``'s outcome and the event loop's largest lag (seconds) while it ran: how much later
-    than asked a 1 ms sleep woke up."""
-    lags = [0.0]
-    done = False
-
-    async def ticker() -> None:
-        while not done:
-            before = time.perf_counter()
-            await asyncio.sleep(0.001)
-            lags.append(time.perf_counter() - before - 0.001)
-
-    ticking = asyncio.create_task(ticker())
-    await asyncio.sleep(0.01)
-    try:
-        outcome = await work
-    finally:
-        done = True
-        await ticking
-    return max(lags), outcome
 
 
 def test_lines_are_split_and_an_overlong_one_is_cut_to_its_head() -> None:
