@@ -24,9 +24,9 @@ SHOWN = ("chat.delete", "chat.update", "agents.sessions.setStatus", "assistant.t
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def bot(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bot]:
-    # Half a second: a slow turn's status shows within the test's patience, a quick one's never.
+    # The default second: a follow-up's print(1) on a loaded 2-core CI machine stays well under it.
     async with running_bot(
-        tmp_path_factory.mktemp("slack-quick"), socket_mode=False, slack_config={"status_after_s": 0.5}
+        tmp_path_factory.mktemp("slack-quick"), socket_mode=False, slack_config={"status_after_s": 1.0}
     ) as running:
         yield running
 
@@ -41,6 +41,8 @@ async def test_a_quick_turn_posts_no_status_and_no_eyes_only_its_answer_and_a_ch
     first = slack.mention("C_QUICK", "print 1")
     await slack.post_event(bot.events_url, first)
     assert await bot.finished(first) == {"white_check_mark"}
+    # The first turn starts the thread's kernel and may show its status; the follow-ups must not.
+    shown_by_first = len(_status_messages(bot, "C_QUICK"))
     for i in range(3):  # follow-ups: the bench's turn_overhead
         llm.script(tool_call("print(1)"), answer("It printed 1."))
         before = len(slack.calls)
@@ -52,10 +54,14 @@ async def test_a_quick_turn_posts_no_status_and_no_eyes_only_its_answer_and_a_ch
         assert not [m for m in methods if m in SHOWN], methods
         assert [c.args.get("name") for c in slack.calls[before:] if c.method == "reactions.add"] == ["white_check_mark"]
         assert "auth.test" not in methods  # bolt authorises each event from what start-up learnt
-    assert not _status_messages(bot, "C_QUICK")
-    await asyncio.sleep(0.8)  # past status_after_s: nothing shows late either
-    assert not _status_messages(bot, "C_QUICK")
-    assert not [c for c in slack.calls if c.method == "reactions.add" and c.args.get("name") == "eyes"]
+    assert len(_status_messages(bot, "C_QUICK")) == shown_by_first
+    await asyncio.sleep(1.3)  # past status_after_s: nothing shows late either
+    assert len(_status_messages(bot, "C_QUICK")) == shown_by_first
+    assert not [
+        c
+        for c in slack.calls
+        if c.method == "reactions.add" and c.args.get("name") == "eyes" and c.args.get("timestamp") != first["ts"]
+    ]
 
 
 async def test_a_quick_turn_in_an_assistant_thread_is_titled_but_sets_no_status_line(bot: Bot) -> None:
