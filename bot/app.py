@@ -108,7 +108,7 @@ class Core:
             stack.push_async_callback(oneshot.close)
             turns = TurnRunner(
                 settings=settings,
-                records=TurnRecords(store.transcripts, store.usage),
+                records=TurnRecords(store.transcripts, store.usage, store.write_all),
                 threads=store.threads,
                 pool=pool,
                 agent=agent,

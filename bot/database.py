@@ -29,9 +29,12 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-__all__ = ["Database", "database_url", "open_database"]
+__all__ = ["Database", "Operation", "database_url", "open_database"]
 
 T = TypeVar("T")
+
+#: A store operation that returns nothing, for running several in one transaction (:meth:`Database.write_all`).
+Operation = Callable[[Connection], object]
 
 
 class Database:
@@ -49,6 +52,15 @@ class Database:
     async def write(self, operation: Callable[[Connection], T]) -> T:
         """Run ``operation`` in one transaction: committed when it returns, rolled back when it raises."""
         raise NotImplementedError
+
+    async def write_all(self, *operations: Operation) -> None:
+        """Run ``operations`` in order, in one transaction (one trip to the database)."""
+
+        def together(conn: Connection) -> None:
+            for operation in operations:
+                operation(conn)
+
+        await self.write(together)
 
     async def close(self) -> None:
         """Close every connection."""

@@ -9,9 +9,10 @@ store as a whole: the runner holds only what a turn may touch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from bot.database import Operation
 from bot.events import ThreadKey
 from bot.store import NOTICE_ROLE, Transcripts, UsageLedger
 from bot.transcript import NewCell
@@ -20,24 +21,35 @@ from bot.transcript import NewCell
 class TurnRecords:
     """Opens each turn's :class:`TurnRecord` (one per process, over the store's repositories)."""
 
-    def __init__(self, transcripts: Transcripts, usage: UsageLedger) -> None:
+    def __init__(self, transcripts: Transcripts, usage: UsageLedger, write_all: Callable[..., Awaitable[None]]) -> None:
+        """``write_all(*operations)`` runs the repositories' operations in one transaction
+        (:meth:`~bot.store.Store.write_all`)."""
         self._transcripts = transcripts
         self._usage = usage
+        self._write_all = write_all
 
     async def open(self, key: ThreadKey, *, model: str, user_id: str, at: float) -> TurnRecord:
         """The record of a turn of ``key`` starting now: its usage row made."""
         row = await self._usage.begin(key, model=model, user_id=user_id, at=at)
-        return TurnRecord(key, row, self._transcripts, self._usage)
+        return TurnRecord(key, row, self._transcripts, self._usage, self._write_all)
 
 
 class TurnRecord:
     """One turn's writes (see the module docstring)."""
 
-    def __init__(self, key: ThreadKey, row: int, transcripts: Transcripts, usage: UsageLedger) -> None:
+    def __init__(
+        self,
+        key: ThreadKey,
+        row: int,
+        transcripts: Transcripts,
+        usage: UsageLedger,
+        write_all: Callable[..., Awaitable[None]],
+    ) -> None:
         self.key = key
         self._row = row
         self._transcripts = transcripts
         self._usage = usage
+        self._write_all = write_all
         self._cells: list[asyncio.Task[None]] = []
 
     async def history(self) -> list[dict[str, Any]]:
@@ -57,14 +69,27 @@ class TurnRecord:
         """Wait until every cell added is stored (a failed write surfaces here)."""
         await asyncio.gather(*self._cells)
 
-    async def add_messages(self, messages: Sequence[dict[str, Any]], *, notice: str | None, user_id: str) -> None:
-        """The turn's messages as the model said and saw them, then our own ``notice`` (a
-        message of role ``notice``, which the history never gives back to the model)."""
-        noted = [{"role": NOTICE_ROLE, "content": notice}] if notice else []
-        await self._transcripts.add_messages(self.key, [*messages, *noted], user_id=user_id)
-
-    async def add_usage(self, *, prompt_tokens: int, completion_tokens: int, kernel_s: float) -> None:
-        """What the turn spent, added to its usage row."""
-        await self._usage.add(
-            self._row, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, kernel_s=kernel_s
+    async def close(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        notice: str | None,
+        user_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        kernel_s: float,
+    ) -> None:
+        """The turn's end, in one transaction: its messages as the model said and saw them,
+        then our own ``notice`` (a message of role ``notice``, which the history never gives
+        back to the model), and what the turn spent, added to its usage row. No messages (a
+        failed model request): nothing enters the transcript, not even the notice."""
+        writes: list[Operation] = []
+        if messages:
+            noted = [{"role": NOTICE_ROLE, "content": notice}] if notice else []
+            writes.append(self._transcripts.adding_messages(self.key, [*messages, *noted], user_id=user_id))
+        writes.append(
+            self._usage.adding(
+                self._row, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, kernel_s=kernel_s
+            )
         )
+        await self._write_all(*writes)

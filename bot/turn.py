@@ -416,9 +416,10 @@ class TurnRunner:
         # A failed model request leaves new_messages empty: nothing of it (not even the user's
         # message) enters the history, so the next turn replays only exchanges that worked.
         # Our own notes are stored as notices, which history() never returns to the model.
-        if result.new_messages:
-            await t.record.add_messages(result.new_messages, notice=result.notice, user_id=t.message.user_id)
-        await t.record.add_usage(
+        await t.record.close(
+            result.new_messages,
+            notice=result.notice,
+            user_id=t.message.user_id,
             prompt_tokens=result.usage.prompt_tokens,
             completion_tokens=result.usage.completion_tokens,
             # The CPU time the kernel's processes really used (threads a cell started, and the

@@ -7,7 +7,7 @@ from types import TracebackType
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from bot.database import Database, database_url, open_database
+from bot.database import Database, Operation, database_url, open_database
 from bot.store.feedback import FeedbackBook
 from bot.store.greetings import Greetings
 from bot.store.migrate import StoreError, current_revision, migrate
@@ -94,6 +94,10 @@ class Store:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+    async def write_all(self, *operations: Operation) -> None:
+        """Run repositories' operations (their ``adding…`` methods) in one transaction."""
+        await self._db.write_all(*operations)
 
     async def schema_version(self) -> str:
         """The Alembic revision of the open database."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -12,12 +13,18 @@ from bot.database import Database
 from bot.events import ThreadKey
 from bot.schema import threads
 
+#: How many threads :meth:`Threads.exists` remembers having found.
+_KNOWN_THREADS = 4096
+
 
 class Threads:
     """Which threads exist, and when each was last active."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        # Threads found to exist, most recent last: a thread's row is never deleted, so a
+        # follow-up in a known thread needs no trip to the database to be admitted.
+        self._known: OrderedDict[ThreadKey, None] = OrderedDict()
 
     async def touch(self, key: ThreadKey) -> None:
         """Create the thread if new and mark it active now."""
@@ -60,8 +67,16 @@ class Threads:
 
     async def exists(self, key: ThreadKey) -> bool:
         """True when the thread has been seen before (touched or written to)."""
+        if key in self._known:
+            self._known.move_to_end(key)
+            return True
         statement = sa.select(threads.c.key).where(threads.c.key == key)
-        return await self._db.read(lambda conn: conn.execute(statement).first() is not None)
+        found = await self._db.read(lambda conn: conn.execute(statement).first() is not None)
+        if found:
+            self._known[key] = None
+            if len(self._known) > _KNOWN_THREADS:
+                self._known.popitem(last=False)
+        return found
 
 
 def ensure_thread(db: Database, conn: Connection, key: ThreadKey, now: float) -> None:

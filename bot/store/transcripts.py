@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from bot.database import Database
+from bot.database import Database, Operation
 from bot.events import ThreadKey
 from bot.schema import cells, messages, threads
 from bot.store.threads import take_counter
@@ -32,8 +32,13 @@ class Transcripts:
         self, key: ThreadKey, messages_: Sequence[dict[str, Any]], *, user_id: str | None = None
     ) -> None:
         """Append OpenAI-format messages (in order, in one transaction)."""
-        if not messages_:
-            return
+        if messages_:
+            await self._db.write(self.adding_messages(key, messages_, user_id=user_id))
+
+    def adding_messages(
+        self, key: ThreadKey, messages_: Sequence[dict[str, Any]], *, user_id: str | None = None
+    ) -> Operation:
+        """:meth:`add_messages` as an operation, to write in one transaction with others."""
         now = time.time()
         rows = [
             {"role": str(m.get("role", "")), "content": json.dumps(m), "user_id": user_id, "created_at": now}
@@ -41,10 +46,12 @@ class Transcripts:
         ]
 
         def write(conn: Connection) -> None:
+            if not rows:
+                return
             first = self._reserve_seq(conn, key, len(rows), now)
             conn.execute(sa.insert(messages), [{**row, "thread": key, "seq": first + i} for i, row in enumerate(rows)])
 
-        await self._db.write(write)
+        return write
 
     async def history(self, key: ThreadKey) -> list[dict[str, Any]]:
         """The thread's OpenAI-format messages, oldest first (notices left out)."""

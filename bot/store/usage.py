@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from bot.database import Database
+from bot.database import Database, Operation
 from bot.events import ThreadKey
 from bot.schema import usage
 
@@ -58,6 +58,12 @@ class UsageLedger:
 
     async def add(self, row: int, *, prompt_tokens: int, completion_tokens: int, kernel_s: float = 0.0) -> None:
         """Add tokens and kernel seconds to the turn counted by ``row``."""
+        await self._db.write(
+            self.adding(row, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, kernel_s=kernel_s)
+        )
+
+    def adding(self, row: int, *, prompt_tokens: int, completion_tokens: int, kernel_s: float = 0.0) -> Operation:
+        """:meth:`add` as an operation, to write in one transaction with others."""
         statement = (
             sa.update(usage)
             .where(usage.c.id == row)
@@ -67,7 +73,7 @@ class UsageLedger:
                 kernel_s=usage.c.kernel_s + kernel_s,
             )
         )
-        await self._db.write(lambda conn: conn.execute(statement))
+        return lambda conn: conn.execute(statement)
 
     async def spent(
         self,
