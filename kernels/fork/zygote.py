@@ -205,6 +205,18 @@ def _prepare_app(kernel_argv: list[str], inline: bool) -> None:
     _prepared, _prepared_argv = app, list(kernel_argv)
 
 
+def _prime() -> None:
+    """(Zygote) the first cell's first-time work, done once for every kernel forked from here
+    (``threadbook_kernel.prime``; nothing without the prepared shell)."""
+    runtime = sys.modules.get("threadbook_kernel")
+    if _prepared is None or runtime is None:
+        return
+    try:
+        runtime.prime()
+    except Exception:
+        traceback.print_exc()  # each kernel does it in its first cell instead
+
+
 def _enable_inline(shell: Any) -> Any:
     """``shell.enable_matplotlib("inline")`` (IPython 9) without its last step, the event loop,
     which needs a kernel (the child turns it on, :func:`_start_prepared`); the GUI it names."""
@@ -540,6 +552,7 @@ def main() -> None:
     jailer = Jailer(jail) if sys.argv[4:] == ["jail"] else None
     _preload(modules)
     _prepare_app(kernel_argv, inline="matplotlib" in modules)
+    _prime()
     # What the imports made stays shared with every kernel: the collector no longer writes
     # to those objects' headers (each write would copy a page into the child).
     gc.collect()

@@ -80,11 +80,13 @@ async def run_silently(handle: KernelHandle, code: str, timeout: float = _REPLY_
 
 
 def warm_up_code(preload: tuple[str, ...]) -> str:
-    """What a kernel runs before a thread gets it: ``preload`` imported, inline plots ready."""
+    """What a kernel runs before a thread gets it: ``preload`` imported, inline plots ready,
+    the first cell's first-time work done (``threadbook_kernel.prime``)."""
     lines = [f"__import__({module!r})" for module in preload]
     if "matplotlib" in preload:
         # A forked kernel's shell has it already (the fork server set it up before forking):
         # set up again, the inline backend costs ~5 ms and copies pages into the kernel.
         lines.append("if not hasattr(get_ipython(), '_saved_rcParams'):")
         lines.append("    get_ipython().run_line_magic('matplotlib', 'inline')")
-    return "\n".join(lines) or "pass"
+    lines.append("__import__('threadbook_kernel').prime()")
+    return "\n".join(lines)

@@ -126,7 +126,9 @@ class Spawner:
             "{connection_file}",
             "--HistoryManager.hist_file=:memory:",
         ]
-        lines = [KERNEL_SETUP, *(f"__import__({module!r})" for module in self.settings.preload)]
+        # "and None": an exec line's value is displayed (";" is not heeded there), and a thread's
+        # ``_`` would be the last preloaded module.
+        lines = [KERNEL_SETUP, *(f"__import__({module!r}) and None" for module in self.settings.preload)]
         argv.append(f"--IPKernelApp.exec_lines={lines!r}")
         return KernelSpec(argv=argv, display_name="Threadbook Python", language="python", interrupt_mode=interrupt_mode)
 

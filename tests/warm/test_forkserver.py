@@ -43,6 +43,8 @@ async def test_forked_kernels_behave_like_spawned_ones(forking_pool: KernelPool)
     assert ra.streams[0].text != rb.streams[0].text  # numpy reseeded in each child
     assert ra.streams[0].text.endswith("True\n") and a.workspace.path.name in (await a.execute("os.getcwd()")).result
     assert (await b.execute("'v' in dir() and 'pd' not in dir()")).result == "True"
+    # The last result is the thread's own: the fork server's priming (threadbook_kernel.prime) shows nothing.
+    assert (await b.execute("_, len(In)")).result == "(True, 4)"
 
     plot = await a.execute("import matplotlib.pyplot as plt; plt.plot([1, 2]); plt.show()")
     assert [d.png() is not None for d in plot.displays] == [True]  # %matplotlib inline ran in the child

@@ -37,6 +37,7 @@ async def test_hand_out_is_warm_sees_uploads_and_refills(warm_pool: KernelPool) 
     )
     assert result.ok and result.streams[0].text == "1,2 True\n", result
     assert result.execution_count == 1  # the warm-up left no trace in the thread's history
+    assert (await session.execute("_, len(In)")).result == "('', 3)"  # nor a result (its priming shows nothing)
     # The thread got the warm kernel, not a cold start (how fast that is: `python -m bench`, first_exec pool).
     assert (warm.hits, warm.misses) == (1, 0)
 

@@ -17,7 +17,7 @@ import os
 import stat
 import sys
 
-__all__ = ["setup", "workspace_fd"]
+__all__ = ["prime", "setup", "workspace_fd"]
 
 #: Set by the launcher: where the kernel sees the shared packages folder (read-only).
 PACKAGES_ENV = "THREADBOOK_PACKAGES_DIR"
@@ -39,6 +39,29 @@ def setup() -> None:
 
     install()
     _offer_helpers()
+
+
+def prime() -> None:
+    """Do once, before a thread has this kernel, what its first cell would otherwise do for
+    the first time (~6 ms of it): import the display path's renderers, run the display
+    formatters and the input transformers (whose patterns compile on first use), flush
+    the output streams. Nothing
+    shows: no output, no execution count, no name in the user namespace. The fork server
+    calls it before it forks (every forked kernel shares the result), a warm kernel's
+    warm-up in each."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    from threadbook_kernel.display import improve
+
+    shell.transform_cell("1 + 1\n")
+    improve(shell.display_formatter.format(2)[0])
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # a kernel's output streams: the first flush sets up their way to IOPub
 
 
 def _offer_helpers() -> None:
