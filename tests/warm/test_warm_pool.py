@@ -98,3 +98,20 @@ async def test_a_warm_kernel_that_died_is_never_handed_out_and_is_cleaned_up(tmp
     assert session.pid != dead_pid and (await session.execute("1+1")).result == "2"
     await pool.shutdown_all()
     assert kernel_processes() == [] and not dead.folder.exists()
+
+
+async def test_the_refill_waits_for_a_handed_out_kernels_first_cell(tmp_path: Path) -> None:
+    pool = build_pool(kernel_settings(tmp_path, warm_pool=1, max_kernels=3))
+    await pool.start()
+    try:
+        warm = pool.warm
+        assert warm is not None
+        await warm.wait_ready(timeout=30)
+        session = await pool.get_or_start("w:first")  # the model writes its first cell meanwhile
+        cell = asyncio.create_task(session.execute("import time; time.sleep(1.5)"))
+        await asyncio.sleep(0.8)
+        assert not cell.done() and warm.count == 0  # no kernel starts beside the thread's first cell
+        assert (await cell).ok
+        await warm.wait_ready(timeout=30)  # then the pool refills
+    finally:
+        await pool.shutdown_all()
