@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+from typing import Any
 
 __all__ = ["prime", "setup", "workspace_fd"]
 
@@ -44,16 +45,11 @@ def setup() -> None:
 def prime() -> None:
     """Do once, before a thread has this kernel, what its first cell would otherwise do for
     the first time (~6 ms of it): import the display path's renderers, run the display
-    formatters and the input transformers (whose patterns compile on first use), flush
-    the output streams. Nothing
-    shows: no output, no execution count, no name in the user namespace. The fork server
-    calls it before it forks (every forked kernel shares the result), a warm kernel's
-    warm-up in each."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    shell = get_ipython()
+    formatters and the input transformers (whose patterns compile on first use), flush the
+    output streams. Nothing shows: no output, no execution count, no name in the user
+    namespace. The fork server calls it before it forks (every forked kernel shares the
+    result), a warm kernel's warm-up in each."""
+    shell = _shell()
     if shell is None:
         return
     from threadbook_kernel.display import improve
@@ -64,14 +60,19 @@ def prime() -> None:
         stream.flush()  # a kernel's output streams: the first flush sets up their way to IOPub
 
 
-def _offer_helpers() -> None:
-    """Put the functions the model is told about into the user namespace, as hidden names
-    (``user_ns_hidden``: snapshots and ``%who`` leave them out; the next kernel gets them anew)."""
+def _shell() -> Any:
+    """This process's IPython shell, or None (no IPython, or no shell made yet)."""
     try:
         from IPython import get_ipython
     except ImportError:
-        return
-    shell = get_ipython()
+        return None
+    return get_ipython()
+
+
+def _offer_helpers() -> None:
+    """Put the functions the model is told about into the user namespace, as hidden names
+    (``user_ns_hidden``: snapshots and ``%who`` leave them out; the next kernel gets them anew)."""
+    shell = _shell()
     if shell is None:
         return
     from threadbook_kernel.charts import show_chart
