@@ -15,8 +15,7 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from bot.mcp.connection import CallFailed, Connection
-from bot.mcp.hiding import Hider
+from bot.mcp.connection import CallFailed
 from bot.mcp.registry import McpServers, offered_tools
 from bot.mcp.settings import McpServerSettings
 from tests.mcp.conftest import STDIO_TOKEN, TOKEN, HttpServer, stdio_settings
@@ -247,23 +246,3 @@ async def test_a_key_in_the_url_is_hidden_in_the_http_clients_log(http_server: H
         await registry.close()
     assert "HTTP Request: POST [hidden]" in caplog.text  # the SDK's HTTP client logs each request's URL
     assert "url-secret-abc123" not in caplog.text
-
-
-@pytest.mark.parametrize("json_response", [False, True])
-async def test_an_answer_past_the_message_cap_ends_the_call_not_the_bots_memory(
-    tmp_path: Path, json_response: bool
-) -> None:
-    # A JSON answer is read whole by the SDK: only the cap keeps it bounded (an SSE event has its own).
-    server = HttpServer(tmp_path, json_response=json_response)
-    server.start()
-    settings = McpServerSettings.model_validate(server.settings())
-    connection = Connection("tracker", settings, Hider([TOKEN]), connect_timeout_s=5, max_message_bytes=2**20)
-    try:
-        assert await connection.connect()
-        with pytest.raises(CallFailed) as failed:
-            await connection.call("big", {"size": 3 * 2**20})
-        assert failed.value.outcome == "failed" and "big" not in failed.value.sentence
-        assert text_of(await connection.call("big", {"size": 1000})).startswith("row")
-    finally:
-        await connection.close()
-        server.stop()

@@ -51,42 +51,45 @@ def test_collecting_a_long_line_takes_linear_time() -> None:
     assert time.perf_counter() - started < 1.0
 
 
-async def test_a_stdio_line_past_the_cap_fails_its_call_in_one_sentence_and_the_next_call_works() -> None:
-    settings = McpServerSettings.model_validate(stdio_settings(timeout_s=30))
-    connection = Connection("local", settings, Hider([STDIO_TOKEN]), connect_timeout_s=10, max_message_bytes=2**20)
+async def _an_answer_past_the_cap_fails_only_its_call(connection: Connection) -> None:
+    """Over ``connection`` (capped at 1 MiB): a 2 MiB answer fails its call in one sentence that
+    names the server (not the tool); the next call works in the same session (not restarted,
+    not a lost connection)."""
     try:
         assert await connection.connect()
         session = connection._session
         with pytest.raises(CallFailed) as failed:
             await connection.call("big_text", {"size": 2 * 2**20})
-        assert failed.value.sentence == "The MCP server `local` answered with more than 1 MiB; the answer was dropped."
-        assert failed.value.outcome == "failed"
+        assert failed.value.sentence == (
+            f"The MCP server `{connection.name}` answered with more than 1 MiB; the answer was dropped."
+        )
+        assert failed.value.outcome == "failed" and "big_text" not in failed.value.sentence
         assert text_of(await connection.call("echo", {"text": "still here"})) == "still here"
-        assert connection._session is session  # the same session: the server was not started again
+        assert connection._session is session
     finally:
         await connection.close()
+
+
+async def test_a_stdio_line_past_the_cap_fails_its_call_in_one_sentence_and_the_next_call_works() -> None:
+    settings = McpServerSettings.model_validate(stdio_settings(timeout_s=30))
+    await _an_answer_past_the_cap_fails_only_its_call(
+        Connection("local", settings, Hider([STDIO_TOKEN]), connect_timeout_s=10, max_message_bytes=2**20)
+    )
 
 
 @pytest.mark.parametrize("json_response", [False, True])
 async def test_an_http_answer_past_the_cap_fails_its_call_in_one_sentence_and_keeps_the_session(
     tmp_path: Path, json_response: bool
 ) -> None:
+    # A JSON answer is read whole by the SDK: only the cap keeps it bounded (an SSE event has its own).
     server = HttpServer(tmp_path, json_response=json_response)
     server.start()
-    settings = McpServerSettings.model_validate(server.settings(timeout_s=30))
-    connection = Connection("tracker", settings, Hider([TOKEN]), connect_timeout_s=5, max_message_bytes=2**20)
     try:
-        assert await connection.connect()
-        session = connection._session
-        with pytest.raises(CallFailed) as failed:
-            await connection.call("big_text", {"size": 2 * 2**20})
-        assert (
-            failed.value.sentence == "The MCP server `tracker` answered with more than 1 MiB; the answer was dropped."
+        settings = McpServerSettings.model_validate(server.settings(timeout_s=30))
+        await _an_answer_past_the_cap_fails_only_its_call(
+            Connection("tracker", settings, Hider([TOKEN]), connect_timeout_s=5, max_message_bytes=2**20)
         )
-        assert text_of(await connection.call("echo", {"text": "still here"})) == "still here"
-        assert connection._session is session  # an answer too large is not a lost connection
     finally:
-        await connection.close()
         server.stop()
 
 
