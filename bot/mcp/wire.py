@@ -49,10 +49,7 @@ def parse(data: bytes | str) -> types.JSONRPCMessage:
     if len(data) < OFF_LOOP_BYTES:
         return adapter.validate_json(data, by_name=False)
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    spans = _long_values(raw)
-    if not spans:
-        return adapter.validate_json(raw, by_name=False)
-    return adapter.validate_python(_assemble(raw, spans), by_name=False)
+    return adapter.validate_python(loads_sliced(raw), by_name=False)
 
 
 async def parse_message(data: bytes | str) -> types.JSONRPCMessage:
