@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import Connection
 
+from bot.database import Operation
 from bot.events import ThreadKey
 from bot.record import TurnRecords
 from bot.store import Store
+from bot.transcript import MessageEntry
 
 KEY = ThreadKey.parse("slack:T1:C1:1700000000.000100")
 ANSWERED = [{"role": "user", "content": "6*7?"}, {"role": "assistant", "content": "42"}]
@@ -24,7 +26,9 @@ async def test_a_turn_ends_with_its_messages_notice_and_usage_written_together(s
             ANSWERED, notice="Stopped.", user_id="U1", prompt_tokens=7, completion_tokens=2, kernel_s=0.5
         )
         assert await store.transcripts.history(KEY) == ANSWERED  # the notice is kept, never replayed
-        assert [e.message["role"] for e in await store.transcripts.timeline(KEY)] == ["user", "assistant", "notice"]
+        timeline = await store.transcripts.timeline(KEY)
+        assert [e.message["role"] for e in timeline if isinstance(e, MessageEntry)] == ["user", "assistant", "notice"]
+        assert len(timeline) == 3  # messages only: no cell ran
         assert await store.usage.thread_tokens(KEY) == (7, 2)
 
         failed = await records.open(KEY, model="m", user_id="U1", at=101.0)
@@ -39,17 +43,16 @@ async def test_a_turn_ends_with_its_messages_notice_and_usage_written_together(s
 
 async def test_a_failing_part_of_the_end_writes_none_of_it(store_target: Path | str) -> None:
     async with await Store.open(store_target) as store:
-        record = await TurnRecords(store.transcripts, store.usage, store.write_all).open(
-            KEY, model="m", user_id="U1", at=1.0
-        )
 
         def broken(conn: Connection) -> None:
             raise RuntimeError("the disk is full")
 
-        async def write_then_fail(*operations: object) -> None:
-            await store.write_all(*operations, broken)  # type: ignore[arg-type]
+        async def write_then_fail(*operations: Operation) -> None:
+            await store.write_all(*operations, broken)  # the store's own transaction, failing at its end
 
-        record._write_all = write_then_fail  # the store's own transaction, made to fail at its end
+        record = await TurnRecords(store.transcripts, store.usage, write_then_fail).open(
+            KEY, model="m", user_id="U1", at=1.0
+        )
         with pytest.raises(RuntimeError):
             await record.close(ANSWERED, notice=None, user_id="U1", prompt_tokens=5, completion_tokens=5, kernel_s=0)
         assert await store.transcripts.history(KEY) == []
