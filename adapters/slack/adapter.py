@@ -26,6 +26,8 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.middleware.assistant.async_assistant import AsyncAssistant
+from slack_bolt.middleware.authorization.async_single_team_authorization import AsyncSingleTeamAuthorization
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from adapters.base import AdapterStartError, PlatformAdapter
 from adapters.slack.agent_view import ChannelsInView, offer_prompts, viewed_channel_id
@@ -114,7 +116,7 @@ class SlackAdapter(PlatformAdapter):
             if isinstance(auth, Failure):
                 raise SlackStartError(f"Slack auth.test failed ({auth.error}): check slack.bot_token (SLACK_BOT_TOKEN)")
             self._team_id, self._bot_user_id = str(auth["team_id"]), str(auth["user_id"])
-            app = self._build_app()
+            app = self._build_app(auth)
             socket_url = await self._open_socket_url() if self.socket_mode else None
             if socket_url is not None:
                 await self._connect_socket(app, socket_url)
@@ -159,13 +161,14 @@ class SlackAdapter(PlatformAdapter):
         :func:`adapters.slack.lookups.thread_open`)."""
         return key.platform != "slack" or await thread_open(self._client, key)
 
-    def _build_app(self) -> AsyncApp:
+    def _build_app(self, auth: AsyncSlackResponse) -> AsyncApp:
         app = AsyncApp(
             client=self._client,
             signing_secret=self._settings.signing_secret.get_secret_value(),
             name="threadbook",
             logger=_bolt_logger(),
         )
+        _share_auth_test(app, auth)
         assistant = AsyncAssistant(logger=_bolt_logger())
         assistant.thread_started(self._on_assistant_thread_started)
         assistant.user_message(self._on_assistant_message)
@@ -419,3 +422,12 @@ def _bolt_logger() -> logging.Logger:
     if not logger.filters:
         logger.addFilter(lambda record: not record.getMessage().startswith("As you gave `client` as well"))
     return logger
+
+
+def _share_auth_test(app: AsyncApp, auth: AsyncSlackResponse) -> None:
+    """Hand bolt the ``auth.test`` answer the adapter got at start. Bolt's single-workspace
+    authorization asks for it on its first event and caches it, but every event that arrives
+    before that first answer asks again: a crowd of new threads made one ``auth.test`` each."""
+    for middleware in app._async_middleware_list:  # bolt offers no public way to seed its cache
+        if isinstance(middleware, AsyncSingleTeamAuthorization):
+            middleware.auth_test_result = auth

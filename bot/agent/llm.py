@@ -183,6 +183,10 @@ class LLMClient:
             api_key=settings.api_key.get_secret_value() or "not-needed",
             timeout=settings.request_timeout_s,
             max_retries=0,  # retried in complete(), where a timeout is retried once at most
+            # aiohttp under the SDK's client, as its README advises for concurrency: the default
+            # pool checks every open connection for each request it places (quadratic in a
+            # crowd of turns).
+            http_client=openai.DefaultAioHttpClient(),
         )
 
     @property

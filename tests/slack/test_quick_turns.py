@@ -97,3 +97,18 @@ async def test_a_slow_turn_shows_eyes_status_and_session_and_its_stop_button_sto
     assert await bot.finished(event, timeout=15) == {"x"}
     assert "stop" in bot.answers(event)[-1].lower()
     assert status_msg.deleted
+
+
+async def test_a_crowd_of_first_events_is_authorised_from_start_up_without_asking_slack_again(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # Bolt caches auth.test only once its own first call answers: before the adapter handed it
+    # the start's answer, every event arriving meanwhile asked again (100 at once, 100 calls).
+    async with running_bot(tmp_path_factory.mktemp("slack-crowd"), socket_mode=False) as crowd:
+        crowd.llm.script(*[answer("hello")] * 6)
+        events = [crowd.slack.mention(f"C_CROWD{i}", f"hi {i}") for i in range(6)]
+        await asyncio.gather(*(crowd.slack.post_event(crowd.events_url, e) for e in events))
+        for event in events:
+            assert await crowd.finished(event) == {"white_check_mark"}
+            assert "hello" in crowd.answers(event)[-1]
+        assert len(crowd.slack.calls_to("auth.test")) == 1  # the adapter's own, at start
