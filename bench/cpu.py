@@ -10,15 +10,16 @@ part of the bot):
   the status and live edits, posting, the model, the store); every callback of the event loop
   (``asyncio.events.Handle._run``: task steps included) and every job of the default executor
   (``asyncio.to_thread``) is timed with ``time.thread_time()`` and counted to the phase in
-  force in its context. The fakes (Slack, the model) run in this process too; they are started
-  under the phase ``fakes`` and counted apart. Threads of their own are counted by name (the
+  force in its context. The bench's requests to the fakes (Slack, the model: their own
+  process, :mod:`bench.world`) run under the phase ``fakes`` and are counted apart. Threads
+  of their own are counted by name (the
   store's worker, the quota probe: ``execute``); what the event loop spends outside callbacks
   (``epoll``, scheduling) is ``event loop``.
 * **kernels**: the CPU each thread's kernel used while a phase's work held it (the session
   reads its kernel's cgroup counter after every piece of work: that reading is caught), and
   the rest of the kernels' CPU (starting, warming up) as ``kernel starts``;
-* **the fork server**, the **kernel warden** and **one-shots** (their server and the
-  processes it forks, or fresh processes the bot reaped) from the process tree.
+* **the fork server**, the **kernel warden**, **one-shots** (their server and the processes
+  it forks, or fresh processes the bot reaped) and the **fakes** from the process tree.
 
 All figures are CPU seconds over the burst; :meth:`CpuMeter.report` divides them by the turns.
 """
@@ -157,6 +158,8 @@ def _role(cmdline: list[str]) -> str | None:
         return "fork server"
     if "warden.py" in text:
         return "warden"
+    if "bench.world" in text:
+        return "fakes"
     if "threadbook_kernel.oneshot" in text or "threadbook_kernel.preview" in text or "threadbook_kernel.export" in text:
         return "one-shots"
     return None

@@ -2,16 +2,20 @@
 
 The model answers each turn with one tool call ``print(1)`` and then a text answer; the
 time measured runs from the event's delivery (HTTP Events API) to the turn's final ✅
-reaction, which the adapter adds after the reply is posted. ``api_overhead`` runs the same
-turns over chat completions and over the Responses API side by side.
+reaction, which the adapter adds after the reply is posted. The fake Slack, the model and
+the posting of events run in a process of their own (:mod:`bench.world`), as Slack and the
+model run elsewhere. ``api_overhead`` runs the same turns over chat completions and over the
+Responses API side by side.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,50 +25,69 @@ from bench.cpu import CpuMeter, phase
 from bench.kernels import Sandbox, mode_config, summary
 from bot.app import Core
 from bot.config import parse_settings
-from tests.fakes.openai_server import ScriptedOpenAI, answer, last_tool_output, tool_call
-from tests.fakes.slack_server import FakeSlack
 
-DONE = frozenset({"white_check_mark", "x"})
+REPO = Path(__file__).resolve().parents[1]
 
 
-class _BenchSlack(FakeSlack):
-    """The fake Slack, telling each turn's waiter when its message got its last reaction: a
-    crowd's waiters do not all wake on every call (``FakeSlack.wait_for``), which cost the
-    process more than the bot's own work for the turns."""
+class World:
+    """The fake Slack and the model in their own process (:mod:`bench.world`), and the bot's
+    Events API endpoint to post to (:attr:`events_url`, set once the adapter listens)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._done: dict[tuple[str, str], asyncio.Future[None]] = {}
+    def __init__(self, process: asyncio.subprocess.Process, where: dict[str, str]) -> None:
+        self._process = process
+        self.where = where
+        self.events_url = ""
 
-    def _notify(self) -> None:
-        super()._notify()
-        for key, done in list(self._done.items()):
-            if DONE & self.reactions.get(key, set()) and not done.done():
-                done.set_result(None)
-
-    async def until_done(self, key: tuple[str, str], timeout: float) -> None:
-        """Wait until the message ``key`` (channel, ts) has ✅ or ❌."""
-        if DONE & self.reactions.get(key, set()):
-            return
-        self._done[key] = asyncio.get_running_loop().create_future()
+    @classmethod
+    @asynccontextmanager
+    async def running(cls, api: str, reasoning: bool) -> AsyncIterator[World]:
+        """Start the world process; stop it (its standard input closed) on exit."""
+        args = ["--api", api, *(["--reasoning"] if reasoning else [])]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.world",
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         try:
-            await asyncio.wait_for(self._done[key], timeout)
+            assert process.stdout is not None
+            first = await asyncio.wait_for(process.stdout.readline(), 60)
+            if not first:
+                raise RuntimeError("the bench's fake Slack and model did not start (bench.world)")
+            yield cls(process, json.loads(first))
         finally:
-            del self._done[key]
+            if process.stdin is not None:
+                process.stdin.close()
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
 
+    async def turns(self, turns: list[dict[str, Any]], timeout: float) -> list[tuple[float, bool, str]]:
+        """Post ``turns`` (channel, text, thread_ts or None: a new thread's mention) at once;
+        each one's (seconds until its final reaction, whether ✅, its message ts)."""
+        assert self._process.stdin is not None and self._process.stdout is not None
+        request = {"events_url": self.events_url, "timeout": timeout, "turns": turns}
+        self._process.stdin.write(json.dumps(request).encode() + b"\n")
+        await self._process.stdin.drain()
+        line = await self._process.stdout.readline()
+        if not line:
+            raise RuntimeError("the bench's fake Slack and model exited (bench.world)")
+        return [(float(t[0]), bool(t[1]), str(t[2])) for t in json.loads(line)["turns"]]
 
-def _model(request: dict[str, Any]) -> Any:
-    """print(1) first, then the answer (whatever order concurrent threads ask in)."""
-    if request["messages"][-1]["role"] == "tool":
-        return answer("It printed 1.")
-    return tool_call("print(1)")
-
-
-def _reasoning_model(request: dict[str, Any]) -> Any:
-    """:func:`_model` as a reasoning model answers: its thinking first, on either API."""
-    if last_tool_output(request) is not None:
-        return answer("It printed 1.", reasoning="The code printed 1, so the answer is 1.")
-    return tool_call("print(1)", reasoning="Run print(1) to see what it prints.")
+    async def turn(
+        self, channel: str, text: str, thread_ts: str | None = None, timeout: float = 60
+    ) -> tuple[float, str]:
+        """One turn (see :meth:`turns`): its seconds and ts; raises if it did not end in ✅."""
+        ((elapsed, ok, ts),) = await self.turns([{"channel": channel, "text": text, "thread_ts": thread_ts}], timeout)
+        if not ok:
+            raise RuntimeError(f"the turn {text!r} in {channel} failed")
+        return elapsed, ts
 
 
 @asynccontextmanager
@@ -76,29 +99,27 @@ async def running_bot(
     sandbox: Sandbox = "none",
     max_kernels: int = 120,
     api: str = "chat",
-    model: Callable[[dict[str, Any]], Any] = _model,
-) -> AsyncIterator[tuple[_BenchSlack, str, Core]]:
-    """Fake Slack, model, Core and Slack adapter with kernels of ``mode``; yields (slack, events url, core).
+    reasoning: bool = False,
+) -> AsyncIterator[tuple[World, Core]]:
+    """The world (fake Slack, model), Core and the Slack adapter with kernels of ``mode``;
+    yields (world, core) with the world's ``events_url`` set.
 
-    ``api``: the one API the model server speaks, and ``llm.api``."""
-    async with AsyncExitStack() as fakes:
-        with phase("fakes"):  # their servers' work is counted apart from the bot's (bench.cpu)
-            slack = _BenchSlack()
-            await fakes.enter_async_context(slack)
-            llm = await fakes.enter_async_context(ScriptedOpenAI(apis=(api,)))
-        llm.script(*[model] * 10_000)
+    ``api``: the one API the model server speaks, and ``llm.api``; ``reasoning``: the model
+    thinks aloud first (:func:`bench.world.reasoning_model`)."""
+    async with World.running(api, reasoning) as world:
+        where = world.where
         raw = {
             "llm": {
-                "base_url": llm.base_url,
+                "base_url": where["llm_base_url"],
                 "api_key": "k",
                 "model": "fake-model",
                 "request_timeout_s": 60,
                 "api": api,
             },
             "slack": {
-                "bot_token": slack.bot_token,
-                "signing_secret": slack.signing_secret,
-                "api_url": slack.api_url,
+                "bot_token": where["bot_token"],
+                "signing_secret": where["signing_secret"],
+                "api_url": where["slack_api_url"],
                 "http_host": "127.0.0.1",
                 "http_port": 0,
             },
@@ -121,40 +142,29 @@ async def running_bot(
             adapter = SlackAdapter(settings.slack, core.dispatcher)
             await adapter.start()
             try:
-                yield slack, f"http://127.0.0.1:{adapter.port}/slack/events", core
+                world.events_url = f"http://127.0.0.1:{adapter.port}/slack/events"
+                yield world, core
             finally:
                 await adapter.wait_idle()
                 await adapter.stop()
 
 
-async def _turn(slack: _BenchSlack, url: str, event: dict[str, Any], timeout: float) -> tuple[float, bool]:
-    key = (event["channel"], event["ts"])
-    started = time.perf_counter()
-    status, _ = await slack.post_event(url, event)
-    await slack.until_done(key, timeout)
-    elapsed = time.perf_counter() - started
-    ok = status == 200 and slack.reactions[key] & DONE == {"white_check_mark"}
-    return elapsed, ok
-
-
-async def _counted_turn(slack: _BenchSlack, url: str, event: dict[str, Any], timeout: float) -> tuple[float, bool]:
-    """:func:`_turn` whose own work (Slack delivering the event, watching the reactions) is the fakes'."""
+async def _counted_turns(world: World, turns: list[dict[str, Any]], timeout: float) -> list[tuple[float, bool, str]]:
+    """:meth:`World.turns` whose own work here (the requests to the world) is counted as the fakes'."""
     with phase("fakes"):
-        return await _turn(slack, url, event, timeout)
+        return await world.turns(turns, timeout)
+
+
+def _new_threads(threads: int) -> list[dict[str, Any]]:
+    """``threads`` new threads' first mentions, in seven channels."""
+    return [{"channel": f"C{i % 7}", "text": f"go {i}", "thread_ts": None} for i in range(threads)]
 
 
 async def turn_overhead(mode: str, root: Path, turns: int, *, sandbox: Sandbox = "none") -> dict[str, Any]:
     """Follow-up turns in one thread (its kernel running): event → final reply posted."""
-    async with running_bot(mode, root, warm=1, sandbox=sandbox) as (slack, url, _):
-        first = slack.mention("C1", "start")
-        await _turn(slack, url, first, 120)
-        times = []
-        for i in range(turns):
-            event = slack.message_event("C1", f"again {i}", thread_ts=first["ts"])
-            elapsed, ok = await _turn(slack, url, event, 60)
-            if not ok:
-                raise RuntimeError(f"turn {i} failed")
-            times.append(elapsed)
+    async with running_bot(mode, root, warm=1, sandbox=sandbox) as (world, _):
+        _, first = await world.turn("C1", "start", timeout=120)
+        times = [(await world.turn("C1", f"again {i}", first))[0] for i in range(turns)]
     return summary(times)
 
 
@@ -167,24 +177,18 @@ async def api_overhead(mode: str, root: Path, turns: int, *, sandbox: Sandbox = 
     for api in times:
         (root / api).mkdir()
     async with AsyncExitStack() as stack:
-        bots = {
-            api: await stack.enter_async_context(
-                running_bot(mode, root / api, warm=1, sandbox=sandbox, api=api, model=_reasoning_model)
-            )
+        worlds = {
+            api: (
+                await stack.enter_async_context(
+                    running_bot(mode, root / api, warm=1, sandbox=sandbox, api=api, reasoning=True)
+                )
+            )[0]
             for api in times
         }
-        firsts = {}
-        for api, (slack, url, _) in bots.items():
-            firsts[api] = slack.mention("C1", "start")
-            await _turn(slack, url, firsts[api], 120)
+        firsts = {api: (await world.turn("C1", "start", timeout=120))[1] for api, world in worlds.items()}
         for i in range(turns):
             for api in ("chat", "responses") if i % 2 == 0 else ("responses", "chat"):
-                slack, url, _ = bots[api]
-                event = slack.message_event("C1", f"again {i}", thread_ts=firsts[api]["ts"])
-                elapsed, ok = await _turn(slack, url, event, 60)
-                if not ok:
-                    raise RuntimeError(f"{api} turn {i} failed")
-                times[api].append(elapsed)
+                times[api].append((await worlds[api].turn("C1", f"again {i}", firsts[api]))[0])
     chat, responses = summary(times["chat"]), summary(times["responses"])
     return {**responses, "chat_p50_ms": chat["p50_ms"], "delta_p50_ms": responses["p50_ms"] - chat["p50_ms"]}
 
@@ -194,17 +198,15 @@ async def concurrent_threads(mode: str, root: Path, threads: int, *, sandbox: Sa
     Also the CPU the crowd cost, per turn, by process and phase (:mod:`bench.cpu`), and its
     floor (that CPU ÷ cores)."""
     meter = CpuMeter()
-    async with running_bot(mode, root, warm=threads, sandbox=sandbox) as (slack, url, _):
-        events = [slack.mention(f"C{i % 7}", f"go {i}") for i in range(threads)]
+    async with running_bot(mode, root, warm=threads, sandbox=sandbox) as (world, _):
         with meter.installed(asyncio.get_running_loop()):
             await asyncio.to_thread(meter.begin)
             started = time.perf_counter()
-            turns = (_counted_turn(slack, url, e, 600) for e in events)
-            outcomes = await asyncio.gather(*turns, return_exceptions=True)
+            outcomes = await _counted_turns(world, _new_threads(threads), 600)
             wall = time.perf_counter() - started
             await asyncio.to_thread(meter.end)
-    times = [o[0] for o in outcomes if isinstance(o, tuple)]
-    errors = sum(1 for o in outcomes if not isinstance(o, tuple) or not o[1])
+    times = [elapsed for elapsed, ok, _ in outcomes if ok]
+    errors = sum(1 for _, ok, _ in outcomes if not ok)
     result: dict[str, Any] = summary(times) if times else {"n": 0}
     cpu = meter.report(threads, len(os.sched_getaffinity(0)))
     result.update(wall_s=wall, errors=errors, floor_s=cpu["floor_s"], cpu_per_turn_ms=cpu["total_ms"], cpu=cpu)
@@ -215,14 +217,13 @@ async def queued_threads(mode: str, root: Path, threads: int, *, sandbox: Sandbo
     """``threads`` new threads at once against ``max_kernels = threads // 2``: every one must be
     answered (those that find no kernel wait in the queue); p50/max are the queue waits."""
     kernels = max(1, threads // 2)
-    async with running_bot(mode, root, warm=kernels, sandbox=sandbox, max_kernels=kernels) as (slack, url, core):
-        events = [slack.mention(f"C{i % 7}", f"go {i}") for i in range(threads)]
+    async with running_bot(mode, root, warm=kernels, sandbox=sandbox, max_kernels=kernels) as (world, core):
         started = time.perf_counter()
-        outcomes = await asyncio.gather(*(_turn(slack, url, e, 600) for e in events), return_exceptions=True)
+        outcomes = await world.turns(_new_threads(threads), 600)
         wall = time.perf_counter() - started
         stats = core.pool.queue_stats()
-    errors = sum(1 for o in outcomes if not isinstance(o, tuple) or not o[1])
-    turns = [o[0] for o in outcomes if isinstance(o, tuple)]
+    errors = sum(1 for _, ok, _ in outcomes if not ok)
+    turns = [elapsed for elapsed, ok, _ in outcomes if ok]
     return {
         "n": stats.recent_waits,
         "p50_ms": stats.p50_wait_s * 1000,
