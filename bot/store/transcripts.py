@@ -77,7 +77,7 @@ class Transcripts:
         }
 
         def write(conn: Connection) -> None:
-            conn.execute(sa.insert(cells).values(**row, seq=self._reserve_seq(conn, key, 1, now)))
+            conn.execute(sa.insert(cells), {**row, "seq": self._reserve_seq(conn, key, 1, now)})
 
         await self._db.write(write)
 

@@ -8,12 +8,14 @@ and reported as interrupted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from bot.database import Database
@@ -74,19 +76,9 @@ class TurnQueue:
 
         def write(conn: Connection) -> QueuedTurn:
             ticket = take_counter(self._db, conn, key, threads.c.last_ticket, 1, now)
-            row = {"run": self._replicas.run, "started_at": now, "ticket": ticket}
-            conn.execute(
-                self._db.upsert(turns_in_flight)
-                .values(thread=key, message_id=message_id, **row)
-                .on_conflict_do_update(
-                    index_elements=[turns_in_flight.c.thread, turns_in_flight.c.message_id], set_=row
-                )
-            )
-            ahead = conn.scalar(
-                sa.select(sa.func.count())
-                .select_from(turns_in_flight)
-                .where(turns_in_flight.c.thread == key, turns_in_flight.c.ticket < ticket)
-            )
+            values = {"b_thread": key, "b_message": message_id, "b_run": self._replicas.run, "b_now": now}
+            conn.execute(_queue_statement(self._db.dialect), {**values, "b_ticket": ticket})
+            ahead = conn.scalar(_AHEAD, {"b_thread": key, "b_ticket": ticket})
             return QueuedTurn(ticket, int(ahead or 0))
 
         return await self._db.write(write)
@@ -172,3 +164,28 @@ class TurnQueue:
     def _gone(self) -> sa.ColumnElement[bool]:
         """Rows of ``turns_in_flight`` whose replica is gone."""
         return self._replicas.gone(turns_in_flight.c.run)
+
+
+# Built once (every turn runs them; building one costs more CPU than SQLite running it).
+_THREAD = sa.bindparam("b_thread", type_=turns_in_flight.c.thread.type)
+_TICKET = sa.bindparam("b_ticket", type_=sa.Integer)
+#: How many turns of ``b_thread`` hold a ticket before ``b_ticket``.
+_AHEAD = (
+    sa.select(sa.func.count())
+    .select_from(turns_in_flight)
+    .where(turns_in_flight.c.thread == _THREAD, turns_in_flight.c.ticket < _TICKET)
+)
+
+
+@functools.cache
+def _queue_statement(dialect: str) -> sa.Insert:
+    """Put message ``b_message`` of ``b_thread`` in line with ``b_ticket`` (again, if it was)."""
+    insert = postgresql.insert(turns_in_flight) if dialect == "postgresql" else sqlite.insert(turns_in_flight)
+    row = {
+        "run": sa.bindparam("b_run", type_=sa.Text),
+        "started_at": sa.bindparam("b_now", type_=sa.Float),
+        "ticket": _TICKET,
+    }
+    return insert.values(
+        thread=_THREAD, message_id=sa.bindparam("b_message", type_=sa.Text), **row
+    ).on_conflict_do_update(index_elements=[turns_in_flight.c.thread, turns_in_flight.c.message_id], set_=row)
