@@ -11,6 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
+
 from bot.agent.history import wire_messages
 from bot.agent.params import is_reasoning_model
 from bot.agent.reasoning import visible_text
@@ -52,14 +54,21 @@ def sent_chars(body: dict[str, Any]) -> int:
     return len(json.dumps(body["messages"], ensure_ascii=False))
 
 
+def _get(value: Any, name: str) -> Any:
+    """``value``'s field ``name``, whether it came as JSON (a streamed chunk) or as the client's
+    type (a whole reply); None when it has none (or is no object at all: a server's garbage)."""
+    if isinstance(value, dict):
+        return value.get(name)
+    return getattr(value, name, None) if isinstance(value, pydantic.BaseModel) else None
+
+
 def _usage(reported: Any) -> Usage:
-    details = getattr(reported, "completion_tokens_details", None)
-    reasoning = getattr(details, "reasoning_tokens", None) if details is not None else None
-    if isinstance(details, dict):
-        reasoning = details.get("reasoning_tokens")
+    details = _get(reported, "completion_tokens_details")
+    reasoning = _get(details, "reasoning_tokens") if details is not None else None
+    prompt, completion = _get(reported, "prompt_tokens"), _get(reported, "completion_tokens")
     return Usage(
-        getattr(reported, "prompt_tokens", 0) or 0,
-        getattr(reported, "completion_tokens", 0) or 0,
+        prompt if isinstance(prompt, int) else 0,
+        completion if isinstance(completion, int) else 0,
         reasoning if isinstance(reasoning, int) else 0,
     )
 
@@ -119,29 +128,29 @@ class ChatStream:
 
     def add(self, chunk: Any) -> bool:
         """Take one chunk in; True when it added text to show."""
-        if (reported := getattr(chunk, "usage", None)) is not None:
+        if (reported := _get(chunk, "usage")) is not None:
             self.usage = _usage(reported)
             self.usage_reported = True
-        choices = getattr(chunk, "choices", None) or []
-        if not choices:
+        choices = _get(chunk, "choices")
+        if not isinstance(choices, list) or not choices:
             return False
         self.chunks += 1
         choice = choices[0]
-        self.finish_reason = getattr(choice, "finish_reason", None) or self.finish_reason
-        delta = getattr(choice, "delta", None)
+        self.finish_reason = _get(choice, "finish_reason") or self.finish_reason
+        delta = _get(choice, "delta")
         if delta is None:
             return False
-        for position, call in enumerate(getattr(delta, "tool_calls", None) or ()):
-            index = getattr(call, "index", None)
+        for position, call in enumerate(_get(delta, "tool_calls") or ()):
+            index = _get(call, "index")
             slot = self.calls.setdefault(index if isinstance(index, int) else position, ["", "", []])
-            slot[0] = getattr(call, "id", None) or slot[0]
-            function = getattr(call, "function", None)
+            slot[0] = _get(call, "id") or slot[0]
+            function = _get(call, "function")
             if function is not None:
-                slot[1] = getattr(function, "name", None) or slot[1]
-                arguments = getattr(function, "arguments", None)
+                slot[1] = _get(function, "name") or slot[1]
+                arguments = _get(function, "arguments")
                 if arguments is not None:
                     slot[2].append(arguments if isinstance(arguments, str) else json.dumps(arguments))
-        content = getattr(delta, "content", None)
+        content = _get(delta, "content")
         if isinstance(content, str) and content:
             self.pieces.append(content)
             return True

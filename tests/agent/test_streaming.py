@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest_asyncio
 
 from bot.agent import Agent
 from bot.agent.llm import LLMClient
+from bot.agent.wire_chat import ChatStream
 from kernels.seam.result import ExecutionResult, StreamChunk
 from tests.agent.conftest import PreparedRunner, llm_settings
 from tests.fakes.openai_server import ScriptedOpenAI, Strictness, answer, text_tool_call, tool_call
@@ -123,3 +125,34 @@ async def test_a_stream_without_usage_is_counted_by_its_length(scripted_openai: 
     finally:
         await client.close()
     assert reply.usage.completion_tokens == 100 and reply.usage.prompt_tokens > 0
+
+
+def test_streamed_chunks_are_read_as_json_and_garbage_in_them_is_passed_over() -> None:
+    # The client hands chat chunks over as parsed JSON (its types cost more than the turn's
+    # other model work): what a server sends wrongly is skipped, as the typed read skipped it.
+    reply = ChatStream()
+    chunks: list[Any] = [
+        "not a chunk",
+        {"choices": {"0": {}}},
+        {"choices": [{"delta": ["no", "object"]}]},
+        {"choices": [{"delta": {"content": "The answer "}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "python"}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"code": '}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"1 + 1"}'}}]}}]},
+        {"choices": [{"delta": {"content": "is 2."}, "finish_reason": "stop"}]},
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 7,
+                "completion_tokens": "many",
+                "completion_tokens_details": {"reasoning_tokens": 3},
+            },
+        },
+    ]
+    shown = [reply.add(chunk) for chunk in chunks]
+    assert shown == [False, False, False, True, False, False, False, True, False]
+    completion = reply.completion()
+    assert completion.content == "The answer is 2." and completion.finish_reason == "stop"
+    assert [(c.id, c.name, c.arguments) for c in completion.tool_calls] == [("c1", "python", '{"code": "1 + 1"}')]
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (7, 0)
+    assert completion.usage.reasoning_tokens == 3 and reply.usage_reported
