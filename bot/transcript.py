@@ -13,8 +13,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nbformat.v4 import new_output
-
 from kernels import DisplayOutput, ExecutionResult
 
 #: MIME types whose data nbformat stores as JSON (any other type holds text).
@@ -73,7 +71,9 @@ def result_to_outputs(result: ExecutionResult) -> list[dict[str, Any]]:
     """nbformat v4 outputs of one execution: streams, displays, result, error, notice.
 
     Consecutive stream chunks of the same name are merged; binary payloads (PNG) are
-    stored base64-encoded as nbformat requires.
+    stored base64-encoded as nbformat requires. Built as the schema has them, not through
+    nbformat's ``new_output``, which validated each against the schema (a millisecond of every
+    turn; :func:`bot.notebook.export_notebook` validates the notebook it makes).
     """
     outputs: list[dict[str, Any]] = []
     for chunk in result.streams:
@@ -81,23 +81,35 @@ def result_to_outputs(result: ExecutionResult) -> list[dict[str, Any]]:
         if last is not None and last["output_type"] == "stream" and last["name"] == chunk.name:
             last["text"] += chunk.text
         else:
-            outputs.append(new_output("stream", name=chunk.name, text=chunk.text))
+            outputs.append({"output_type": "stream", "name": chunk.name, "text": chunk.text})
     for display in result.displays:
-        outputs.append(new_output("display_data", data=_mime_bundle(display), metadata=dict(display.metadata)))
+        outputs.append(
+            {"output_type": "display_data", "data": _mime_bundle(display), "metadata": dict(display.metadata)}
+        )
     if result.result_data is not None or result.result is not None:
         bundle = _mime_bundle(result.result_data) if result.result_data else {"text/plain": result.result}
         metadata = dict(result.result_data.metadata) if result.result_data else {}
         outputs.append(
-            new_output("execute_result", data=bundle, metadata=metadata, execution_count=result.execution_count)
+            {
+                "output_type": "execute_result",
+                "data": bundle,
+                "metadata": metadata,
+                "execution_count": result.execution_count,
+            }
         )
     if result.error is not None:
         error = result.error
         outputs.append(
-            new_output("error", ename=error.ename, evalue=error.evalue, traceback=error.traceback.splitlines())
+            {
+                "output_type": "error",
+                "ename": error.ename,
+                "evalue": error.evalue,
+                "traceback": error.traceback.splitlines(),
+            }
         )
     if result.notice:
-        outputs.append(new_output("stream", name="stderr", text=f"[{result.notice}]\n"))
-    return [_plain(output) for output in outputs]
+        outputs.append({"output_type": "stream", "name": "stderr", "text": f"[{result.notice}]\n"})
+    return outputs
 
 
 def _mime_bundle(display: DisplayOutput) -> dict[str, Any]:
@@ -114,12 +126,3 @@ def _payload(mime: str, value: Any) -> Any:
     # 6 says ``application/vnd.vegalite.v6.json``) keeps its data as JSON text so the
     # notebook stays valid.
     return json.dumps(value)
-
-
-def _plain(node: Any) -> Any:
-    """NotebookNode → plain dicts/lists, so callers can ``json.dumps`` without nbformat."""
-    if isinstance(node, dict):
-        return {key: _plain(value) for key, value in node.items()}
-    if isinstance(node, list):
-        return [_plain(value) for value in node]
-    return node
