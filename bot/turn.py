@@ -352,7 +352,8 @@ class TurnRunner:
         if t.uploads.saved:  # previews come from fresh sandboxed one-shots, never from here or the thread's kernel
             saved = await add_previews(t.uploads.saved, t.workspace, self._oneshot)
             t.user_content = f"{t.user_content}\n\n{describe_for_model(saved, t.uploads.refused)}".strip()
-        workspace_files = await t.workspace.list_files()
+        # Two trips off the event loop (the store's thread, a walk of the workspace) at once.
+        history, workspace_files = await asyncio.gather(t.record.history(), t.workspace.list_files())
         seen = self._pool.launcher.kernel_view(options)  # data_dir and network as the (sandboxed) kernel sees them
         system_prompt = build_system_prompt(
             files=[PromptFile(name=f.name, size=f.size) for f in workspace_files[:MAX_PROMPT_FILES]],
@@ -395,7 +396,7 @@ class TurnRunner:
         started = time.time()
         try:
             result = await self._agent.run_turn(
-                history=await t.record.history(),
+                history=history,
                 user_content=t.user_content,
                 runner=runner,
                 system_prompt=system_prompt,
