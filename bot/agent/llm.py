@@ -32,6 +32,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar
 
+import aiohttp
 import openai
 from openai.types.chat import ChatCompletion
 
@@ -322,6 +323,16 @@ class LLMClient:
         return body
 
     async def _send(self, api: Api, body: dict[str, Any], on_text: OnText | None) -> Completion:
+        try:
+            return await self._post(api, body, on_text)
+        except openai.APITimeoutError as exc:
+            if _timed_out(exc):
+                raise
+            # The SDK's aiohttp transport reports every refused or lost connection as a connect
+            # timeout; the aiohttp error under it says which it was.
+            raise openai.APIConnectionError(request=exc.request) from exc
+
+    async def _post(self, api: Api, body: dict[str, Any], on_text: OnText | None) -> Completion:
         # Posted as plain JSON with client.post, not the typed create(): that runs every message of
         # the history through openai's parameter transformer (tens of ms per call for a long
         # thread), while our messages are plain JSON already.
@@ -396,6 +407,19 @@ class LLMClient:
             written = len(completion.content or "") + sum(len(c.arguments) for c in completion.tool_calls)
             completion = dataclasses.replace(completion, usage=Usage(sent // 4, max(1, written // 4)))
         return completion
+
+
+def _timed_out(exc: openai.APITimeoutError) -> bool:
+    """Whether a request the client says timed out did run out of time: not when an aiohttp
+    connection error that is no timeout lies under it (a refused or dropped connection)."""
+    cause = exc.__cause__
+    while cause is not None:
+        if isinstance(cause, TimeoutError):  # aiohttp's own timeouts are TimeoutErrors too
+            return True
+        if isinstance(cause, aiohttp.ClientConnectionError):
+            return False
+        cause = cause.__cause__
+    return True
 
 
 def _is_openai(base_url: str) -> bool:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import openai
 import pytest
 import pytest_asyncio
 
 from bot.agent.llm import ContextLengthError, LLMClient, LLMError
+from bot.config import LLMSettings
 from tests.agent.conftest import llm_settings
 from tests.fakes.openai_server import ScriptedOpenAI, Strictness, answer, delay, error, garbage, tool_call
 
@@ -198,3 +201,27 @@ async def test_sparse_reply_without_usage_is_read(make_client: MakeClient) -> No
         second = await client.complete(MESSAGES)
         assert second.content == "fine"
         assert (second.usage.prompt_tokens, second.usage.completion_tokens) == (0, 0)
+
+
+async def test_a_refused_connection_is_named_as_one_not_as_a_timeout(make_client: MakeClient) -> None:
+    # The SDK's aiohttp transport reports a refused connection as a connect timeout: the
+    # person must read that the model could not be reached, at once, not that it was slow.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    client = LLMClient(
+        LLMSettings(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", model="m", request_timeout_s=30, max_retries=0)
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(LLMError) as failure:
+            await client.complete(MESSAGES)
+    finally:
+        await client.close()
+    assert (
+        str(failure.value)
+        == f"The language model at http://127.0.0.1:{port}/v1 could not be reached; please try again later."
+    )
+    assert isinstance(failure.value.__cause__, openai.APIConnectionError)
+    assert not isinstance(failure.value.__cause__, openai.APITimeoutError)
+    assert time.monotonic() - started < 5
