@@ -24,7 +24,7 @@ from tests.fakes.discord_components import attachments_of
 from tests.fakes.discord_server import USER_ID, FakeDiscord, Sent
 from tests.fakes.openai_server import ScriptedOpenAI, answer, tool_call
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+in_module_loop = pytest.mark.asyncio(loop_scope="module")  # the async tests share the world fixture's loop
 
 CHART_AND_FILE = (
     "import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [3, 1])\nplt.show()\n"
@@ -71,6 +71,7 @@ def component_types(components: list[dict[str, Any]]) -> list[Any]:
     return [[c["type"], component_types(c.get("components") or [])] for c in components]
 
 
+@in_module_loop
 async def test_an_answer_with_a_chart_and_a_file_is_one_container_message(world: World) -> None:
     world.llm.script(tool_call(CHART_AND_FILE), answer("Here is the **chart** and the file."))
     [reply] = await world.ask("chart it and save a summary")
@@ -84,6 +85,7 @@ async def test_an_answer_with_a_chart_and_a_file_is_one_container_message(world:
     assert world.discord.schema_errors == []
 
 
+@in_module_loop
 async def test_a_dataframe_the_code_shows_comes_first_as_an_aligned_table_with_its_csv(world: World) -> None:
     world.llm.script(tool_call(FRAME), answer("Sales listed."))
     shown, reply = await world.ask("list the sales")
@@ -95,6 +97,7 @@ async def test_a_dataframe_the_code_shows_comes_first_as_an_aligned_table_with_i
     assert reply.text == "Sales listed." and [f.name for f in reply.files] == ["Sales-by-day.csv"]
 
 
+@in_module_loop
 async def test_where_discord_refuses_components_v2_answers_go_out_as_before(world: World) -> None:
     fake = world.discord
     fake.refuse_components_v2 = True
