@@ -55,13 +55,10 @@ class Transcripts:
 
     async def history(self, key: ThreadKey) -> list[dict[str, Any]]:
         """The thread's OpenAI-format messages, oldest first (notices left out)."""
-        statement = (
-            sa.select(messages.c.content)
-            .where(messages.c.thread == key, messages.c.role != NOTICE_ROLE)
-            .order_by(messages.c.seq)
+        # Decoded in the store's thread too: a long thread's history is most of a turn's JSON.
+        return await self._db.read(
+            lambda conn: [json.loads(content) for content in conn.execute(_HISTORY, {"b_thread": key}).scalars()]
         )
-        rows = await self._db.read(lambda conn: conn.execute(statement).scalars().all())
-        return [json.loads(content) for content in rows]
 
     async def add_cell(self, key: ThreadKey, cell: NewCell) -> None:
         """Record an executed cell (its outputs already nbformat v4)."""
@@ -120,3 +117,11 @@ class Transcripts:
     def _reserve_seq(self, conn: Connection, key: ThreadKey, count: int, now: float) -> int:
         """Take ``count`` consecutive seq numbers of the thread (creating it); returns the first."""
         return take_counter(self._db, conn, key, threads.c.last_seq, count, now) - count + 1
+
+
+#: A thread's (``b_thread``) messages for the model, oldest first: built once, every turn reads it.
+_HISTORY = (
+    sa.select(messages.c.content)
+    .where(messages.c.thread == sa.bindparam("b_thread", type_=messages.c.thread.type), messages.c.role != NOTICE_ROLE)
+    .order_by(messages.c.seq)
+)

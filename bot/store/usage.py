@@ -12,6 +12,18 @@ from bot.database import Database, Operation
 from bot.events import ThreadKey
 from bot.schema import usage
 
+# Built once (every turn runs them; building a statement costs more CPU than SQLite running it).
+_BEGIN = sa.insert(usage).returning(usage.c.id)
+_ADD = (
+    sa.update(usage)
+    .where(usage.c.id == sa.bindparam("b_id", type_=sa.Integer))
+    .values(
+        prompt_tokens=usage.c.prompt_tokens + sa.bindparam("b_prompt", type_=sa.Integer),
+        completion_tokens=usage.c.completion_tokens + sa.bindparam("b_completion", type_=sa.Integer),
+        kernel_s=usage.c.kernel_s + sa.bindparam("b_kernel", type_=sa.Float),
+    )
+)
+
 
 @dataclass(frozen=True, slots=True)
 class UsageRow:
@@ -40,21 +52,17 @@ class UsageLedger:
     async def begin(self, key: ThreadKey, *, model: str, user_id: str | None, at: float | None = None) -> int:
         """Start counting a turn of ``user_id`` in thread ``key`` (it counts for the per-minute
         budget from now); returns its row for :meth:`add`."""
-        statement = (
-            sa.insert(usage)
-            .values(
-                thread=key,
-                channel_key=key.channel_key,
-                user_id=user_id,
-                model=model,
-                prompt_tokens=0,
-                completion_tokens=0,
-                kernel_s=0.0,
-                at=time.time() if at is None else at,
-            )
-            .returning(usage.c.id)
-        )
-        return int(await self._db.write(lambda conn: conn.execute(statement).scalar_one()))
+        row = {
+            "thread": key,
+            "channel_key": key.channel_key,
+            "user_id": user_id,
+            "model": model,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "kernel_s": 0.0,
+            "at": time.time() if at is None else at,
+        }
+        return int(await self._db.write(lambda conn: conn.execute(_BEGIN, row).scalar_one()))
 
     async def add(self, row: int, *, prompt_tokens: int, completion_tokens: int, kernel_s: float = 0.0) -> None:
         """Add tokens and kernel seconds to the turn counted by ``row``."""
@@ -64,16 +72,8 @@ class UsageLedger:
 
     def adding(self, row: int, *, prompt_tokens: int, completion_tokens: int, kernel_s: float = 0.0) -> Operation:
         """:meth:`add` as an operation, to write in one transaction with others."""
-        statement = (
-            sa.update(usage)
-            .where(usage.c.id == row)
-            .values(
-                prompt_tokens=usage.c.prompt_tokens + prompt_tokens,
-                completion_tokens=usage.c.completion_tokens + completion_tokens,
-                kernel_s=usage.c.kernel_s + kernel_s,
-            )
-        )
-        return lambda conn: conn.execute(statement)
+        values = {"b_id": row, "b_prompt": prompt_tokens, "b_completion": completion_tokens, "b_kernel": kernel_s}
+        return lambda conn: conn.execute(_ADD, values)
 
     async def spent(
         self,
