@@ -29,7 +29,7 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-__all__ = ["Database", "Operation", "database_url", "open_database"]
+__all__ = ["Database", "Operation", "database_url", "open_database", "upsert"]
 
 T = TypeVar("T")
 
@@ -68,7 +68,13 @@ class Database:
 
     def upsert(self, table: sa.Table) -> postgresql.Insert | sqlite.Insert:
         """An INSERT into ``table`` that can say ``ON CONFLICT`` (each dialect has its own)."""
-        return postgresql.insert(table) if self.dialect == "postgresql" else sqlite.insert(table)
+        return upsert(self.dialect, table)
+
+
+def upsert(dialect: str, table: sa.Table) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT into ``table`` that can say ``ON CONFLICT`` in ``dialect`` (for statements
+    built once per dialect; :meth:`Database.upsert` for the database at hand)."""
+    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
 
 
 class _SQLite(Database):

@@ -7,9 +7,8 @@ import functools
 import time
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
-from bot.database import Database
+from bot.database import Database, upsert
 from bot.schema import processed
 
 #: Processed message ids older than this are forgotten (platforms retry within minutes).
@@ -44,7 +43,7 @@ class ProcessedMessages:
 def _claim_statement(dialect: str) -> sa.Insert:
     """Record ``b_id`` (at ``b_at``) unless it is there; returns it when it was not. Built once:
     every message runs it, and building a statement costs more CPU than SQLite running it."""
-    insert = postgresql.insert(processed) if dialect == "postgresql" else sqlite.insert(processed)
+    insert = upsert(dialect, processed)
     return (
         insert.values(message_id=sa.bindparam("b_id", type_=sa.Text), at=sa.bindparam("b_at", type_=sa.Float))
         .on_conflict_do_nothing(index_elements=[processed.c.message_id])

@@ -8,10 +8,9 @@ import time
 from collections import OrderedDict
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from bot.database import Database
+from bot.database import Database, upsert
 from bot.events import ThreadKey
 from bot.schema import threads
 
@@ -109,7 +108,7 @@ def take_counter(
 def _ensure_statement(dialect: str) -> sa.Insert:
     key = sa.bindparam("b_key", type_=threads.c.key.type)
     now = sa.bindparam("b_now", type_=sa.Float)
-    insert = postgresql.insert(threads) if dialect == "postgresql" else sqlite.insert(threads)
+    insert = upsert(dialect, threads)
     return insert.values(
         key=key, channel_key=sa.bindparam("b_channel", type_=sa.Text), created_at=now, last_active_at=now
     ).on_conflict_do_nothing(index_elements=[threads.c.key])

@@ -15,10 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from bot.database import Database
+from bot.database import Database, upsert
 from bot.events import ThreadKey
 from bot.schema import threads, turns_in_flight
 from bot.store.replicas import Replicas
@@ -180,7 +179,7 @@ _AHEAD = (
 @functools.cache
 def _queue_statement(dialect: str) -> sa.Insert:
     """Put message ``b_message`` of ``b_thread`` in line with ``b_ticket`` (again, if it was)."""
-    insert = postgresql.insert(turns_in_flight) if dialect == "postgresql" else sqlite.insert(turns_in_flight)
+    insert = upsert(dialect, turns_in_flight)
     row = {
         "run": sa.bindparam("b_run", type_=sa.Text),
         "started_at": sa.bindparam("b_now", type_=sa.Float),
