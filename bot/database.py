@@ -12,6 +12,10 @@ whole as one read or one transaction:
   through ``AsyncConnection.run_sync`` (SQLAlchemy's bridge: each statement awaits the
   network, nothing blocks the event loop), a pool of connections; reads in autocommit; an
   operation whose connection the database dropped (restart, failover) runs once more.
+
+The statements every turn runs are built once, at import or once per dialect (:func:`upsert`),
+and their values bound at each run (``b_…`` parameters): building a SQLAlchemy statement costs
+more CPU than SQLite running it (~250 against ~100 µs a statement, measured in a crowd of turns).
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ class ProcessedMessages:
 
 @functools.cache
 def _claim_statement(dialect: str) -> sa.Insert:
-    """Record ``b_id`` (at ``b_at``) unless it is there; returns it when it was not. Built once:
-    every message runs it, and building a statement costs more CPU than SQLite running it."""
+    """Record ``b_id`` (at ``b_at``) unless it is there; returns it when it was not (built once
+    per dialect: see :mod:`bot.database`)."""
     insert = upsert(dialect, processed)
     return (
         insert.values(message_id=sa.bindparam("b_id", type_=sa.Text), at=sa.bindparam("b_at", type_=sa.Float))

@@ -100,8 +100,7 @@ def take_counter(
     return int(value)
 
 
-# Every turn takes counters two to four times: these statements are built once (building one
-# costs more CPU than SQLite running it), their values bound at each run.
+# Every turn takes counters two to four times: built once per dialect (see bot.database).
 
 
 @functools.cache

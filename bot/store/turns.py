@@ -165,7 +165,7 @@ class TurnQueue:
         return self._replicas.gone(turns_in_flight.c.run)
 
 
-# Built once (every turn runs them; building one costs more CPU than SQLite running it).
+# Every turn runs these: built once (see bot.database).
 _THREAD = sa.bindparam("b_thread", type_=turns_in_flight.c.thread.type)
 _TICKET = sa.bindparam("b_ticket", type_=sa.Integer)
 #: How many turns of ``b_thread`` hold a ticket before ``b_ticket``.

@@ -12,7 +12,7 @@ from bot.database import Database, Operation
 from bot.events import ThreadKey
 from bot.schema import usage
 
-# Built once (every turn runs them; building a statement costs more CPU than SQLite running it).
+# Every turn runs these: built once (see bot.database).
 _BEGIN = sa.insert(usage).returning(usage.c.id)
 _ADD = (
     sa.update(usage)
