@@ -217,7 +217,9 @@ class Watchdog:
     kernel lives and its workspace is within quota.
 
     ipykernel takes SIGINT only once it runs the cell (before that it ignores it, or it breaks
-    the request's own handling): an interrupt waits until the kernel announces the cell.
+    the request's own handling): an interrupt waits until the kernel announces the cell. One
+    that lands in the callbacks IPython runs before the cell's code is kept for the cell by
+    the kernel (``threadbook_kernel.interrupts``).
     """
 
     def __init__(self, handle: KernelHandle, *, grace: float, key: str, cell_running: bool = False) -> None:

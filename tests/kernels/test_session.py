@@ -127,6 +127,27 @@ async def test_stop_pressed_as_the_cell_starts_keeps_the_kernel(pool: KernelPool
         assert after.stdout == "42\n", (delay, after)
 
 
+async def test_stop_during_a_pre_execute_callback_stops_the_cell(pool: KernelPool) -> None:
+    """IPython swallows an interrupt that lands in a ``pre_execute`` callback (it prints "Error in
+    callback" and runs the cell): the kernel keeps it for the cell, which stops at once instead
+    of running on until the kernel is restarted. A slow callback holds the window open."""
+    session = await pool.get_or_start("t:stop-in-callback")
+    await session.execute(
+        "keep = 41\nimport time\nget_ipython().events.register('pre_execute', lambda: time.sleep(0.5))"
+    )
+    task = asyncio.ensure_future(session.execute("for _ in range(300): time.sleep(0.1)"))
+    while session.state != "busy":
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # the cell is announced; the callback sleeps
+    await session.interrupt()
+    result = await asyncio.wait_for(task, 10)
+    assert result.outcome is Outcome.INTERRUPTED and not result.kernel_restarted, result.notice
+    assert result.error is not None and result.error.ename == "KeyboardInterrupt"
+    assert result.duration_s < 2 and "Error in callback" not in result.stdout
+    after = await session.execute("print(keep + 1)")
+    assert after.stdout == "42\n", after
+
+
 @pytest.mark.parametrize(
     ("code", "how"),
     [("import os; os._exit(1)", "exit code 1"), ("import ctypes; ctypes.string_at(0)", "SIGSEGV")],

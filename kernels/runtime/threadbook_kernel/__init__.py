@@ -7,7 +7,8 @@ process (``python -I -m threadbook_kernel.preview`` / ``.export``) that no threa
 touched. :func:`setup` runs first in every kernel (spawned or forked, before any user
 code): it puts the shared folder of packages installed on demand at the end of ``sys.path``,
 routes every display through :mod:`threadbook_kernel.display` (charts and SVG gain a
-PNG, HTML-only outputs readable text) and gives user code ``display_dataframe_to_user``
+PNG, HTML-only outputs readable text), keeps an interrupt that arrives as a cell starts
+(:mod:`threadbook_kernel.interrupts`) and gives user code ``display_dataframe_to_user``
 (:mod:`threadbook_kernel.frames`) and ``show_chart`` (:mod:`threadbook_kernel.charts`).
 """
 
@@ -39,6 +40,11 @@ def setup() -> None:
     from threadbook_kernel.display import install
 
     install()
+    shell = _shell()
+    if shell is not None:
+        from threadbook_kernel.interrupts import install as keep_interrupts
+
+        keep_interrupts(shell)
     _offer_helpers()
 
 
