@@ -166,41 +166,50 @@ def _role(cmdline: list[str]) -> str | None:
 
 
 def _descendants() -> dict[int, tuple[str, float, float]]:
-    """(Blocking) every process below this one: pid → (role, user, system). A fork server's
-    wrappers (bwrap) are the fork server, what it forked kernels; what a one-shot server forked,
-    one-shots; any other process, a kernel (spawned)."""
+    """(Blocking) every process below this one: pid → (role, user, system), the role as
+    :func:`roles` gives it."""
     try:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:
         return {}
-    own: dict[int, str | None] = {}
-    ancestry: dict[int, list[int]] = {}
+    tree: dict[int, tuple[list[str], list[int]]] = {}
     for proc in children:
         try:
-            own[proc.pid] = _role(proc.cmdline())
-            ancestry[proc.pid] = [p.pid for p in proc.parents()]  # nearest first
+            tree[proc.pid] = (proc.cmdline(), [p.pid for p in proc.parents()])  # parents nearest first
         except psutil.Error:
             continue
-    wrappers = {pid for child, role in own.items() if role is not None for pid in ancestry[child]}
-    for pid, role in own.items():  # a fork server's children are forked, not exec'ed: same command line
-        if role == "fork server" and any(own.get(p) == "fork server" for p in ancestry[pid]):
-            own[pid] = "kernels"
+    role_of = roles(tree)
     found: dict[int, tuple[str, float, float]] = {}
     for proc in children:
-        if proc.pid not in own:
-            continue
-        role = own[proc.pid]
+        if proc.pid in role_of and (cpu := _cpu_of(proc)) is not None:
+            found[proc.pid] = (role_of[proc.pid], *cpu)
+    return found
+
+
+def roles(tree: dict[int, tuple[list[str], list[int]]]) -> dict[int, str]:
+    """The role of every process of ``tree`` (pid → its command line and its ancestors, nearest
+    first). A fork server's wrappers (bubblewrap, whose command line names the server) are the
+    fork server, what the server forked (the same command line: forked, not exec'ed) kernels;
+    what a one-shot server forked, one-shots; any other process, a kernel (spawned)."""
+    own = {pid: _role(cmdline) for pid, (cmdline, _) in tree.items()}
+    ancestry = {pid: parents for pid, (_, parents) in tree.items()}
+    sandboxes = {pid for pid, (cmdline, _) in tree.items() if cmdline and os.path.basename(cmdline[0]) == "bwrap"}
+    wrappers = {pid for child, role in own.items() if role is not None for pid in ancestry[child]}
+    servers = {pid for pid, role in own.items() if role == "fork server" and pid not in sandboxes}
+    for pid in servers:
+        if any(p in servers for p in ancestry[pid]):
+            own[pid] = "kernels"
+    found: dict[int, str] = {}
+    for pid, role in own.items():
         if role is None:
-            above = next((own[p] for p in ancestry[proc.pid] if own.get(p) is not None), None)
-            if proc.pid in wrappers:
-                role = next(r for child, r in own.items() if r is not None and proc.pid in ancestry[child])
+            above = next((own[p] for p in ancestry[pid] if own.get(p) is not None), None)
+            if pid in wrappers:
+                role = next(r for child, r in own.items() if r is not None and pid in ancestry[child])
             elif above == "fork server":
                 role = "kernels"
             else:
                 role = above or "kernels"
-        cpu = _cpu_of(proc)
-        if cpu is not None:
-            found[proc.pid] = (role, *cpu)
+        found[pid] = role
     return found
 
 
