@@ -105,6 +105,7 @@ KERNEL_IMPORTS = (
     "threadbook_kernel.snapshot",
     "threadbook_kernel.charts",
     "threadbook_kernel.frames",
+    "threadbook_kernel.interrupts",
 )
 #: When the last fork began (this process's clock), kept by the child in its trace.
 _forking_at = 0.0

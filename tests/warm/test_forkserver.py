@@ -45,6 +45,9 @@ async def test_forked_kernels_behave_like_spawned_ones(forking_pool: KernelPool)
     assert (await b.execute("'v' in dir() and 'pd' not in dir()")).result == "True"
     # The last result is the thread's own: the fork server's priming (threadbook_kernel.prime) shows nothing.
     assert (await b.execute("_, len(In)")).result == "(True, 4)"
+    # threadbook_kernel.setup() ran in the child: the helpers, interrupts kept for the cell.
+    setup = await b.execute("callable(display_dataframe_to_user) and get_ipython()._threadbook_interrupts")
+    assert setup.result == "True", setup
 
     plot = await a.execute("import matplotlib.pyplot as plt; plt.plot([1, 2]); plt.show()")
     assert [d.png() is not None for d in plot.displays] == [True]  # %matplotlib inline ran in the child
