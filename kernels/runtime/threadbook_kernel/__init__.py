@@ -40,12 +40,12 @@ def setup() -> None:
     from threadbook_kernel.display import install
 
     install()
+    _offer_helpers()
     shell = _shell()
     if shell is not None:
         from threadbook_kernel.interrupts import install as keep_interrupts
 
         keep_interrupts(shell)
-    _offer_helpers()
 
 
 def prime() -> None:

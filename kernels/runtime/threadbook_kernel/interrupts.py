@@ -26,54 +26,48 @@ _INTERRUPTED_SOURCE = "raise KeyboardInterrupt\n"
 _INTERRUPTED = compile(_INTERRUPTED_SOURCE, _INTERRUPTED_NAME, "exec")
 
 
-class _HeldInterrupt:
-    """Whether an interrupt reached a callback of the cell that is starting."""
-
-    def __init__(self) -> None:
-        self.pending = False
-
-
 def install(shell: Any) -> None:
     """Keep interrupts that reach ``shell``'s pre-cell callbacks for the cell; idempotent."""
     if getattr(shell, "_threadbook_interrupts", False):
         return
     shell._threadbook_interrupts = True
     linecache.cache[_INTERRUPTED_NAME] = (len(_INTERRUPTED_SOURCE), None, [_INTERRUPTED_SOURCE], _INTERRUPTED_NAME)
-    held = _HeldInterrupt()
-    shell.events.trigger = _trigger(shell.events, shell.events.trigger, held)
-    shell.run_code = _run_code(shell.run_code, held)
+    keeper = _InterruptKeeper(shell)
+    shell.events.trigger = keeper.trigger
+    shell.run_code = keeper.run_code
 
 
-def _trigger(events: Any, trigger: Callable[..., None], held: _HeldInterrupt) -> Callable[..., None]:
-    """``EventManager.trigger`` that notes, instead of swallowing, an interrupted pre-cell callback."""
+class _InterruptKeeper:
+    """Stands in for the shell's ``events.trigger`` and ``run_code`` (calling IPython's own)."""
 
-    def keep_interrupts(event: str, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, shell: Any) -> None:
+        self._events = shell.events
+        self._trigger: Callable[..., None] = shell.events.trigger
+        self._run_code: Callable[..., Any] = shell.run_code
+        #: An interrupt reached a callback of the cell that is starting.
+        self.pending = False
+
+    def trigger(self, event: str, *args: Any, **kwargs: Any) -> None:
+        """``EventManager.trigger`` that notes, instead of swallowing, an interrupted pre-cell callback."""
         if event not in _BEFORE_THE_CELL:
-            trigger(event, *args, **kwargs)
+            self._trigger(event, *args, **kwargs)
             return
         if event == "pre_execute":
-            held.pending = False  # a new cell: nothing held from one that never reached its code
-        for callback in events.callbacks[event][:]:
+            self.pending = False  # a new cell: nothing held from one that never reached its code
+        for callback in self._events.callbacks[event][:]:
             try:
                 callback(*args, **kwargs)
             except KeyboardInterrupt:
-                held.pending = True
+                self.pending = True
             except Exception:  # as IPython reports a failing callback; the cell runs
-                if events.print_on_error:
+                if self._events.print_on_error:
                     print(f"Error in callback {callback} (for {event}), with arguments args {args},kwargs {kwargs}:")
-                events.shell.showtraceback()
+                self._events.shell.showtraceback()
 
-    return keep_interrupts
-
-
-def _run_code(run_code: Callable[..., Any], held: _HeldInterrupt) -> Callable[..., Any]:
-    """``InteractiveShell.run_code`` that runs :data:`_INTERRUPTED` for a cell whose start was
-    interrupted (IPython handles it as any exception of the cell's code)."""
-
-    async def interrupted_or_run(code_obj: CodeType, result: Any = None, *, async_: bool = False) -> Any:
-        if held.pending:
-            held.pending = False
-            return await run_code(_INTERRUPTED, result, async_=False)
-        return await run_code(code_obj, result, async_=async_)
-
-    return interrupted_or_run
+    async def run_code(self, code_obj: CodeType, result: Any = None, *, async_: bool = False) -> Any:
+        """``InteractiveShell.run_code`` that runs :data:`_INTERRUPTED` for a cell whose start was
+        interrupted (IPython handles it as any exception of the cell's code)."""
+        if self.pending:
+            self.pending = False
+            return await self._run_code(_INTERRUPTED, result, async_=False)
+        return await self._run_code(code_obj, result, async_=async_)
