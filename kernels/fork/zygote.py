@@ -16,13 +16,18 @@ With ``jail`` (the sandboxed profile; the zygote then runs inside bubblewrap, se
 host paths of the workspace, run dir and data dir, tmpfs sizes) and the child enters its own
 namespaces and uid before any user code (:mod:`kernels.fork.jail`); the fork is answered only
 once the kernel process has dropped its privileges, or with the error that stopped it.
+In both profiles the zygote then says when the kernel has bound its sockets: the bot's
+channels connect at their first try (ZMQ retries a refused connect only after a while).
+The zygote never waits on one kernel: it forks the next meanwhile (:class:`_Server`).
 In both profiles every child joins a new session keyring and raises its ``oom_score_adj``
 before any user code (:func:`kernels.fork.jail.isolate`); the bot moves it into the kernel's
 cgroup once the fork is answered (:mod:`kernels.host.cgroups`).
 
 Protocol: JSON lines. The zygote writes ``{"ready": pid, "threads": n}`` once its imports
 are done, then reads fork requests ``{"id", "argv", "cwd", "env", "log", "limits"}`` from
-stdin and answers ``{"id", "pid"}`` (or ``{"id", "error"}``); whenever a child exits it
+stdin and answers each ``{"id", "pid"}`` (or ``{"id", "error"}``) in the order its kernels
+report, then ``{"bound": pid}`` once that kernel's sockets are bound; whenever an answered
+child exits it
 writes ``{"exit": pid, "code": returncode}`` (``-signal`` when killed, like ``Popen``).
 When stdin closes it kills what it forked and exits.
 
@@ -57,7 +62,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 
 def _send(message: dict[str, Any]) -> None:
@@ -240,10 +245,10 @@ _inline_gui: Any = None
 _kernel_module_sys: list[Any] = [None]
 
 
-def _start_prepared(connection_file: str) -> Any:
+def _start_prepared(connection_file: str, bound: Callable[[], None]) -> Any:
     """(Child) the rest of ``IPKernelApp.initialize`` (ipykernel 7) for the application the
-    zygote made: sockets, streams, signals, the kernel object (the shell it finds is the one
-    made before the fork), the exec lines. Returns the application."""
+    zygote made: sockets (then ``bound()``), streams, signals, the kernel object (the shell it
+    finds is the one made before the fork), the exec lines. Returns the application."""
     ipkernel: Any = importlib.import_module("ipykernel.ipkernel")
     app = _prepared
     app.connection_file = connection_file
@@ -251,6 +256,7 @@ def _start_prepared(connection_file: str) -> Any:
     app.init_connection_file()
     app.init_poller()
     app.init_sockets()
+    bound()
     app.init_heartbeat()
     app.write_connection_file()
     app.log_connection_info()
@@ -283,6 +289,9 @@ def _start_prepared(connection_file: str) -> Any:
 
 #: How long the zygote waits for a jailed child to report that its kernel dropped privileges.
 JAIL_TIMEOUT_S = 10.0
+#: What a kernel writes on its status pipe: privileges dropped (jailed: the fork's answer),
+#: sockets bound (then it closes the pipe).
+DROPPED, BOUND = b"ok\n", b"bound\n"
 
 
 def _exit_code(status: int) -> int:
@@ -302,7 +311,7 @@ def _watch_lifeline(fd: int) -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def _child(body: Callable[[], int]) -> None:
+def _child(body: Callable[[], int]) -> NoReturn:
     """(Child) run ``body`` and exit with its code; never return into the zygote's loop."""
     code = 1
     try:
@@ -344,8 +353,17 @@ def _log_output(request: dict[str, Any]) -> None:
     os.close(log_fd)
 
 
-def _run_kernel(request: dict[str, Any], lifeline: int | None) -> int:
-    """(Child) become the requested ipykernel; ``lifeline``: watch it here (unsandboxed profile)."""
+def _run_kernel(request: dict[str, Any], lifeline: int | None, status: int) -> int:
+    """(Child) become the requested ipykernel; ``lifeline``: watch it here (unsandboxed
+    profile); ``status``: the pipe on which to say :data:`BOUND` (then closed)."""
+
+    def bound() -> None:
+        nonlocal status
+        if status >= 0:
+            os.write(status, BOUND)
+            os.close(status)
+            status = -1
+
     entered = time.time()
     for limit, value in request.get("limits", []):
         resource.setrlimit(limit, (value, value))
@@ -364,7 +382,7 @@ def _run_kernel(request: dict[str, Any], lifeline: int | None) -> int:
     argv = request["argv"]
     prepared = _prepared is not None and argv[:1] == ["-f"] and argv[2:] == _prepared_argv
     if prepared:
-        app = _start_prepared(argv[1])
+        app = _start_prepared(argv[1], bound)
     else:
         if _prepared is not None:  # the bot asks for kernels of one command line only
             raise RuntimeError(f"a kernel command line other than the one prepared: {argv[2:]!r}")
@@ -372,6 +390,7 @@ def _run_kernel(request: dict[str, Any], lifeline: int | None) -> int:
 
         app = IPKernelApp.instance()
         app.initialize(argv)  # type: ignore[no-untyped-call]  # ipykernel is untyped
+        bound()
     # Wall-clock moments of this start, for the benchmark's fork-path breakdown.
     sys._threadbook_fork_trace = {  # type: ignore[attr-defined]
         "fork": _forking_at,
@@ -403,20 +422,28 @@ def _load_forkjail() -> Any:
     return module
 
 
-def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int], jail: Any) -> int:
+def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int], jail: Any) -> tuple[int, int]:
+    """Fork a kernel (unsandboxed profile: answered at once); its pid and the status pipe on
+    which it reports its sockets bound."""
     _single_threaded()
-    pid = os.fork()
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(status_r)
+        os.close(status_w)
+        raise
     if pid:
-        return pid
+        os.close(status_w)
+        return pid, status_r
 
     def body() -> int:
-        _detach(wake_fds)
+        _detach((*wake_fds, status_r))
         jail.isolate({})  # own session keyring, high OOM score
         _log_output(request)
-        return _run_kernel(request, lifeline)
+        return _run_kernel(request, lifeline, status_w)
 
     _child(body)
-    return 0  # not reached
 
 
 class Jailer:
@@ -426,9 +453,10 @@ class Jailer:
         self.jail = jail
         self.pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
 
-    def fork(self, request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> int:
+    def fork(self, request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> tuple[int, int]:
         """Fork a supervisor (pid 1 of a new pid namespace) that builds the jail and forks the
-        kernel; return once the kernel has dropped its privileges, or raise with the reason.
+        kernel; its pid and the status pipe on which the kernel reports (:data:`DROPPED`, then
+        :data:`BOUND`), or the error that stopped the start comes.
 
         User-namespace profile (bot not root): the zygote may not re-enter its own pid
         namespace after creating one (that needs root on the host), so an *anchor* child
@@ -448,14 +476,7 @@ class Jailer:
             body = self._anchor if userns else self._supervisor
             _child(lambda: body(request, lifeline, close, status_w))
         os.close(status_w)
-        try:
-            answer = _read_all(status_r, JAIL_TIMEOUT_S)
-        finally:
-            os.close(status_r)
-        if answer != b"ok":
-            os.kill(pid, signal.SIGKILL)  # reaped (and reported) like any other child
-            raise RuntimeError(answer.decode(errors="replace") or "the jailed kernel exited during set-up")
-        return pid
+        return pid, status_r
 
     def _anchor(self, request: dict[str, Any], lifeline: int, close: tuple[int, ...], status: int) -> int:
         """(User-namespace profile) own session, a new pid namespace whose pid 1 is the
@@ -506,42 +527,145 @@ class Jailer:
         os.close(lifeline)  # the supervisor watches it; user code never holds it
         os.setsid()
         self.jail.prctl(self.jail.PR_SET_DUMPABLE, 1)
-        os.write(status, b"ok")
-        os.close(status)
-        return _run_kernel(request, None)
+        os.write(status, DROPPED)
+        return _run_kernel(request, None, status)
 
     def exit_code(self, code: int) -> int:
         """A supervisor's exit code as ``Popen`` would give the kernel's (``-N`` for signal N)."""
         return -(code - self.jail.SIGNAL_BASE) if code > self.jail.SIGNAL_BASE else code
 
 
-def _read_all(fd: int, timeout: float) -> bytes:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    data = b""
-    deadline = time.monotonic() + timeout
-    while (remaining := deadline - time.monotonic()) > 0:
-        if not poller.poll(remaining * 1000):
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
+class _Start:
+    """A kernel whose sockets are not bound yet: its reports are still to come on ``status``."""
+
+    __slots__ = ("request_id", "pid", "status", "deadline", "data", "answered", "exit_code")
+
+    def __init__(self, request_id: Any, pid: int, status: int, *, answered: bool) -> None:
+        self.request_id, self.pid, self.status = request_id, pid, status
+        self.deadline = time.monotonic() + JAIL_TIMEOUT_S
+        self.data = b""
+        self.answered = answered  # the bot has its pid
+        self.exit_code: int | None = None  # reaped before it was answered
 
 
-def _reap(children: set[int], jailer: Jailer | None) -> None:
-    while True:
+class _Server:
+    """The zygote's loop: fork on request; answer each fork once its kernel has dropped its
+    privileges and say when it has bound its sockets (forks overlap: the loop never waits on
+    one kernel); report every answered child's exit."""
+
+    def __init__(self, lifeline: int, jail: Any, jailer: Jailer | None) -> None:
+        self.lifeline, self.jail, self.jailer = lifeline, jail, jailer
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.children: set[int] = set()  # answered, running
+        self.starts: dict[int, _Start] = {}  # by status pipe
+
+    def serve(self) -> None:
+        """Serve fork requests from stdin until it closes, then kill what was forked."""
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        buffer = b""
+        while True:
+            deadlines = [start.deadline for start in self.starts.values() if not start.answered]
+            timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            try:
+                readable, _, _ = select.select([0, self.wake_r, *self.starts], [], [], timeout)
+            except InterruptedError:
+                continue
+            if self.wake_r in readable:
+                try:
+                    while os.read(self.wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                self._reap()
+            for fd in readable:
+                if fd in self.starts:
+                    self._read_report(self.starts[fd])
+            self._expire()
+            if 0 not in readable:
+                continue
+            chunk = os.read(0, 65536)
+            if not chunk:
+                break
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                self._fork(json.loads(line))
+        for pid in (*self.children, *(start.pid for start in self.starts.values())):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError as exc:
+                if exc.errno != errno.ESRCH:
+                    raise
+
+    def _fork(self, request: dict[str, Any]) -> None:
+        wake_fds = (self.wake_r, self.wake_w)
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
+            if self.jailer is not None:
+                pid, status = self.jailer.fork(request, self.lifeline, wake_fds)
+            else:
+                pid, status = _fork(request, self.lifeline, wake_fds, self.jail)
+        except Exception as exc:
+            _send({"id": request["id"], "error": f"{type(exc).__name__}: {exc}"})
             return
-        if pid == 0:
+        start = _Start(request["id"], pid, status, answered=self.jailer is None)
+        self.starts[status] = start
+        if start.answered:
+            self.children.add(pid)
+            _send({"id": start.request_id, "pid": pid})
+
+    def _read_report(self, start: _Start) -> None:
+        chunk = os.read(start.status, 4096)
+        if not chunk:  # closed: the kernel (or its set-up) ended before its sockets were bound
+            self._close(start)
+            if not start.answered:
+                self._refuse(start, start.data.decode(errors="replace") or "the jailed kernel exited during set-up")
             return
-        if pid in children:  # not a jailed child whose set-up failed (that fork was answered with an error)
-            children.discard(pid)
+        start.data += chunk
+        if not start.answered and start.data.startswith(DROPPED):
+            start.data = start.data[len(DROPPED) :]
+            start.answered = True
+            _send({"id": start.request_id, "pid": start.pid})
+            if start.exit_code is None:
+                self.children.add(start.pid)
+            else:
+                _send({"exit": start.pid, "code": start.exit_code})
+        if start.answered and start.data.startswith(BOUND):
+            self._close(start)
+            _send({"bound": start.pid})
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for start in [start for start in self.starts.values() if not start.answered and start.deadline <= now]:
+            self._close(start)
+            self._refuse(start, f"the jailed kernel did not drop its privileges within {JAIL_TIMEOUT_S:.0f} s")
+
+    def _close(self, start: _Start) -> None:
+        del self.starts[start.status]
+        os.close(start.status)
+
+    def _refuse(self, start: _Start, error: str) -> None:
+        if start.exit_code is None:
+            os.kill(start.pid, signal.SIGKILL)  # reaped later, not reported: the bot never had it
+        _send({"id": start.request_id, "error": error})
+
+    def _reap(self) -> None:
+        unanswered = {start.pid: start for start in self.starts.values() if not start.answered}
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
             code = _exit_code(status)
-            _send({"exit": pid, "code": code if jailer is None else jailer.exit_code(code)})
+            if self.jailer is not None:
+                code = self.jailer.exit_code(code)
+            if pid in self.children:
+                self.children.discard(pid)
+                _send({"exit": pid, "code": code})
+            elif pid in unanswered:  # its report (read next) says how the start went
+                unanswered[pid].exit_code = code
 
 
 def main() -> None:
@@ -558,50 +682,10 @@ def main() -> None:
     # to those objects' headers (each write would copy a page into the child).
     gc.collect()
     gc.freeze()
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    server = _Server(lifeline, jail, jailer)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the bot's to handle
     _send({"ready": os.getpid(), "threads": _thread_count()})
-    children: set[int] = set()
-    buffer = b""
-    while True:
-        try:
-            readable, _, _ = select.select([0, wake_r], [], [])
-        except InterruptedError:
-            continue
-        if wake_r in readable:
-            try:
-                while os.read(wake_r, 512):
-                    pass
-            except BlockingIOError:
-                pass
-            _reap(children, jailer)
-        if 0 not in readable:
-            continue
-        chunk = os.read(0, 65536)
-        if not chunk:
-            break
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            request = json.loads(line)
-            try:
-                if jailer is not None:
-                    pid = jailer.fork(request, lifeline, (wake_r, wake_w))
-                else:
-                    pid = _fork(request, lifeline, (wake_r, wake_w), jail)
-            except Exception as exc:
-                _send({"id": request["id"], "error": f"{type(exc).__name__}: {exc}"})
-                continue
-            children.add(pid)
-            _send({"id": request["id"], "pid": pid})
-    for pid in children:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError as exc:
-            if exc.errno != errno.ESRCH:
-                raise
+    server.serve()
 
 
 if __name__ == "__main__":

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0
 FORK_TIMEOUT_S = 10.0
+#: How long the channels wait for a forked kernel to report its sockets bound before they
+#: connect anyway (ZMQ then retries the connect until the kernel binds).
+BOUND_TIMEOUT_S = 10.0
 RESTART_DELAYS_S = (1.0, 2.0, 5.0, 15.0, 30.0)
 #: A fork server that failed to restart this many times in a row is given up (about 5 minutes).
 RESTART_ATTEMPTS = 12
@@ -143,6 +146,8 @@ class ForkServer:
         self._reader: asyncio.Task[None] | None = None
         self._restarter: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[int]] = {}
+        #: Answered kernels whose sockets are not reported bound yet, by pid.
+        self._unbound: dict[int, asyncio.Future[None]] = {}
         self._ids = itertools.count(1)
         self._ready: asyncio.Future[int] | None = None
         self._lifeline_r, self._lifeline_w = os.pipe2(os.O_CLOEXEC)
@@ -267,6 +272,8 @@ class ForkServer:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(KernelStartError("the fork server exited"))
+        for pid in list(self._unbound):
+            self._bound(pid)
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(KernelStartError(f"the fork server exited during start ({proc.returncode})"))
         if not self._closed:
@@ -277,13 +284,33 @@ class ForkServer:
         if "ready" in message:
             if self._ready is not None and not self._ready.done():
                 self._ready.set_result(message["ready"])
+        elif "bound" in message:
+            self._bound(message["bound"])
         elif "exit" in message:
             self.exit_codes[message["exit"]] = message["code"]
+            self._bound(message["exit"])  # nobody waits for a dead kernel's sockets
         elif (future := self._pending.get(message["id"])) is not None and not future.done():
             if "pid" in message:
+                self._unbound[message["pid"]] = asyncio.get_running_loop().create_future()
                 future.set_result(message["pid"])
             else:
                 future.set_exception(KernelStartError(f"fork failed: {message['error']}"))
+
+    def _bound(self, pid: int) -> None:
+        future = self._unbound.pop(pid, None)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    async def sockets_bound(self, pid: int) -> None:
+        """Wait until forked kernel ``pid`` has bound its sockets (or exited, or the server did),
+        :data:`BOUND_TIMEOUT_S` at most."""
+        future = self._unbound.get(pid)
+        if future is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(future), BOUND_TIMEOUT_S)
+        except TimeoutError:
+            self._unbound.pop(pid, None)  # connect anyway: ZMQ retries until it binds
 
     async def _restart(self) -> None:
         for attempt in range(RESTART_ATTEMPTS):
@@ -357,6 +384,11 @@ class ForkProvisioner(ThreadbookProvisioner):
             limits=[(int(limit), int(value)) for limit, value in self.plan.limits.rlimits()],
             jail=self.jail,
         )
+
+    async def sockets_bound(self) -> None:
+        """Wait until the kernel has bound its sockets (the fork server says when)."""
+        if self.pid is not None:
+            await self.server.sockets_bound(self.pid)
 
     async def after_launch(self, kwargs: dict[str, Any]) -> None:
         """Move the kernel (supervisor and kernel) into its cgroup: no user code has run yet,

@@ -90,6 +90,11 @@ class ThreadbookProvisioner(LocalProvisioner):
         popen_kwargs["preexec_fn"] = child_setup(self.cgroup)
         return await asyncio.to_thread(launch_kernel, cmd, **popen_kwargs)
 
+    async def sockets_bound(self) -> None:
+        """Wait until the kernel has bound its sockets, where its process can tell (a forked
+        one: :class:`kernels.forking.launcher.ForkProvisioner`); here at once: the channels
+        retry their connect until it binds."""
+
     async def after_launch(self, kwargs: dict[str, Any]) -> None:
         """Set-up once the process exists (here: its rlimits); a failure kills it."""
         assert self.process is not None

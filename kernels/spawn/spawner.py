@@ -62,6 +62,22 @@ class _Manager(AsyncKernelManager):
     def kernel_spec(self) -> KernelSpec | None:
         return self._threadbook_spec
 
+    async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
+        """``AsyncKernelManager.start_kernel`` without the 10 ms sleep its ``in_pending_state``
+        adds to every start ("so tests can capture the state"), on a forked start's path:
+        pre-start, launch, post-start, then the ``ready`` future resolved as there."""
+        self._ready = ready = asyncio.get_running_loop().create_future()
+        self._attempted_start = True
+        try:
+            cmd, kw = await self._async_pre_start_kernel(**kw)
+            await self._async_launch_kernel(cmd, **kw)
+            await self._async_post_start_kernel(**kw)
+        except Exception as exc:
+            ready.set_exception(exc)
+            ready.exception()  # the caller gets it raised; no "never retrieved" warning
+            raise
+        ready.set_result(None)
+
 
 class Spawner:
     """Local ipykernel processes for one launcher: rlimits and (where the host allows) a
@@ -196,7 +212,7 @@ class Spawner:
         manager.kernel_id = plan.kernel_id
         client: AsyncKernelClient | None = None
         try:  # from here on a failure removes the run dir and becomes a KernelStartError
-            manager.provisioner = provisioning(plan, manager)
+            manager.provisioner = provisioner = provisioning(plan, manager)
             with open(plan.run_dir / KERNEL_LOG, "ab") as log:  # the kernel keeps its own copy of the fd
                 await manager.start_kernel(cwd=str(plan.workspace), stdout=log, stderr=log)
             # A message over the cap is refused by the socket itself, before pyzmq or the
@@ -208,6 +224,7 @@ class Spawner:
             # up to a second, so a dead kernel's channels do not spin.
             client.context.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
             client.context.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+            await provisioner.sockets_bound()
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
             handle = LocalKernelHandle(manager=manager, client=client, run_dir=plan.run_dir)
             await wait_ready(handle, START_TIMEOUT_S)

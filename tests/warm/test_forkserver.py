@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from kernels import KernelOptions, KernelPool, Outcome, build_pool
-from kernels.forking.launcher import ForkingLauncher
+from kernels.forking.launcher import ForkingLauncher, ForkProvisioner
 from tests.kernels.conftest import kernel_settings
 from tests.security.conftest import SKIP_REASON as SANDBOX_SKIP
 
@@ -66,6 +66,29 @@ async def test_forked_kernels_behave_like_spawned_ones(forking_pool: KernelPool)
     await forking_pool.shutdown("f:a")
     await asyncio.sleep(0.05)
     assert _alive(tree) == []  # the kernel and what it started, even in its own session
+
+
+async def test_forked_kernel_is_connected_once_its_sockets_are_bound(
+    forking_pool: KernelPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fork server says when a kernel has bound its sockets; the channels connect then (a
+    # connect before the bind is retried by ZMQ only after RECONNECT_IVL, ~10-30 ms later).
+    seen: list[bool] = []
+    wait = ForkProvisioner.sockets_bound
+
+    async def sockets_bound(self: ForkProvisioner) -> None:
+        await wait(self)
+        info = self.connection_info
+        ipc = Path(str(info["ip"]))
+        seen.append(all(Path(f"{ipc}-{info[port]}").exists() for port in ("shell_port", "iopub_port")))
+
+    monkeypatch.setattr(ForkProvisioner, "sockets_bound", sockets_bound)
+    sessions = await asyncio.gather(*(forking_pool.get_or_start(f"f:bound{i}") for i in range(3)))
+    assert seen == [True, True, True]
+    assert [(await s.execute("1 + 1")).result for s in sessions] == ["2", "2", "2"]
+    launcher = forking_pool.launcher
+    assert isinstance(launcher, ForkingLauncher) and launcher.forked == 3
+    assert launcher.server._unbound == {}  # every report taken
 
 
 async def test_dead_fork_server_falls_back_to_spawn_and_comes_back(forking_pool: KernelPool) -> None:
