@@ -1,6 +1,6 @@
 """The fork server's own program ("zygote"): import once, fork a fresh ipykernel per request.
 
-Run as ``python -P kernels/fork/zygote.py PRELOAD_JSON LIFELINE_FD KERNEL_ARGV_JSON [jail]`` by
+Run as ``python -P kernels/fork/zygote.py PRELOAD_JSON LIFELINE_FD KERNEL_ARGV_JSON [jail|userns]`` by
 :class:`kernels.forking.launcher.ForkServer`; it imports nothing from this project but its sibling
 ``jail.py`` (standard library only), so a kernel's ``sys.modules`` holds only what a
 spawned kernel would have plus the preloaded modules. Before it serves it imports what
@@ -11,17 +11,19 @@ line but ``-f``) and its shell, matplotlib's inline backend turned on
 (:func:`_prepare_app`): a child then only opens its sockets, makes its kernel object and
 takes its identity (:func:`_start_prepared`).
 
-With ``jail`` (the sandboxed profile; the zygote then runs inside bubblewrap, see
-:func:`kernels.sandbox.args.zygote_args`) every request carries a ``"jail"`` object (uid, gid,
-host paths of the workspace, run dir and data dir, tmpfs sizes) and the child enters its own
-namespaces and uid before any user code (:mod:`kernels.fork.jail`); the fork is answered only
-once the kernel process has dropped its privileges, or with the error that stopped it.
-In both profiles the zygote then says when the kernel has bound its sockets: the bot's
-channels connect at their first try (ZMQ retries a refused connect only after a while).
-The zygote never waits on one kernel: it forks the next meanwhile (:class:`_Server`).
-In both profiles every child joins a new session keyring and raises its ``oom_score_adj``
-before any user code (:func:`kernels.fork.jail.isolate`); the bot moves it into the kernel's
-cgroup once the fork is answered (:mod:`kernels.host.cgroups`).
+With ``jail`` or ``userns`` (the sandboxed profile, the bot root or not; the zygote then runs
+inside bubblewrap, see :func:`kernels.sandbox.args.zygote_args`) every request carries a
+``"jail"`` object (uid, gid, host paths of the workspace, run dir and data dir, tmpfs sizes)
+and the child enters its own namespaces and uid before any user code
+(:mod:`kernels.fork.jail`); the request goes to a supervisor forked before it came
+(:class:`Jailer`), and the fork is answered only once the kernel process has dropped its
+privileges, or with the error that stopped it. In both profiles the zygote then says when
+the kernel has bound its sockets: the bot's channels connect at their first try (ZMQ retries
+a refused connect only after a while). The zygote never waits on one kernel: it forks the
+next meanwhile (:class:`_Server`). In both profiles every child joins a new session keyring
+and raises its ``oom_score_adj`` before any user code (:func:`kernels.fork.jail.isolate`);
+the bot moves it into the kernel's cgroup once the fork is answered
+(:mod:`kernels.host.cgroups`).
 
 Protocol: JSON lines. The zygote writes ``{"ready": pid, "threads": n}`` once its imports
 are done, then reads fork requests ``{"id", "argv", "cwd", "env", "log", "limits"}`` from
@@ -62,7 +64,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 
 def _send(message: dict[str, Any]) -> None:
@@ -294,6 +296,28 @@ JAIL_TIMEOUT_S = 10.0
 DROPPED, BOUND = b"ok\n", b"bound\n"
 
 
+def _await_request(request_fd: int, lifeline: int) -> dict[str, Any] | None:
+    """(Spare supervisor) the fork request, one JSON line; None when its pipe closes first
+    or the bot's lifeline reports EOF."""
+    poller = select.poll()
+    poller.register(request_fd, select.POLLIN)
+    poller.register(lifeline, select.POLLIN)
+    data = b""
+    while not data.endswith(b"\n"):
+        try:
+            events = dict(poller.poll())
+        except InterruptedError:
+            continue
+        if lifeline in events:
+            return None
+        if not (chunk := os.read(request_fd, 65536)):
+            return None
+        data += chunk
+    os.close(request_fd)
+    request: dict[str, Any] = json.loads(data)
+    return request
+
+
 def _exit_code(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
@@ -446,39 +470,111 @@ def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int], jai
     _child(body)
 
 
-class Jailer:
-    """Forks kernels into their own namespaces and uid (the sandboxed profile, :mod:`kernels.fork.jail`)."""
+class _Spare(NamedTuple):
+    """A supervisor forked ahead of its request (:meth:`Jailer.fork`): it waits for the
+    request on ``request`` (the zygote's write end); its reports come on ``status``."""
 
-    def __init__(self, jail: Any) -> None:
+    pid: int
+    request: int
+    status: int
+
+
+class Jailer:
+    """Forks kernels into their own namespaces and uid (the sandboxed profile, :mod:`kernels.fork.jail`).
+
+    A request goes to a *spare* supervisor, forked (and waiting) before the request came: a
+    new kernel does not wait for the fork of a process the zygote's size (~5 ms). The zygote
+    forks the next spare once it has been quiet a while (:data:`SPARE_IDLE_S`); in a burst
+    each request forks its own supervisor, as it would without spares."""
+
+    def __init__(self, jail: Any, *, userns: bool) -> None:
+        """``userns``: the user-namespace profile (bot not root), as every request's jail says."""
         self.jail = jail
+        self.userns = userns
         self.pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self._spare: _Spare | None = None
 
     def fork(self, request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> tuple[int, int]:
-        """Fork a supervisor (pid 1 of a new pid namespace) that builds the jail and forks the
-        kernel; its pid and the status pipe on which the kernel reports (:data:`DROPPED`, then
-        :data:`BOUND`), or the error that stopped the start comes.
+        """Hand ``request`` to a supervisor (pid 1 of a new pid namespace: a spare one, else
+        forked now) that builds the jail and forks the kernel; its pid and the status pipe on
+        which the kernel reports (:data:`DROPPED`, then :data:`BOUND`), or the error that
+        stopped the start comes.
 
         User-namespace profile (bot not root): the zygote may not re-enter its own pid
         namespace after creating one (that needs root on the host), so an *anchor* child
         creates it and forks the supervisor; the anchor is what the bot sees and signals.
         """
+        userns = bool(request["jail"].get("userns"))
+        spare, self._spare = self._spare, None
+        if spare is not None and userns != self.userns:
+            self._discard(spare)
+        elif spare is not None and self._hand_over(spare, request):
+            return spare.pid, spare.status
+        spare = self._fork_spare(lifeline, wake_fds, userns=userns)
+        if not self._hand_over(spare, request):
+            raise RuntimeError("the jail's supervisor exited before its request came")
+        return spare.pid, spare.status
+
+    @property
+    def has_spare(self) -> bool:
+        """Whether a spare supervisor waits."""
+        return self._spare is not None
+
+    def refill(self, lifeline: int, wake_fds: tuple[int, int]) -> None:
+        """Fork the next spare supervisor unless one waits."""
+        if self._spare is None:
+            self._spare = self._fork_spare(lifeline, wake_fds, userns=self.userns)
+
+    def lost(self, pid: int) -> None:
+        """Child ``pid`` was reaped: if it was the spare, there is none now."""
+        if self._spare is not None and self._spare.pid == pid:
+            self.close()
+
+    def close(self) -> None:
+        """Let the spare go (it exits when its request pipe closes)."""
+        if self._spare is not None:
+            self._discard(self._spare)
+            self._spare = None
+
+    @staticmethod
+    def _discard(spare: _Spare) -> None:
+        os.close(spare.request)
+        os.close(spare.status)
+
+    @staticmethod
+    def _hand_over(spare: _Spare, request: dict[str, Any]) -> bool:
+        """Write ``request`` to ``spare``; False when it has exited (its pipes are closed then;
+        its exit is reaped, not reported)."""
+        data = (json.dumps(request) + "\n").encode()
+        try:
+            while data:
+                data = data[os.write(spare.request, data) :]
+        except OSError:
+            os.close(spare.status)
+            return False
+        finally:
+            os.close(spare.request)
+        return True
+
+    def _fork_spare(self, lifeline: int, wake_fds: tuple[int, int], *, userns: bool) -> _Spare:
         _single_threaded()
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
-        close = (*wake_fds, status_r, self.pid_namespace)
-        userns = bool(request["jail"].get("userns"))
+        request_r, request_w = os.pipe2(os.O_CLOEXEC)
+        close = (*wake_fds, status_r, request_w, self.pid_namespace)
         try:
             pid: int = os.fork() if userns else self.jail.fork_jailed(self.pid_namespace)
         except BaseException:
-            os.close(status_r)
-            os.close(status_w)
+            for fd in (status_r, status_w, request_r, request_w):
+                os.close(fd)
             raise
         if pid == 0:
             body = self._anchor if userns else self._supervisor
-            _child(lambda: body(request, lifeline, close, status_w))
+            _child(lambda: body(request_r, lifeline, close, status_w))
         os.close(status_w)
-        return pid, status_r
+        os.close(request_r)
+        return _Spare(pid, request_w, status_r)
 
-    def _anchor(self, request: dict[str, Any], lifeline: int, close: tuple[int, ...], status: int) -> int:
+    def _anchor(self, request: int, lifeline: int, close: tuple[int, ...], status: int) -> int:
         """(User-namespace profile) own session, a new pid namespace whose pid 1 is the
         supervisor; wait for it and exit as it did. The supervisor dies with the anchor."""
         jail = self.jail
@@ -492,6 +588,7 @@ class Jailer:
         if supervisor == 0:
             jail.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL)
             _child(lambda: self._supervisor(request, lifeline, (), status))
+        os.close(request)
         os.close(status)
         os.close(lifeline)
         while True:
@@ -501,10 +598,18 @@ class Jailer:
                 continue
             return jail.SIGNAL_BASE + os.WTERMSIG(code) if os.WIFSIGNALED(code) else os.WEXITSTATUS(code)
 
-    def _supervisor(self, request: dict[str, Any], lifeline: int, close: tuple[int, ...], status: int) -> int:
-        jail, spec = self.jail, request["jail"]
+    def _supervisor(self, request_fd: int, lifeline: int, close: tuple[int, ...], status: int) -> int:
+        jail = self.jail
         try:
             _detach(close)
+        except BaseException as exc:
+            os.write(status, f"{type(exc).__name__}: {exc}".encode())
+            raise
+        request = _await_request(request_fd, lifeline)
+        if request is None:  # not needed after all (the zygote or the bot is gone)
+            return 0
+        spec = request["jail"]
+        try:
             jail.isolate(spec)  # own session keyring, high OOM score (the kernel inherits both)
             jail.build(spec)
             _log_output(request)
@@ -548,6 +653,12 @@ class _Start:
         self.exit_code: int | None = None  # reaped before it was answered
 
 
+#: How long the zygote must have had nothing to do before it forks a spare supervisor: not
+#: while kernels start (the fork would take CPU from them), and not while turns come one
+#: after another; in a burst every request forks its own.
+SPARE_IDLE_S = 0.05
+
+
 class _Server:
     """The zygote's loop: fork on request; answer each fork once its kernel has dropped its
     privileges and say when it has bound its sockets (forks overlap: the loop never waits on
@@ -558,6 +669,10 @@ class _Server:
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.children: set[int] = set()  # answered, running
         self.starts: dict[int, _Start] = {}  # by status pipe
+        #: When the loop last had something to do (a spare is forked only after a quiet while).
+        self.busy_until = 0.0
+        #: Whether to keep a spare supervisor (sandboxed profile; off once forking one failed).
+        self.spares = jailer is not None
 
     def serve(self) -> None:
         """Serve fork requests from stdin until it closes, then kill what was forked."""
@@ -566,6 +681,8 @@ class _Server:
         buffer = b""
         while True:
             deadlines = [start.deadline for start in self.starts.values() if not start.answered]
+            if self.spares and self.jailer is not None and not self.jailer.has_spare and not self.starts:
+                deadlines.append(self.busy_until + SPARE_IDLE_S)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             try:
                 readable, _, _ = select.select([0, self.wake_r, *self.starts], [], [], timeout)
@@ -582,6 +699,10 @@ class _Server:
                 if fd in self.starts:
                     self._read_report(self.starts[fd])
             self._expire()
+            if self.starts or readable:
+                self.busy_until = time.monotonic()
+            elif time.monotonic() >= self.busy_until + SPARE_IDLE_S:
+                self.refill()
             if 0 not in readable:
                 continue
             chunk = os.read(0, 65536)
@@ -591,6 +712,8 @@ class _Server:
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 self._fork(json.loads(line))
+        if self.jailer is not None:
+            self.jailer.close()
         for pid in (*self.children, *(start.pid for start in self.starts.values())):
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -613,6 +736,17 @@ class _Server:
         if start.answered:
             self.children.add(pid)
             _send({"id": start.request_id, "pid": pid})
+
+    def refill(self) -> None:
+        """(Sandboxed profile) fork the next spare supervisor; after a failure (logged) there
+        are no more spares: every request forks its own supervisor."""
+        if not self.spares or self.jailer is None:
+            return
+        try:
+            self.jailer.refill(self.lifeline, (self.wake_r, self.wake_w))
+        except Exception:
+            traceback.print_exc()
+            self.spares = False
 
     def _read_report(self, start: _Start) -> None:
         chunk = os.read(start.status, 4096)
@@ -666,6 +800,8 @@ class _Server:
                 _send({"exit": pid, "code": code})
             elif pid in unanswered:  # its report (read next) says how the start went
                 unanswered[pid].exit_code = code
+            elif self.jailer is not None:
+                self.jailer.lost(pid)
 
 
 def main() -> None:
@@ -674,7 +810,7 @@ def main() -> None:
     lifeline = int(sys.argv[2])
     kernel_argv = json.loads(sys.argv[3])
     jail = _load_forkjail()
-    jailer = Jailer(jail) if sys.argv[4:] == ["jail"] else None
+    jailer = Jailer(jail, userns=sys.argv[4] == "userns") if sys.argv[4:] in (["jail"], ["userns"]) else None
     _preload(modules)
     _prepare_app(kernel_argv, inline="matplotlib" in modules)
     _prime()
@@ -683,6 +819,7 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     server = _Server(lifeline, jail, jailer)
+    server.refill()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the bot's to handle
     _send({"ready": os.getpid(), "threads": _thread_count()})
     server.serve()

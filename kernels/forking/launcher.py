@@ -187,7 +187,8 @@ class ForkServer:
             prefix, mode = [], []
         else:
             await asyncio.to_thread(write_identity_files, run_dir, ZYGOTE_IDENTITY)
-            prefix, mode = zygote_args(sandbox, run_dir=run_dir, code_dir=code_dir(sandbox)), ["jail"]
+            prefix = zygote_args(sandbox, run_dir=run_dir, code_dir=code_dir(sandbox))
+            mode = ["jail" if sandbox.as_root else "userns"]
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         with open(run_dir / "zygote.log", "ab") as log_file:

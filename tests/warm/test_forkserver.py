@@ -172,6 +172,37 @@ async def test_sandboxed_fork_server_forks_jailed_kernels(jailed_pool: KernelPoo
     assert _alive(tree) == []
 
 
+async def _spares(zygote: psutil.Process, kernels: set[int]) -> list[psutil.Process]:
+    """The zygote's children that are no kernel's supervisor, once one is there (the zygote
+    forks a spare after a quiet while) or after 5 s."""
+    for _ in range(100):
+        spares = [child for child in zygote.children() if child.pid not in kernels]
+        if spares:
+            return spares
+        await asyncio.sleep(0.05)
+    return []
+
+
+async def test_sandboxed_fork_server_hands_requests_to_a_spare_supervisor(jailed_pool: KernelPool) -> None:
+    # A supervisor waits for the next request (a new kernel does not wait for the fork of a
+    # process the zygote's size); one that dies is replaced, and the next kernel still starts.
+    launcher = jailed_pool.launcher
+    assert isinstance(launcher, ForkingLauncher)
+    a = await jailed_pool.get_or_start("j:spare-a")
+    assert a.pid is not None
+    zygote = psutil.Process(a.pid).parent()  # the kernel's supervisor is the zygote's child
+    assert zygote is not None
+    (spare,) = await _spares(zygote, {a.pid})
+    assert spare.uids().real == 0 and spare.children() == []  # no jail, no kernel yet: it waits
+    spare.kill()
+    b = await jailed_pool.get_or_start("j:spare-b")  # the dead spare is noticed; b gets a fresh one
+    assert launcher.forked == 2 and launcher.spawned == 0
+    assert [(await s.execute("1 + 1")).result for s in (a, b)] == ["2", "2"]
+    assert b.pid is not None and len(await _spares(zygote, {a.pid, b.pid})) == 1  # the next one waits
+    c = await jailed_pool.get_or_start("j:spare-c")
+    assert c.pid is not None and (await c.execute("1 + 1")).result == "2" and launcher.forked == 3
+
+
 async def test_sandboxed_fork_failure_falls_back_to_spawn(jailed_pool: KernelPool, tmp_path: Path) -> None:
     launcher = jailed_pool.launcher
     assert isinstance(launcher, ForkingLauncher)
