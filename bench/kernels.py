@@ -156,14 +156,13 @@ def _cpu_seconds() -> dict[int, float]:
     (kernels, the fork server and what it forked), by pid."""
     import psutil
 
+    from bench.cpu import process_cpu
+
     me = psutil.Process()
     seconds: dict[int, float] = {}
     for proc in [me, *me.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:  # it ended meanwhile
-            continue
-        seconds[proc.pid] = times.user + times.system
+        if (used := process_cpu(proc)) is not None:  # else it ended meanwhile
+            seconds[proc.pid] = sum(used)
     return seconds
 
 
