@@ -188,10 +188,16 @@ SCENARIO_MODES: dict[str, tuple[str, ...]] = {
 
 
 async def run(
-    sizes: Sizes, only: set[str] | None, sandbox: Sandbox = "none", modes: set[str] | None = None
+    sizes: Sizes,
+    only: set[str] | None,
+    sandbox: Sandbox = "none",
+    modes: set[str] | None = None,
+    *,
+    quiet_first: bool = True,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Every scenario for every mode (or only those in ``only`` and ``modes``); a failing one
-    records its error and the run goes on."""
+    records its error and the run goes on. ``quiet_first``: each scenario waits until the
+    machine is quiet (:func:`bench.cpu.settle`: the last one's kernels may still be going away)."""
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for name, scenario in scenarios(sizes, sandbox).items():
         if only and name not in only:
@@ -203,6 +209,7 @@ async def run(
                 continue  # without .venv-gateway (make gateway-env) the gateway sources are left out
             if (mode in replicas.POSTGRES_MODES or name == "sources") and find_postgres()[0] is None:
                 continue  # without PostgreSQL (Debian: postgresql) the replica modes are left out
+            settled = await cpu.settle() if quiet_first else 0.0
             with tempfile.TemporaryDirectory(prefix=f"bench-{name}-{mode}-") as scratch:
                 started = time.perf_counter()
                 try:
@@ -211,6 +218,7 @@ async def run(
                     logging.getLogger("bench").exception("%s/%s failed", name, mode)
                     outcome = {"error": f"{type(exc).__name__}: {exc}"}
                 outcome["scenario_s"] = time.perf_counter() - started
+                outcome["settled_s"] = settled
             results.setdefault(name, {})[mode] = outcome
             print(f"  {name:<14} {mode:<6} done in {outcome['scenario_s']:.1f} s", file=sys.stderr, flush=True)
     return results
@@ -317,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         only, modes = set(args.only or ()), set(args.mode or ())
-        results = asyncio.run(run(sizes, only or None, args.sandbox, modes or None))
+        results = asyncio.run(run(sizes, only or None, args.sandbox, modes or None, quiet_first=not args.quick))
     finally:
         stop_shared_gateway()
     checks = check(results)

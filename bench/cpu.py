@@ -467,6 +467,25 @@ def _machine_busy() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+#: The machine counts as quiet once it used less than this share of one core over a window.
+QUIET_CORES = 0.15
+QUIET_WINDOW_S = 0.25
+
+
+async def settle(timeout: float = 30.0) -> float:
+    """Wait until the machine is quiet (the previous scenario's kernels and processes have
+    finished going away), ``timeout`` at most; the seconds waited."""
+    started = time.monotonic()
+    before = _machine_busy()
+    while (waited := time.monotonic() - started) < timeout:
+        await asyncio.sleep(QUIET_WINDOW_S)
+        now = _machine_busy()
+        if now - before < QUIET_CORES * QUIET_WINDOW_S:
+            return waited + QUIET_WINDOW_S
+        before = now
+    return waited
+
+
 def _thread_cpu() -> dict[str, float]:
     """(Blocking) CPU seconds of each live thread of this process, summed by name."""
     ticks = os.sysconf("SC_CLK_TCK")
