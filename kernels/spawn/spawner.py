@@ -64,8 +64,9 @@ class _Manager(AsyncKernelManager):
 
     async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]
         """``AsyncKernelManager.start_kernel`` without the 10 ms sleep its ``in_pending_state``
-        adds to every start ("so tests can capture the state"), on a forked start's path:
-        pre-start, launch, post-start, then the ``ready`` future resolved as there."""
+        adds to every start ("so tests can capture the state"; a forked kernel answers ~40 ms
+        after its request): pre-start, launch, post-start, then the ``ready`` future resolved
+        as there."""
         self._ready = ready = asyncio.get_running_loop().create_future()
         self._attempted_start = True
         try:
@@ -219,9 +220,10 @@ class Spawner:
             # session decode a byte of it (the display budget still applies below the cap).
             client = manager.client()
             client.context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # the client's own context
-            # The channels connect before the kernel has bound its sockets; ZMQ then retries
-            # every RECONNECT_IVL (100 ms by default), which a fast start would wait out; doubling
-            # up to a second, so a dead kernel's channels do not spin.
+            # A spawned kernel's channels connect before it has bound its sockets (a forked one's
+            # once the fork server says it has: sockets_bound); ZMQ then retries every
+            # RECONNECT_IVL (100 ms by default), which a fast start would wait out; doubling up
+            # to a second, so a dead kernel's channels do not spin.
             client.context.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
             client.context.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
             await provisioner.sockets_bound()
