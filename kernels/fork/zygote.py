@@ -525,10 +525,12 @@ class Jailer:
         if self._spare is None:
             self._spare = self._fork_spare(lifeline, wake_fds, userns=self.userns)
 
-    def lost(self, pid: int) -> None:
-        """Child ``pid`` was reaped: if it was the spare, there is none now."""
-        if self._spare is not None and self._spare.pid == pid:
-            self.close()
+    def lost(self, pid: int) -> bool:
+        """Child ``pid`` was reaped: whether it was the spare (there is none now)."""
+        if self._spare is None or self._spare.pid != pid:
+            return False
+        self.close()
+        return True
 
     def close(self) -> None:
         """Let the spare go (it exits when its request pipe closes)."""
@@ -657,6 +659,8 @@ class _Start:
 #: while kernels start (the fork would take CPU from them), and not while turns come one
 #: after another; in a burst every request forks its own.
 SPARE_IDLE_S = 0.05
+#: Spare supervisors that may die unused in a row before the zygote stops forking them.
+SPARES_LOST = 3
 
 
 class _Server:
@@ -671,8 +675,10 @@ class _Server:
         self.starts: dict[int, _Start] = {}  # by status pipe
         #: When the loop last had something to do (a spare is forked only after a quiet while).
         self.busy_until = 0.0
-        #: Whether to keep a spare supervisor (sandboxed profile; off once forking one failed).
+        #: Whether to keep a spare supervisor (sandboxed profile; off once forking one failed
+        #: or :data:`SPARES_LOST` in a row died unused).
         self.spares = jailer is not None
+        self.spares_lost = 0
 
     def serve(self) -> None:
         """Serve fork requests from stdin until it closes, then kill what was forked."""
@@ -733,6 +739,7 @@ class _Server:
             return
         start = _Start(request["id"], pid, status, answered=self.jailer is None)
         self.starts[status] = start
+        self.spares_lost = 0
         if start.answered:
             self.children.add(pid)
             _send({"id": start.request_id, "pid": pid})
@@ -800,8 +807,11 @@ class _Server:
                 _send({"exit": pid, "code": code})
             elif pid in unanswered:  # its report (read next) says how the start went
                 unanswered[pid].exit_code = code
-            elif self.jailer is not None:
-                self.jailer.lost(pid)
+            elif self.jailer is not None and self.jailer.lost(pid):
+                self.spares_lost += 1
+                if self.spares_lost >= SPARES_LOST:  # something kills them: stop forking them
+                    print(f"{SPARES_LOST} spare supervisors died unused: no more spares", file=sys.stderr)
+                    self.spares = False
 
 
 def main() -> None:

@@ -203,6 +203,24 @@ async def test_sandboxed_fork_server_hands_requests_to_a_spare_supervisor(jailed
     assert c.pid is not None and (await c.execute("1 + 1")).result == "2" and launcher.forked == 3
 
 
+async def test_spare_supervisors_that_keep_dying_are_given_up(jailed_pool: KernelPool) -> None:
+    # Something that kills every spare must not make the zygote fork one every 50 ms forever.
+    launcher = jailed_pool.launcher
+    assert isinstance(launcher, ForkingLauncher)
+    a = await jailed_pool.get_or_start("j:lost-a")
+    assert a.pid is not None
+    zygote = psutil.Process(a.pid).parent()
+    assert zygote is not None
+    for _ in range(3):
+        (spare,) = await _spares(zygote, {a.pid})
+        spare.kill()
+        await asyncio.to_thread(spare.wait, 5)
+    await asyncio.sleep(0.5)  # ten times the quiet while after which a spare would come
+    assert [child.pid for child in zygote.children()] == [a.pid]
+    b = await jailed_pool.get_or_start("j:lost-b")  # forks its own supervisor
+    assert (await b.execute("1 + 1")).result == "2" and launcher.forked == 2 and launcher.spawned == 0
+
+
 async def test_sandboxed_fork_failure_falls_back_to_spawn(jailed_pool: KernelPool, tmp_path: Path) -> None:
     launcher = jailed_pool.launcher
     assert isinstance(launcher, ForkingLauncher)
