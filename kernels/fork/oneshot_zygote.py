@@ -191,16 +191,9 @@ class Server:
 
     def reap(self) -> None:
         """Report every child that ended."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, code in self.zygote._reaped():
             if pid in self.children:
                 self.children.discard(pid)
-                code = self.zygote._exit_code(status)
                 if self.mode == "userns" and code > 128:  # the anchor passes a signal on as 128 + N
                     code = 128 - code
                 self.zygote._send({"exit": pid, "code": code})

@@ -62,7 +62,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
@@ -318,6 +318,18 @@ def _await_request(request_fd: int, lifeline: int) -> dict[str, Any] | None:
     return request
 
 
+def _reaped() -> Iterator[tuple[int, int]]:
+    """Every child that has ended, reaped now: (pid, exit code as ``Popen`` gives it)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, _exit_code(status)
+
+
 def _exit_code(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
@@ -493,6 +505,9 @@ class Jailer:
         self.userns = userns
         self.pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self._spare: _Spare | None = None
+        #: Off once forking a spare failed or :data:`SPARES_LOST` in a row died unused.
+        self._spares = True
+        self._spares_lost = 0
 
     def fork(self, request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> tuple[int, int]:
         """Hand ``request`` to a supervisor (pid 1 of a new pid namespace: a spare one, else
@@ -504,44 +519,48 @@ class Jailer:
         namespace after creating one (that needs root on the host), so an *anchor* child
         creates it and forks the supervisor; the anchor is what the bot sees and signals.
         """
-        userns = bool(request["jail"].get("userns"))
         spare, self._spare = self._spare, None
-        if spare is not None and userns != self.userns:
-            self._discard(spare)
-        elif spare is not None and self._hand_over(spare, request):
+        self._spares_lost = 0
+        if spare is not None and self._hand_over(spare, request):
             return spare.pid, spare.status
-        spare = self._fork_spare(lifeline, wake_fds, userns=userns)
+        spare = self._fork_spare(lifeline, wake_fds)
         if not self._hand_over(spare, request):
             raise RuntimeError("the jail's supervisor exited before its request came")
         return spare.pid, spare.status
 
     @property
-    def has_spare(self) -> bool:
-        """Whether a spare supervisor waits."""
-        return self._spare is not None
+    def wants_spare(self) -> bool:
+        """Whether a spare supervisor should be forked (none waits, spares not given up)."""
+        return self._spares and self._spare is None
 
     def refill(self, lifeline: int, wake_fds: tuple[int, int]) -> None:
-        """Fork the next spare supervisor unless one waits."""
-        if self._spare is None:
-            self._spare = self._fork_spare(lifeline, wake_fds, userns=self.userns)
+        """Fork the next spare supervisor if one is wanted; after a failure (logged) there are
+        no more spares: every request forks its own supervisor."""
+        if not self.wants_spare:
+            return
+        try:
+            self._spare = self._fork_spare(lifeline, wake_fds)
+        except Exception:
+            traceback.print_exc()
+            self._spares = False
 
-    def lost(self, pid: int) -> bool:
-        """Child ``pid`` was reaped: whether it was the spare (there is none now)."""
+    def lost(self, pid: int) -> None:
+        """Child ``pid`` was reaped: if it was the spare, there is none now; after
+        :data:`SPARES_LOST` in a row died unused no more are forked (something kills them)."""
         if self._spare is None or self._spare.pid != pid:
-            return False
+            return
         self.close()
-        return True
+        self._spares_lost += 1
+        if self._spares_lost >= SPARES_LOST:
+            print(f"{SPARES_LOST} spare supervisors died unused: no more spares", file=sys.stderr)
+            self._spares = False
 
     def close(self) -> None:
         """Let the spare go (it exits when its request pipe closes)."""
         if self._spare is not None:
-            self._discard(self._spare)
+            os.close(self._spare.request)
+            os.close(self._spare.status)
             self._spare = None
-
-    @staticmethod
-    def _discard(spare: _Spare) -> None:
-        os.close(spare.request)
-        os.close(spare.status)
 
     @staticmethod
     def _hand_over(spare: _Spare, request: dict[str, Any]) -> bool:
@@ -558,19 +577,19 @@ class Jailer:
             os.close(spare.request)
         return True
 
-    def _fork_spare(self, lifeline: int, wake_fds: tuple[int, int], *, userns: bool) -> _Spare:
+    def _fork_spare(self, lifeline: int, wake_fds: tuple[int, int]) -> _Spare:
         _single_threaded()
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         request_r, request_w = os.pipe2(os.O_CLOEXEC)
         close = (*wake_fds, status_r, request_w, self.pid_namespace)
         try:
-            pid: int = os.fork() if userns else self.jail.fork_jailed(self.pid_namespace)
+            pid: int = os.fork() if self.userns else self.jail.fork_jailed(self.pid_namespace)
         except BaseException:
             for fd in (status_r, status_w, request_r, request_w):
                 os.close(fd)
             raise
         if pid == 0:
-            body = self._anchor if userns else self._supervisor
+            body = self._anchor if self.userns else self._supervisor
             _child(lambda: body(request_r, lifeline, close, status_w))
         os.close(status_w)
         os.close(request_r)
@@ -675,10 +694,6 @@ class _Server:
         self.starts: dict[int, _Start] = {}  # by status pipe
         #: When the loop last had something to do (a spare is forked only after a quiet while).
         self.busy_until = 0.0
-        #: Whether to keep a spare supervisor (sandboxed profile; off once forking one failed
-        #: or :data:`SPARES_LOST` in a row died unused).
-        self.spares = jailer is not None
-        self.spares_lost = 0
 
     def serve(self) -> None:
         """Serve fork requests from stdin until it closes, then kill what was forked."""
@@ -687,7 +702,7 @@ class _Server:
         buffer = b""
         while True:
             deadlines = [start.deadline for start in self.starts.values() if not start.answered]
-            if self.spares and self.jailer is not None and not self.jailer.has_spare and not self.starts:
+            if self.jailer is not None and self.jailer.wants_spare and not self.starts:
                 deadlines.append(self.busy_until + SPARE_IDLE_S)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             try:
@@ -707,8 +722,8 @@ class _Server:
             self._expire()
             if self.starts or readable:
                 self.busy_until = time.monotonic()
-            elif time.monotonic() >= self.busy_until + SPARE_IDLE_S:
-                self.refill()
+            elif self.jailer is not None and time.monotonic() >= self.busy_until + SPARE_IDLE_S:
+                self.jailer.refill(self.lifeline, (self.wake_r, self.wake_w))
             if 0 not in readable:
                 continue
             chunk = os.read(0, 65536)
@@ -739,21 +754,9 @@ class _Server:
             return
         start = _Start(request["id"], pid, status, answered=self.jailer is None)
         self.starts[status] = start
-        self.spares_lost = 0
         if start.answered:
             self.children.add(pid)
             _send({"id": start.request_id, "pid": pid})
-
-    def refill(self) -> None:
-        """(Sandboxed profile) fork the next spare supervisor; after a failure (logged) there
-        are no more spares: every request forks its own supervisor."""
-        if not self.spares or self.jailer is None:
-            return
-        try:
-            self.jailer.refill(self.lifeline, (self.wake_r, self.wake_w))
-        except Exception:
-            traceback.print_exc()
-            self.spares = False
 
     def _read_report(self, start: _Start) -> None:
         chunk = os.read(start.status, 4096)
@@ -792,14 +795,7 @@ class _Server:
 
     def _reap(self) -> None:
         unanswered = {start.pid: start for start in self.starts.values() if not start.answered}
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            code = _exit_code(status)
+        for pid, code in _reaped():
             if self.jailer is not None:
                 code = self.jailer.exit_code(code)
             if pid in self.children:
@@ -807,11 +803,8 @@ class _Server:
                 _send({"exit": pid, "code": code})
             elif pid in unanswered:  # its report (read next) says how the start went
                 unanswered[pid].exit_code = code
-            elif self.jailer is not None and self.jailer.lost(pid):
-                self.spares_lost += 1
-                if self.spares_lost >= SPARES_LOST:  # something kills them: stop forking them
-                    print(f"{SPARES_LOST} spare supervisors died unused: no more spares", file=sys.stderr)
-                    self.spares = False
+            elif self.jailer is not None:
+                self.jailer.lost(pid)
 
 
 def main() -> None:
@@ -829,7 +822,8 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     server = _Server(lifeline, jail, jailer)
-    server.refill()
+    if jailer is not None:
+        jailer.refill(lifeline, (server.wake_r, server.wake_w))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the bot's to handle
     _send({"ready": os.getpid(), "threads": _thread_count()})
     server.serve()
