@@ -7,6 +7,7 @@ holds the layering; see ``[tool.importlinter]`` in pyproject.toml).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import signal
 import time
@@ -179,8 +180,18 @@ def start_schedules(core: Core, reaches: Sequence[ThreadReach], *, poll_s: float
     return scheduler
 
 
+def import_platforms(settings: Settings) -> None:
+    """(Blocking) import the adapters of every platform whose token is configured: their SDKs
+    take half a second or more to import, which :func:`run_bot` spends in a thread while the
+    core starts, not on the event loop (``/healthz`` would call that a stalled loop)."""
+    for enabled, module in ((settings.slack.enabled, "adapters.slack"), (settings.discord.enabled, "adapters.discord")):
+        if enabled:
+            importlib.import_module(module)
+
+
 def platform_adapters(settings: Settings, dispatcher: Dispatcher) -> list[Adapter]:
-    """The adapters of every platform whose token is configured."""
+    """The adapters of every platform whose token is configured (imported by
+    :func:`import_platforms` first, or here)."""
     adapters: list[Adapter] = []
     if settings.slack.enabled:
         from adapters.slack import SlackAdapter
@@ -293,6 +304,7 @@ async def run_bot(settings: Settings) -> int:
     signals = (signal.SIGINT, signal.SIGTERM)
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
+    imports = asyncio.ensure_future(asyncio.to_thread(import_platforms, settings))
     try:
         async with Core.open(settings) as core, AsyncExitStack() as ops_stack:
             ops: OpsServer | None = None
@@ -304,6 +316,7 @@ async def run_bot(settings: Settings) -> int:
                         "ops.http_port: cannot listen on %s:%d: %s", settings.ops.http_host, settings.ops.http_port, exc
                     )
                     return 2
+            await imports
             adapters = platform_adapters(settings, core.dispatcher)
             started: list[Adapter] = []
             scheduler: Scheduler | None = None
@@ -340,6 +353,7 @@ async def run_bot(settings: Settings) -> int:
                     stopping.append(scheduler.stop(grace))
                 await asyncio.gather(*stopping)
     finally:
+        imports.cancel()  # when the core could not start: nobody waits for the imports
         for sig in signals:
             loop.remove_signal_handler(sig)
     return 0

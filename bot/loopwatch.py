@@ -43,9 +43,13 @@ class LoopWatchdog:
 
     @property
     def stalled_for(self) -> float | None:
-        """Seconds the loop has been stalled, or None while it turns."""
-        since = self._stalled_since
-        return None if since is None else time.monotonic() - since
+        """Seconds the loop has been silent when that is over ``stall_after_s``, else None.
+
+        Read from the last beat itself, not from the watching thread's last look: a loop that
+        has just turned again is not reported stalled for up to another look.
+        """
+        silent = time.monotonic() - self._last_beat
+        return silent if silent > self.stall_after_s else None
 
     def start(self) -> None:
         """Begin beating on the running loop and watching from a thread of its own."""
