@@ -23,7 +23,7 @@ from typing import Any
 from adapters.slack import SlackAdapter
 from bench.cpu import CpuMeter, phase
 from bench.kernels import Sandbox, mode_config, summary
-from bot.app import Core
+from bot.app import Core, freeze_startup_heap
 from bot.config import parse_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,6 +140,7 @@ async def running_bot(
             if (oneshot := getattr(core, "oneshot", None)) is not None:
                 await oneshot.wait_ready()  # its imports are the bot's start, not the turns' cost
             adapter = SlackAdapter(settings.slack, core.dispatcher)
+            freeze_startup_heap()  # as python -m bot run does before its adapters start
             await adapter.start()
             try:
                 world.events_url = f"http://127.0.0.1:{adapter.port}/slack/events"
