@@ -46,8 +46,11 @@ class LoopWatchdog:
         """Seconds the loop has been silent when that is over ``stall_after_s``, else None.
 
         Read from the last beat itself, not from the watching thread's last look: a loop that
-        has just turned again is not reported stalled for up to another look.
+        has just turned again is not reported stalled for up to another look. None once
+        stopped (the loop no longer beats).
         """
+        if self._stop.is_set():
+            return None
         silent = time.monotonic() - self._last_beat
         return silent if silent > self.stall_after_s else None
 

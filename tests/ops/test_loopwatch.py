@@ -32,3 +32,5 @@ async def test_a_loop_that_turns_again_is_healthy_before_the_watcher_looks_again
         assert watchdog.stalled_for is None
     finally:
         watchdog.stop()
+    time.sleep(0.3)  # stopped, it beats no more: that is not a stall
+    assert watchdog.stalled_for is None
