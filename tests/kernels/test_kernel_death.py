@@ -15,6 +15,7 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psutil
 import pytest
 import pytest_asyncio
 
@@ -141,7 +142,13 @@ async def test_death_while_idle(pool: KernelPool) -> None:
     await settled(pool)
     session = pool.get("t:e")
     assert session is not None and session.pid is not None
-    os.kill(session.pid, signal.SIGKILL)  # the OOM killer, an operator, between two messages
+    # The OOM killer, an operator, between two messages: the kernel process and whatever
+    # holds it (a sandboxed fork server's kernel runs under a supervisor, the pid the pool
+    # knows). Killing the supervisor alone would end the kernel only once thawed, racing the
+    # next execution the kernel could still answer.
+    supervisor = psutil.Process(session.pid)
+    for process in [*supervisor.children(recursive=True), supervisor]:
+        os.kill(process.pid, signal.SIGKILL)
     await asyncio.sleep(0.3)
     assert await Reaper(pool, pool.settings).cull_kernels() == []  # never counted as culled
     await neighbour_answers(pool)
