@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bot.config import Settings
+from kernels import possible_run_parents
 
 #: The code folder holding ``bot/``: Threadbook's own installation.
 _CODE_DIR = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ class HostPaths:
         kernels = settings.kernels
         venvs = [_parent_of_bin(kernels.python), sys.prefix, sys.exec_prefix]
         pythons = [p for p in (sys.base_prefix, sys.base_exec_prefix) if p not in _COMMON_PREFIXES]
-        run_root = os.path.join(tempfile.gettempdir(), "threadbook-")
+        run_roots = [os.path.join(parent, "threadbook-") for parent in possible_run_parents(kernels.run_root)]
         rules: list[tuple[str, str]] = []
         for prefix in _unique(venvs + pythons):
             rules.append((re.escape(prefix) + r"/lib/python[\d.]+/(site|dist)-packages(?=/)", r"…/\1-packages"))
@@ -48,7 +48,7 @@ class HostPaths:
         rules.append((re.escape(_abs(kernels.workspace_root)), "<workspaces>"))
         rules.append((re.escape(_abs(kernels.packages.dir)), "/packages"))
         rules += [(re.escape(_abs(c.data_dir)), "/data") for c in settings.channels.values() if c.data_dir is not None]
-        rules.append((re.escape(run_root) + r"\d+(?:/[^/\s'\"]+)?", "<run>"))
+        rules += [(re.escape(run_root) + r"\d+(?:/[^/\s'\"]+)?", "<run>") for run_root in run_roots]
         rules.append((re.escape(str(_CODE_DIR)), "<threadbook>"))
         return cls(tuple((re.compile(pattern + r"(?![\w.-])"), shown) for pattern, shown in rules))
 

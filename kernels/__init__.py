@@ -32,6 +32,7 @@ from kernels.build import (
 )
 from kernels.host import safefs
 from kernels.host.packages import PackageInstaller, PackageOutcome, distribution_for, missing_module
+from kernels.host.runroot import possible_run_parents
 from kernels.host.safefs import PinnedFile
 from kernels.host.workspace import STATE_DIR, FileInfo, SavedFile, Workspace, WorkspaceManager, sanitize_name
 from kernels.local.launcher import KernelLauncher
@@ -109,6 +110,7 @@ __all__ = [
     "missing_module",
     "oneshot_for",
     "package_installer",
+    "possible_run_parents",
     "safefs",
     "sandbox_in_force",
     "sanitize_name",

@@ -505,6 +505,11 @@ class Cgroups:
         """Whether kernels get cgroups."""
         return self.support is not None
 
+    @property
+    def caps_memory(self) -> bool:
+        """Whether each kernel's cgroup caps its memory (tmpfs files it writes included)."""
+        return self.support is not None and "memory" in self.support.controllers
+
     def describe(self) -> str:
         """One line for people (``status`` shows it to chat users, so it names no host path):
         which isolation is in force, e.g. ``cgroup v1 (memory 640 MiB, pids 64, cpu weight 1/2

@@ -85,6 +85,10 @@ class KernelSettings(BaseModel):
     max_file_mb: int = Field(1024, ge=1)
     network: bool = False
     workspace_root: Path = Path("data/workspaces")
+    #: Where the kernels' run dirs go (connection file, ipc sockets, kernel log), in a
+    #: ``threadbook-<uid>`` folder; None: ``/dev/shm`` when it is a tmpfs and kernels get memory
+    #: cgroups, else the temp dir (:mod:`kernels.host.runroot`).
+    run_root: Path | None = None
     retention_days: float = Field(30.0, gt=0)
     max_upload_mb: float = Field(100.0, gt=0)
     workspace_quota_mb: float = Field(1024.0, gt=0)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ from jupyter_client.manager import AsyncKernelManager
 from kernels.host.cgroups import Cgroups
 from kernels.host.interpreter import KernelPython, inspect_interpreter
 from kernels.host.lifeline import Lifeline
+from kernels.host.runroot import run_parent
 from kernels.sandbox.support import BwrapSupport
 from kernels.seam.options import KernelOptions
 from kernels.seam.plan import Identity, Launcher, LaunchPlan, ResourceLimits
@@ -112,7 +112,8 @@ class Spawner:
         self.slots = asyncio.Semaphore(start_slots)
         self.cgroups = cgroups or Cgroups.detected(memory_mb=settings.memory_mb, max_processes=settings.max_processes)
         # Per user: a second bot user on the same host must not trip over the first one's 0700 folder.
-        self.run_root = Path(run_root or tempfile.gettempdir()) / f"threadbook-{os.getuid()}"
+        parent = run_root or run_parent(settings.run_root, memory_capped=self.cgroups.caps_memory)
+        self.run_root = parent / f"threadbook-{os.getuid()}"
         self.cache_dir = self.run_root / "cache"
 
     def sharing(self, *, start_slots: int) -> Spawner:

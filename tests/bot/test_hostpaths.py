@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from bot.hostpaths import HostPaths
@@ -30,3 +31,13 @@ def test_each_kind_of_host_path_becomes_what_a_kernel_sees_or_a_neutral_name(tmp
     # Only whole path components: a sibling folder that starts the same is someone else's.
     assert hide(f"{root}-old/x and {data}2/y") == f"{root}-old/x and {data}2/y"
     assert hide("no paths here, a/b is a ratio") == "no paths here, a/b is a ratio"
+
+
+def test_a_kernel_run_dir_is_hidden_wherever_the_run_root_is(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, kernels={"run_root": str(tmp_path / "runtime")})
+    run_dir = tmp_path / "runtime" / f"threadbook-{os.getuid()}" / "kernel-0123456789ab"
+    hide = HostPaths.of(settings).hide
+    assert hide(f"see {run_dir}/kernel.log") == "see <run>/kernel.log"
+    default = HostPaths.of(make_settings(tmp_path))
+    for parent in ("/dev/shm", tempfile.gettempdir()):  # either may hold them when run_root is unset
+        assert default.hide(f"{parent}/threadbook-{os.getuid()}/kernel-0123456789ab/kernel.json") == "<run>/kernel.json"

@@ -101,7 +101,7 @@ async def child_main(root: Path, sandbox: str, source: str, cgroups: bool) -> No
     from kernels.seam.settings import KernelSettings
     from kernels.spawn.handle import LocalKernelHandle
 
-    tmp = Path(tempfile.gettempdir())  # TMPDIR: the kernels' run dirs go under it
+    tmp = Path(tempfile.gettempdir())  # TMPDIR: this run's scratch folder
     settings = KernelSettings(
         sandbox=sandbox,  # type: ignore[arg-type]
         workspace_root=root / "ws",

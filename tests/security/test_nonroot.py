@@ -119,7 +119,7 @@ class Layout:
     root: Path
     venv: Path
     workspaces: Path
-    tmp: Path  # the child's TMPDIR: the kernels' run dirs go under it
+    tmp: Path  # the child's TMPDIR and HOME (its kernels' run dirs go under kernels.run_root's default)
     data: Path  # a channel's read-only data_dir
 
     @classmethod

@@ -1,0 +1,68 @@
+"""Where the kernels' run dirs live: in memory (a tmpfs) when the machine has one at hand.
+
+A run dir holds what one kernel start makes and nobody keeps: the connection file, the ZMQ
+ipc sockets, the kernel log, the sandbox's ``/etc/passwd``. Every start creates a dozen of
+them and every stop deletes them, so they belong where making a file is cheap, as sockets
+and runtime files do in ``/run`` (systemd's ``RuntimeDirectory``). On a disk they cost a
+crowd of starts dearly: ext4 without a journal looks past every inode deleted in the last
+minute before it hands out a new one (``recently_deleted``), and a busy bot deletes run dirs
+all the time; ``perf`` put ~6 ms of CPU a start there (bot and kernel together, issue 44).
+
+``kernels.run_root`` names the folder. Unset, it is ``/dev/shm`` when that is a tmpfs the
+bot may write into and every kernel's cgroup caps its memory, else the temp dir
+(``TMPDIR``). A kernel can write into its run dir (it binds its sockets there), and files
+in a tmpfs are memory: they count towards the memory cap of the kernel that wrote them, and
+go with the run dir when it stops; without that cap one kernel could fill the shared tmpfs
+(Docker's ``/dev/shm`` is 64 MiB) and keep others from starting.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+#: The tmpfs every Linux machine (and container) mounts for shared memory.
+SHM = Path("/dev/shm")
+
+
+def run_parent(configured: Path | None, *, memory_capped: bool) -> Path:
+    """(Blocking: reads the mount table) the folder that holds the bot's ``threadbook-<uid>``
+    run root: ``configured`` (``kernels.run_root``) when set, else :data:`SHM` when it is a
+    writable tmpfs and ``memory_capped`` (each kernel's cgroup caps its memory), else the
+    temp dir."""
+    if configured is not None:
+        return Path(os.path.abspath(configured))
+    if memory_capped and is_tmpfs(SHM) and os.access(SHM, os.W_OK | os.X_OK):
+        return SHM
+    return Path(tempfile.gettempdir())
+
+
+def possible_run_parents(configured: Path | None) -> tuple[Path, ...]:
+    """Every folder :func:`run_parent` may choose for ``configured`` (host paths to hide)."""
+    if configured is not None:
+        return (Path(os.path.abspath(configured)),)
+    return (SHM, Path(tempfile.gettempdir()))
+
+
+def is_tmpfs(folder: Path, mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether ``folder`` is itself the mount point of a tmpfs (the last mount there wins)."""
+    target = os.path.realpath(folder)
+    fstype = None
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as table:
+            for line in table:
+                fields, _, tail = line.partition(" - ")
+                parts = fields.split()
+                if len(parts) >= 5 and _unescape(parts[4]) == target and tail:
+                    fstype = tail.split()[0]
+    except OSError:
+        return False
+    return fstype == "tmpfs"
+
+
+def _unescape(path: str) -> str:
+    """A mountinfo path with its octal escapes (``\\040`` for a space) undone."""
+    if "\\" not in path:
+        return path
+    return path.encode("latin-1", "backslashreplace").decode("unicode_escape")
