@@ -32,7 +32,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import re
 import signal
 import time
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from pathlib import Path
 import psutil
 
 from kernels.host import proctree
+from kernels.host.mounts import MOUNTINFO, Mount, parse
 
 log = logging.getLogger(__name__)
 
@@ -90,26 +90,9 @@ class CgroupSupport:
         return tuple(name for name in CONTROLLERS if name in held)
 
 
-@dataclass(frozen=True)
-class _Mount:
-    root: str
-    point: Path
-    fstype: str
-    options: frozenset[str]
-
-
-def _mounts(mountinfo: str) -> list[_Mount]:
-    found = []
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if "-" not in fields:
-            continue
-        dash = fields.index("-")
-        if len(fields) < dash + 4 or fields[dash + 1] not in ("cgroup", "cgroup2"):
-            continue
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040 is a space
-        found.append(_Mount(fields[3], Path(point), fields[dash + 1], frozenset(fields[dash + 3].split(","))))
-    return found
+def _mounts(mountinfo: str) -> list[Mount]:
+    """The cgroup (v1 and v2) mounts of a mount table's text."""
+    return [mount for mount in parse(mountinfo) if mount.fstype in ("cgroup", "cgroup2")]
 
 
 def _own_cgroups(proc_cgroup: str) -> dict[str, str]:
@@ -127,7 +110,7 @@ def _own_cgroups(proc_cgroup: str) -> dict[str, str]:
     return own
 
 
-def _place(mount: _Mount, own: str) -> Path | None:
+def _place(mount: Mount, own: str) -> Path | None:
     """The folder of cgroup ``own`` under ``mount`` (None when the mount does not show it)."""
     root = mount.root.rstrip("/") or "/"
     if root != "/" and own != root and not own.startswith(root + "/"):
@@ -155,15 +138,15 @@ def detect(proc_cgroup: str | None = None, mountinfo: str | None = None) -> tupl
     if proc_cgroup is None:
         proc_cgroup = Path("/proc/self/cgroup").read_text()
     if mountinfo is None:
-        mountinfo = Path("/proc/self/mountinfo").read_text()
-    own, mounts = _own_cgroups(proc_cgroup), _mounts(mountinfo)
+        mountinfo = MOUNTINFO.read_text()
+    own, found = _own_cgroups(proc_cgroup), _mounts(mountinfo)
     reasons = []
     if "" in own:
-        support, reason = _detect_v2(own[""], [m for m in mounts if m.fstype == "cgroup2"])
+        support, reason = _detect_v2(own[""], [m for m in found if m.fstype == "cgroup2"])
         if support is not None:
             return support, ""
         reasons.append(reason)
-    support, reason = _detect_v1(own, [m for m in mounts if m.fstype == "cgroup"])
+    support, reason = _detect_v1(own, [m for m in found if m.fstype == "cgroup"])
     if support is not None:
         return support, ""
     reasons.append(reason)
@@ -179,7 +162,7 @@ def detected() -> tuple[CgroupSupport | None, str]:
         return None, f"cannot read the bot's cgroups: {exc}"
 
 
-def _detect_v2(own: str, mounts: list[_Mount]) -> tuple[CgroupSupport | None, str]:
+def _detect_v2(own: str, mounts: list[Mount]) -> tuple[CgroupSupport | None, str]:
     folder = next((place for mount in mounts if (place := _place(mount, own)) is not None), None)
     if folder is None:
         return None, "cgroup v2: not mounted"
@@ -231,7 +214,7 @@ def _enable_v2(folder: Path, enable: str) -> None:
     _write(folder / "cgroup.subtree_control", enable)
 
 
-def _detect_v1(own: dict[str, str], mounts: list[_Mount]) -> tuple[CgroupSupport | None, str]:
+def _detect_v1(own: dict[str, str], mounts: list[Mount]) -> tuple[CgroupSupport | None, str]:
     hierarchies: list[Hierarchy] = []
     problems: list[str] = []
     swap = False

@@ -22,6 +22,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from kernels.host import mounts
+
 #: The tmpfs every Linux machine (and container) mounts for shared memory.
 SHM = Path("/dev/shm")
 
@@ -45,24 +47,11 @@ def possible_run_parents(configured: Path | None) -> tuple[Path, ...]:
     return (SHM, Path(tempfile.gettempdir()))
 
 
-def is_tmpfs(folder: Path, mountinfo: str = "/proc/self/mountinfo") -> bool:
-    """Whether ``folder`` is itself the mount point of a tmpfs (the last mount there wins)."""
-    target = os.path.realpath(folder)
-    fstype = None
+def is_tmpfs(folder: Path, mountinfo: Path = mounts.MOUNTINFO) -> bool:
+    """(Blocking) whether ``folder`` is itself the mount point of a tmpfs (the last mount there)."""
     try:
-        with open(mountinfo, encoding="utf-8", errors="replace") as table:
-            for line in table:
-                fields, _, tail = line.partition(" - ")
-                parts = fields.split()
-                if len(parts) >= 5 and _unescape(parts[4]) == target and tail:
-                    fstype = tail.split()[0]
+        table = mountinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return False
-    return fstype == "tmpfs"
-
-
-def _unescape(path: str) -> str:
-    """A mountinfo path with its octal escapes (``\\040`` for a space) undone."""
-    if "\\" not in path:
-        return path
-    return path.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    mount = mounts.mounted_at(mounts.parse(table), Path(os.path.realpath(folder)))
+    return mount is not None and mount.fstype == "tmpfs"

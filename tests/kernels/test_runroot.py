@@ -28,12 +28,12 @@ MOUNTINFO = """\
 def test_a_tmpfs_is_found_by_its_own_mount_the_last_one_there_winning(tmp_path: Path) -> None:
     table = tmp_path / "mountinfo"
     table.write_text(MOUNTINFO)
-    assert is_tmpfs(Path("/dev/shm"), str(table))
-    assert not is_tmpfs(Path("/run"), str(table))  # a disk mounted over the tmpfs
-    assert not is_tmpfs(Path("/"), str(table))
-    assert not is_tmpfs(Path("/dev"), str(table))  # only the mount point itself, not what is under it
-    assert is_tmpfs(Path("/mnt/with space"), str(table))
-    assert not is_tmpfs(Path("/dev/shm"), str(tmp_path / "missing"))
+    assert is_tmpfs(Path("/dev/shm"), table)
+    assert not is_tmpfs(Path("/run"), table)  # a disk mounted over the tmpfs
+    assert not is_tmpfs(Path("/"), table)
+    assert not is_tmpfs(Path("/dev"), table)  # only the mount point itself, not what is under it
+    assert is_tmpfs(Path("/mnt/with space"), table)
+    assert not is_tmpfs(Path("/dev/shm"), tmp_path / "missing")
 
 
 def test_the_configured_folder_wins_else_dev_shm_when_a_capped_tmpfs_else_the_temp_dir(tmp_path: Path) -> None:
