@@ -19,10 +19,12 @@ go with the run dir when it stops; without that cap one kernel could fill the sh
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from kernels.host import mounts
+from kernels.seam.result import SandboxUnavailableError
 
 #: The tmpfs every Linux machine (and container) mounts for shared memory.
 SHM = Path("/dev/shm")
@@ -38,6 +40,23 @@ def run_parent(configured: Path | None, *, memory_capped: bool) -> Path:
     if memory_capped and is_tmpfs(SHM) and os.access(SHM, os.W_OK | os.X_OK):
         return SHM
     return Path(tempfile.gettempdir())
+
+
+def make_private(folder: Path) -> None:
+    """(Blocking) make ``folder`` (0700, parents as needed) unless it exists, then check it is
+    this process's own: a directory, not a link, owned by its uid, closed to everyone else.
+
+    The run root sits in a folder anyone may write into (``/dev/shm``, ``/tmp``): another local
+    user who made it first could read every kernel's connection file (its key) and drive the
+    kernel. Raises :class:`~kernels.seam.result.SandboxUnavailableError` naming the fix: no
+    kernel may start then."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise SandboxUnavailableError(
+            f"the kernels' run folder {folder} is not this bot's own (a folder of uid {os.getuid()}, "
+            "mode 0700): remove it, or set kernels.run_root"
+        )
 
 
 def possible_run_parents(configured: Path | None) -> tuple[Path, ...]:

@@ -104,7 +104,7 @@ class KernelLauncher:
         return None
 
     async def open(self) -> None:
-        """Start the kernel warden (see :meth:`Spawner.open`)."""
+        """Check the run root and start the kernel warden (see :meth:`Spawner.open`)."""
         await self.spawner.open()
 
     async def close(self) -> None:

@@ -323,7 +323,7 @@ def _remove_stale(run_root: Path) -> None:
 
 def _make_scratch(launcher: SpawningLauncher, plan: LaunchPlan) -> None:
     """(Blocking) the job's folder (0700, new), its workspace and run dir, handed to its uid."""
-    launcher.spawner.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    launcher.spawner.make_run_root()
     plan.run_dir.parent.mkdir(mode=0o700)
     plan.workspace.mkdir(mode=0o700)
     plan.run_dir.mkdir(mode=0o700)

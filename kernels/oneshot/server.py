@@ -544,7 +544,7 @@ async def _pipe_reader(fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTrans
 
 
 def _make_folder(launcher: SpawningLauncher, run_dir: Path) -> None:
-    launcher.spawner.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    launcher.spawner.make_run_root()
     run_dir.parent.mkdir(mode=0o700)
     run_dir.mkdir(mode=0o700)
 

@@ -30,7 +30,7 @@ from jupyter_client.manager import AsyncKernelManager
 from kernels.host.cgroups import Cgroups
 from kernels.host.interpreter import KernelPython, inspect_interpreter
 from kernels.host.lifeline import Lifeline
-from kernels.host.runroot import run_parent
+from kernels.host.runroot import make_private, run_parent
 from kernels.sandbox.support import BwrapSupport
 from kernels.seam.options import KernelOptions
 from kernels.seam.plan import Identity, Launcher, LaunchPlan, ResourceLimits
@@ -186,16 +186,23 @@ class Spawner:
             "parent": manager,
         }
 
+    def make_run_root(self) -> None:
+        """(Blocking) make the run root unless it exists, and check it is the bot's own
+        (:func:`kernels.host.runroot.make_private`)."""
+        make_private(self.run_root)
+
     def make_run_dir(self, run_dir: Path) -> None:
         """(Blocking) make ``run_dir`` (0700, must not exist) and the shared cache folder."""
-        self.run_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.make_run_root()
         (self.cache_dir / "matplotlib").mkdir(parents=True, exist_ok=True, mode=0o700)
         run_dir.mkdir(mode=0o700)
 
     async def open(self) -> None:
-        """Start the kernel warden (:mod:`kernels.host.lifeline`); raises
-        :class:`~kernels.host.lifeline.WardenUnavailableError` (one line naming the fix) when
-        it cannot run: then no kernel could start anyway."""
+        """Check the run root is the bot's own (:meth:`make_run_root`) and start the kernel
+        warden (:mod:`kernels.host.lifeline`); raises
+        :class:`~kernels.seam.result.SandboxUnavailableError` (one line naming the fix) when
+        either cannot be had: then no kernel could start safely anyway."""
+        await asyncio.to_thread(self.make_run_root)
         await asyncio.to_thread(self.lifeline.ensure)
 
     async def close(self) -> None:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import ast
 import asyncio
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from kernels import KernelPool, KernelSettings
+from kernels import KernelPool, KernelSettings, SandboxUnavailableError
 from kernels.host.cgroups import Cgroups
-from kernels.host.runroot import SHM, is_tmpfs, run_parent
+from kernels.host.runroot import SHM, is_tmpfs, make_private, run_parent
 from kernels.local.launcher import KernelLauncher
 from tests.kernels.conftest import kernel_settings
 
@@ -74,3 +75,30 @@ def test_a_kernel_started_with_the_defaults_has_its_run_dir_and_sockets_in_memor
     assert run_dir.parent == SHM / f"threadbook-{os.getuid()}"
     assert "kernel.json" in made and any(name.startswith("ipc-") for name in made)
     assert not run_dir.exists()
+
+
+def test_a_run_root_someone_else_could_read_stops_the_kernels(tmp_path: Path) -> None:
+    """The run root sits in a folder anyone may write into: one made open to others (or a link
+    planted in its place) is refused with a line naming the fix, not used."""
+    mine = tmp_path / "mine"
+    make_private(mine)
+    assert stat.S_IMODE(os.lstat(mine).st_mode) == 0o700
+    make_private(mine)  # it exists and is the bot's own: fine
+    opened = tmp_path / "opened"
+    opened.mkdir(mode=0o777)
+    opened.chmod(0o777)
+    with pytest.raises(SandboxUnavailableError, match="kernels.run_root"):
+        make_private(opened)
+    planted = tmp_path / "planted"
+    planted.symlink_to(mine)
+    with pytest.raises(SandboxUnavailableError, match="not this bot's own"):
+        make_private(planted)
+
+
+def test_a_launcher_does_not_open_on_a_run_root_that_is_not_the_bots_own(tmp_path: Path) -> None:
+    settings = kernel_settings(tmp_path, run_root=tmp_path / "shared")
+    launcher = KernelLauncher(settings)
+    launcher.spawner.run_root.mkdir(parents=True, mode=0o755)
+    launcher.spawner.run_root.chmod(0o755)
+    with pytest.raises(SandboxUnavailableError, match="not this bot's own"):
+        asyncio.run(launcher.open())
