@@ -235,3 +235,42 @@ async def test_an_unsandboxed_kernel_cannot_read_the_bots_environment_or_memory(
     assert report["bot_environ"] == "PermissionError"
     assert report["bot_memory"] == "PermissionError"
     assert report["own_environ"] is False
+
+
+async def test_a_run_root_someone_else_made_refuses_to_start(tmp_path: Path) -> None:
+    """The kernels' run root sits where anyone may make a folder first (``/dev/shm``, ``/tmp``):
+    one open to others is not used; the bot stops with one line naming the fix."""
+    shared = tmp_path / "shared"
+    planted = shared / f"threadbook-{os.getuid()}"
+    planted.mkdir(parents=True)
+    planted.chmod(0o777)
+    config = {
+        "llm": {"base_url": "http://127.0.0.1:9/v1", "api_key": "test-key", "model": "fake-model"},
+        "slack": {"bot_token": "xoxb-test", "app_token": "xapp-test", "api_url": "http://127.0.0.1:9/api/"},
+        "kernels": {**kernel_config(tmp_path), "run_root": str(shared)},
+        "storage": {"path": str(tmp_path / "data" / "tb.db")},
+        "ops": {"http_port": 0},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bot",
+        "run",
+        "--config",
+        str(path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    stderr = err.decode()
+
+    assert process.returncode == 2, stderr
+    refusals = [line for line in stderr.splitlines() if line.startswith("threadbook: the kernels' run folder")]
+    assert len(refusals) == 1, stderr
+    assert "remove it, or set kernels.run_root" in refusals[0]
+    assert "Traceback" not in stderr and not out.strip()
+    assert os.listdir(planted) == [] and not _kernels_of(tmp_path)  # nothing was put in it
