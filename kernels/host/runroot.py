@@ -42,17 +42,27 @@ def run_parent(configured: Path | None, *, memory_capped: bool) -> Path:
     return Path(tempfile.gettempdir())
 
 
+def is_private(folder: Path) -> bool:
+    """(Blocking) whether ``folder`` is this process's own: a directory, not a link, owned by
+    its uid, closed to everyone else."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
 def make_private(folder: Path) -> None:
     """(Blocking) make ``folder`` (0700, parents as needed) unless it exists, then check it is
-    this process's own: a directory, not a link, owned by its uid, closed to everyone else.
+    this process's own (:func:`is_private`).
 
     The run root sits in a folder anyone may write into (``/dev/shm``, ``/tmp``): another local
     user who made it first could read every kernel's connection file (its key) and drive the
-    kernel. Raises :class:`~kernels.seam.result.SandboxUnavailableError` naming the fix: no
-    kernel may start then."""
+    kernel. It is checked before every start, not only once: a temp cleaner may remove an idle
+    one, and anyone may then make it again. Raises
+    :class:`~kernels.seam.result.SandboxUnavailableError` naming the fix: no kernel may start then."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+    if not is_private(folder):
         raise SandboxUnavailableError(
             f"the kernels' run folder {folder} is not this bot's own (a folder of uid {os.getuid()}, "
             "mode 0700): remove it, or set kernels.run_root"

@@ -54,6 +54,7 @@ from kernels.bwrap.launcher import BwrapLauncher
 from kernels.host import safefs
 from kernels.host.cgroups import KernelCgroup
 from kernels.host.leftovers import process_tree
+from kernels.host.runroot import is_private
 from kernels.local.launcher import KernelLauncher
 from kernels.oneshot.server import Ahead, OneShotServer
 from kernels.sandbox.args import sandbox_args
@@ -310,7 +311,10 @@ def _forkable(launcher: SpawningLauncher) -> bool:
 
 def _remove_stale(run_root: Path) -> None:
     """(Blocking) remove the scratch folders of bot processes that no longer run (a bot that
-    was killed mid-run); another live bot's, on the same host and run root, are kept."""
+    was killed mid-run); another live bot's, on the same host and run root, are kept. Nothing
+    is removed from a run root that is not the bot's own (no kernel starts there either)."""
+    if not is_private(run_root):
+        return
     try:
         entries = list(os.scandir(run_root))
     except OSError:

@@ -235,8 +235,19 @@ async def test_gateway_kernels_run_one_shots_locally_or_say_they_cannot(tmp_path
 
 def test_scratch_folders_of_a_bot_that_is_gone_are_removed(tmp_path: Path) -> None:
     run_root = tmp_path / f"threadbook-{os.getuid()}"
+    run_root.mkdir(mode=0o700)  # as the bot makes it
     gone = 2**22 + 1  # above the largest pid_max: no process has it
     (run_root / f"{ONESHOT_PREFIX}{gone}-abc" / "work").mkdir(parents=True)
     (run_root / f"{ONESHOT_PREFIX}{os.getpid()}-def" / "work").mkdir(parents=True)
     runner(tmp_path, "none")
     assert scratch_folders(tmp_path) == [f"{ONESHOT_PREFIX}{os.getpid()}-def"]
+
+
+def test_nothing_is_removed_from_a_run_root_that_is_not_the_bots_own(tmp_path: Path) -> None:
+    """A run root someone else could have made (open to others) is not walked or cleaned."""
+    run_root = tmp_path / f"threadbook-{os.getuid()}"
+    stale = run_root / f"{ONESHOT_PREFIX}{2**22 + 1}-abc"
+    (stale / "work").mkdir(parents=True)
+    run_root.chmod(0o777)
+    runner(tmp_path, "none")
+    assert stale.is_dir()
