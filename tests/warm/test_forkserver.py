@@ -68,6 +68,21 @@ async def test_forked_kernels_behave_like_spawned_ones(forking_pool: KernelPool)
     assert _alive(tree) == []  # the kernel and what it started, even in its own session
 
 
+async def test_forked_kernels_carry_no_debugger_backend(forking_pool: KernelPool) -> None:
+    # ipykernel's debugger backend (debugpy, ~7 MiB) serves a notebook front end's debug
+    # requests; the bot sends none, so the fork server never imports it (less to copy per fork).
+    session = await forking_pool.get_or_start("f:nodebug")
+    launcher = forking_pool.launcher
+    assert isinstance(launcher, ForkingLauncher) and launcher.forked == 1
+    loaded = await session.execute(
+        "import sys, ipykernel.debugger; print('debugpy' in sys.modules, ipykernel.debugger._is_debugpy_available)"
+    )
+    assert loaded.ok and loaded.streams[0].text == "False False\n", loaded
+    # Not blocked for user code: a cell may still import it.
+    imported = await session.execute("import debugpy; debugpy.__name__")
+    assert imported.ok and imported.result == "'debugpy'", imported
+
+
 async def test_forked_kernel_is_connected_once_its_sockets_are_bound(
     forking_pool: KernelPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
