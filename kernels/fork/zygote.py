@@ -124,8 +124,8 @@ def _without_debugger() -> None:
     """Import ipykernel's debugger module with its backend (debugpy) blocked: ipykernel then
     decides, once, that it has no debugger. The backend serves a notebook front end's debug
     requests, and the bot sends none; imported, it is ~130 modules and ~7 MiB of the zygote's
-    memory, whose page tables every fork copies (measured: ~160 fewer page faults and ~3 ms
-    less CPU per forked kernel in a crowd). Unblocked afterwards: a cell may still import it."""
+    memory, whose page tables every fork copies (measured: ~160 fewer page faults and ~2 ms
+    less CPU a forked kernel in a crowd). Unblocked afterwards: a cell may still import it."""
     if DEBUGGER_BACKEND in sys.modules:
         return
     sys.modules[DEBUGGER_BACKEND] = None  # type: ignore[assignment]  # an import raises ImportError
