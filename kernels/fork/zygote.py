@@ -131,7 +131,7 @@ def _without_debugger() -> None:
     sys.modules[DEBUGGER_BACKEND] = None  # type: ignore[assignment]  # an import raises ImportError
     try:
         importlib.import_module("ipykernel.debugger")
-    except ImportError:  # no ipykernel here: the kernel's start says so
+    except ImportError:  # no ipykernel, or a release that needs debugpy: imported as before below
         pass
     finally:
         if sys.modules.get(DEBUGGER_BACKEND, False) is None:

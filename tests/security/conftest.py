@@ -326,9 +326,10 @@ async def net_attacker(
 ) -> AsyncIterator[KernelSession]:
     """A fresh sandboxed kernel with ``network: true`` (always spawned, even with the fork
     server on); afterwards neither it nor its slirp4netns is left on the host."""
+    attack = f"`network: true` kernel: `{request.node.originalname}`"
     if NO_SLIRP:  # recorded for the table, as below: the run of every attack stays whole
         outcomes.source = _expected_source(sandbox_pool)
-        outcomes.record(f"`network: true` kernel: `{request.node.originalname}`", f"not run: {NO_SLIRP}")
+        outcomes.record(attack, f"not run: {NO_SLIRP}")
         pytest.skip(NO_SLIRP)
     launcher = sandbox_pool.launcher
     spawn = launcher.spawn if isinstance(launcher, ForkingLauncher) else launcher
@@ -337,10 +338,7 @@ async def net_attacker(
         # As root the probe must work where slirp4netns is installed; a normal user may lack
         # /dev/net/tun. Recorded for the table, as the kernel then stays offline (one warning).
         outcomes.source = _expected_source(sandbox_pool)
-        outcomes.record(
-            f"`network: true` kernel: `{request.node.originalname}`",
-            f"not run: network kernels stay offline here ({spawn.network_missing})",
-        )
+        outcomes.record(attack, f"not run: network kernels stay offline here ({spawn.network_missing})")
         pytest.skip(f"slirp4netns cannot give this bot's kernels network: {spawn.network_missing}")
     key = f"slack:C3:net-{request.node.name}"
     session = await sandbox_pool.get_or_start(key, KernelOptions(network=True))
