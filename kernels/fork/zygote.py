@@ -225,13 +225,30 @@ def _prepare_app(kernel_argv: list[str], inline: bool) -> None:
     display = sys.modules.get("threadbook_kernel.display")
     if display is not None:
         display.install()  # idempotent: the kernel's own set-up finds it done
+    _prepared, _prepared_argv = app, list(kernel_argv)
+
+
+def _share_module_names() -> None:
+    """(Zygote, after the last import) give ``sys.modules`` keys that lie together, and make
+    the module list a forked kernel's ``IPythonKernel.__init__`` reads (:class:`_KernelInitSys`).
+
+    A module's name string sits wherever its import put it, next to the module's other
+    objects. Each kernel copies ``sys.modules`` or its keys once while it starts (ipykernel's
+    list of module files, IPython's ``set(sys.modules.keys())``), and each copy raises every
+    key's reference count: with the import's names that wrote to ~400 pages spread over the
+    zygote's heap, copied into every kernel (~1.5 ms a start). Copies of the names made one
+    after another fill a few dozen pages instead. Nothing looks a module up by its key's
+    identity, only by its value."""
+    for name, copy in [(name, "".join([name[:1], name[1:]])) for name in list(sys.modules)]:
+        sys.modules[copy] = sys.modules.pop(name)
+    if _prepared is None:
+        return
     files = {
         name: _ModuleFiles("".join([path[:1], path[1:]]))  # a copy: the strings lie together too
         for name, module in list(sys.modules.items())
         if isinstance(path := getattr(module, "__file__", None), str) and path
     }
     _kernel_module_sys[0] = _KernelInitSys(files)
-    _prepared, _prepared_argv = app, list(kernel_argv)
 
 
 def _prime() -> None:
@@ -838,6 +855,7 @@ def main() -> None:
     _preload(modules)
     _prepare_app(kernel_argv, inline="matplotlib" in modules)
     _prime()
+    _share_module_names()
     # What the imports made stays shared with every kernel: the collector no longer writes
     # to those objects' headers (each write would copy a page into the child).
     gc.collect()

@@ -83,6 +83,34 @@ async def test_forked_kernels_carry_no_debugger_backend(forking_pool: KernelPool
     assert imported.ok and imported.result == "'debugpy'", imported
 
 
+#: A cell that forks and counts the pages its child copies while it takes ``set(sys.modules)``
+#: (each key's reference count is written): what a kernel's start does to the fork server's pages.
+COPIED_BY_MODULE_NAMES = """
+import os, resource, sys
+read, write = os.pipe()
+if (child := os.fork()) == 0:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    names = set(sys.modules)
+    os.write(write, str(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before).encode())
+    os._exit(0)
+os.close(write)
+copied = int(os.read(read, 32))
+os.waitpid(child, 0)
+print(copied, len(sys.modules))
+"""
+
+
+async def test_module_names_lie_together_in_forked_kernels(forking_pool: KernelPool) -> None:
+    # Every kernel copies sys.modules' keys while it starts (ipykernel's module list, IPython's
+    # set of names): the fork server gives them keys made one after another, so that copy
+    # writes to a few dozen pages (56 measured), not to the ~470 the imports left the names on.
+    session = await forking_pool.get_or_start("f:names")
+    counted = await session.execute(COPIED_BY_MODULE_NAMES)
+    assert counted.ok, counted
+    copied, modules = map(int, counted.streams[0].text.split())
+    assert modules > 500 and copied < 120, (copied, modules)
+
+
 async def test_forked_kernel_is_connected_once_its_sockets_are_bound(
     forking_pool: KernelPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
