@@ -36,7 +36,6 @@ import json
 import logging
 import os
 import select
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from kernels.fork import ZYGOTE
 from kernels.fork.jail import KERNEL_OOM_SCORE_ADJ
+from kernels.forking.serverproc import ServerProcess
 from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, WORKSPACE, zygote_args
 from kernels.sandbox.identity import ZYGOTE as ZYGOTE_IDENTITY
 from kernels.sandbox.identity import write_identity_files
@@ -61,14 +61,10 @@ from kernels.spawn.spawner import SpawningLauncher
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 60.0
 FORK_TIMEOUT_S = 10.0
 #: How long the channels wait for a forked kernel to report its sockets bound before they
 #: connect anyway (ZMQ then retries the connect until the kernel binds).
 BOUND_TIMEOUT_S = 10.0
-RESTART_DELAYS_S = (1.0, 2.0, 5.0, 15.0, 30.0)
-#: A fork server that failed to restart this many times in a row is given up (about 5 minutes).
-RESTART_ATTEMPTS = 12
 #: Forked kernels started at once: a fork costs ~70 ms of CPU, most of a start is waiting for
 #: round trips, so four per core keep the cores busy through a burst (a spawn costs ~0.6 s
 #: of CPU: spawned starts keep ``kernels.spawn.spawner.START_SLOTS``).
@@ -135,51 +131,29 @@ class ForkedProcess:
         self.send_signal(signal.SIGTERM)
 
 
-class ForkServer:
+class ForkServer(ServerProcess):
     """Owns one zygote process; forks kernels through it; restarts it when it dies."""
 
+    name = "fork server"
+    fallback = "kernels are spawned"
+    key = "fork-server"
+
     def __init__(self, launcher: ForkingLauncher) -> None:
+        super().__init__(launcher.spawner)
         self.launcher = launcher
         self.preload = list(launcher.spawner.settings.preload)
         self.exit_codes: dict[int, int] = {}
-        self._proc: asyncio.subprocess.Process | None = None
-        self._reader: asyncio.Task[None] | None = None
-        self._restarter: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[int]] = {}
         #: Answered kernels whose sockets are not reported bound yet, by pid.
         self._unbound: dict[int, asyncio.Future[None]] = {}
         self._ids = itertools.count(1)
-        self._ready: asyncio.Future[int] | None = None
-        self._lifeline_r, self._lifeline_w = os.pipe2(os.O_CLOEXEC)
-        self._closed = False
-        self._run_dirs: list[Path] = []
-        self.running = False
-        #: Times the zygote was (re)started.
-        self.starts = 0
 
-    @property
-    def pid(self) -> int | None:
-        """The zygote's process id while it runs."""
-        return self._proc.pid if self._proc is not None and self.running else None
-
-    async def launch(self) -> bool:
-        """Start the zygote; on failure log it, keep retrying in the background, return False."""
-        try:
-            await self.start()
-            return True
-        except Exception:
-            log.warning("the fork server did not start; spawning kernels until it does", exc_info=True)
-            if not self._closed and (self._restarter is None or self._restarter.done()):
-                self._restarter = asyncio.create_task(self._restart(), name="fork-server-restart")
-            return False
-
-    async def start(self) -> None:
-        """Start the zygote and wait until its imports are done."""
+    async def _spawn(self) -> asyncio.subprocess.Process:
         # The zygote runs as a kernel would (its environment, in-sandbox paths), in its own run dir.
         spawner = self.launcher.spawner
         plan = self.launcher.spawn.plan(spawner.run_root, KernelOptions())
         run_dir = plan.run_dir
-        self._run_dirs.append(run_dir)  # removed by stop(), also when this start fails
+        self._folders.append(run_dir)  # removed by stop(), also when this start fails
         await asyncio.to_thread(spawner.make_run_dir, run_dir)
         env = dict(plan.environment)
         sandbox = self.launcher.sandbox
@@ -189,10 +163,10 @@ class ForkServer:
             await asyncio.to_thread(write_identity_files, run_dir, ZYGOTE_IDENTITY)
             prefix = zygote_args(sandbox, run_dir=run_dir, code_dir=code_dir(sandbox))
             mode = ["jail" if sandbox.as_root else "userns"]
-        loop = asyncio.get_running_loop()
-        self._ready = loop.create_future()
+        # Not frozen, and it dies with the bot by itself (its stdin, bwrap's --die-with-parent);
+        # the warden takes its tree along too, the kernels still being forked in it included.
         with open(run_dir / "zygote.log", "ab") as log_file:
-            self._proc = await asyncio.create_subprocess_exec(
+            return await asyncio.create_subprocess_exec(
                 *prefix,
                 str(spawner.python.executable),
                 "-P",
@@ -211,22 +185,9 @@ class ForkServer:
                 limit=1 << 20,
                 preexec_fn=child_setup(None),  # its own session keyring, a high OOM score
             )
-        self.starts += 1
-        self.running = True
-        self._reader = asyncio.create_task(self._read(self._proc), name="fork-server-reader")
-        # Not frozen, and it dies with the bot by itself (its stdin, bwrap's --die-with-parent);
-        # the warden takes its tree along too, the kernels still being forked in it included.
-        try:
-            await asyncio.to_thread(spawner.lifeline.add_process, _zygote_key(self._proc), self._proc.pid)
-        except BaseException:
-            await self._kill()
-            raise
-        try:
-            ready = await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
-        except BaseException:
-            await self._kill()
-            raise
-        log.info("fork server ready (pid %s, preloaded %s)", ready, ", ".join(self.preload) or "nothing")
+
+    def _detail(self) -> str:
+        return f", preloaded {', '.join(self.preload) or 'nothing'}"
 
     async def fork(
         self,
@@ -259,33 +220,15 @@ class ForkServer:
             self._pending.pop(request_id, None)
         return ForkedProcess(pid, self)
 
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        while line := await proc.stdout.readline():
-            try:
-                self._handle_message(json.loads(line))
-            except (ValueError, KeyError, TypeError):
-                # Not the protocol: log it and keep reading, so a zygote that dies is still noticed.
-                log.error("the fork server wrote an unreadable line: %r", line[:200])
-        await proc.wait()
-        await asyncio.to_thread(self.launcher.spawner.lifeline.drop, _zygote_key(proc))
-        self.running = False
+    def _exited(self) -> None:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(KernelStartError("the fork server exited"))
         for pid in list(self._unbound):
             self._bound(pid)
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(KernelStartError(f"the fork server exited during start ({proc.returncode})"))
-        if not self._closed:
-            log.error("the fork server exited (code %s); spawning kernels until it is back", proc.returncode)
-            self._restarter = asyncio.create_task(self._restart(), name="fork-server-restart")
 
     def _handle_message(self, message: dict[str, Any]) -> None:
-        if "ready" in message:
-            if self._ready is not None and not self._ready.done():
-                self._ready.set_result(message["ready"])
-        elif "bound" in message:
+        if "bound" in message:
             self._bound(message["bound"])
         elif "exit" in message:
             self.exit_codes[message["exit"]] = message["code"]
@@ -312,53 +255,6 @@ class ForkServer:
             await asyncio.wait_for(asyncio.shield(future), BOUND_TIMEOUT_S)
         except TimeoutError:
             self._unbound.pop(pid, None)  # connect anyway: ZMQ retries until it binds
-
-    async def _restart(self) -> None:
-        for attempt in range(RESTART_ATTEMPTS):
-            await asyncio.sleep(RESTART_DELAYS_S[min(attempt, len(RESTART_DELAYS_S) - 1)])
-            if self._closed:
-                return
-            try:
-                await self.start()
-                return
-            except Exception:
-                log.warning("restarting the fork server failed", exc_info=True)
-        log.error("the fork server failed to restart %d times: kernels are spawned from now on", RESTART_ATTEMPTS)
-
-    async def stop(self) -> None:
-        """Stop the zygote (it kills what it forked that still runs) and release the lifeline."""
-        self._closed = True
-        if self._restarter is not None:
-            self._restarter.cancel()
-            await asyncio.gather(self._restarter, return_exceptions=True)
-        proc = self._proc
-        if proc is not None and proc.stdin is not None and proc.returncode is None:
-            proc.stdin.close()
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                await self._kill()
-        await self._kill()
-        for run_dir in self._run_dirs:
-            await asyncio.to_thread(shutil.rmtree, run_dir, True)
-        for fd in (self._lifeline_r, self._lifeline_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    async def _kill(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        if self._reader is not None:
-            await asyncio.gather(self._reader, return_exceptions=True)
-
-
-def _zygote_key(proc: asyncio.subprocess.Process) -> str:
-    """The zygote's name in the kernel warden's registry."""
-    return f"fork-server-{proc.pid}"
 
 
 class ForkProvisioner(ThreadbookProvisioner):

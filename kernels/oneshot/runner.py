@@ -50,13 +50,11 @@ from pathlib import Path
 
 import psutil
 
-from kernels.bwrap.launcher import BwrapLauncher
 from kernels.host import safefs
 from kernels.host.cgroups import KernelCgroup
 from kernels.host.leftovers import process_tree
 from kernels.host.runroot import is_private
-from kernels.local.launcher import KernelLauncher
-from kernels.oneshot.server import Ahead, OneShotServer
+from kernels.oneshot.server import Ahead, OneShotServer, forkable
 from kernels.sandbox.args import sandbox_args
 from kernels.sandbox.identity import prepare_run_dir
 from kernels.seam.options import KernelOptions
@@ -124,7 +122,7 @@ class OneShot:
         self._forking = asyncio.Semaphore(MAX_FORKED)
         #: The one-shot fork server (None: every one-shot is spawned).
         self.server: OneShotServer | None = None
-        if fork and launcher is not None and _forkable(launcher):
+        if fork and launcher is not None and forkable(launcher):
             self.server = OneShotServer(
                 launcher, prepare=functools.partial(_prepare, launcher), discard=_discard, ahead=MAX_FORKED
             )
@@ -157,7 +155,7 @@ class OneShot:
     @property
     def sandboxed(self) -> bool:
         """Whether runs happen inside bubblewrap."""
-        return isinstance(self._launcher, BwrapLauncher)
+        return self._launcher is not None and self._launcher.support is not None
 
     @contextlib.asynccontextmanager
     async def job(self) -> AsyncIterator[Job]:
@@ -257,7 +255,7 @@ def _plan(launcher: SpawningLauncher) -> LaunchPlan:
     workspace, run_dir = base / "work", base / "run"
     environment = launcher.environment(workspace, run_dir, KernelOptions())
     environment.pop(PACKAGES_ENV, None)
-    if not isinstance(launcher, BwrapLauncher):  # caches in the job's folder, not the kernels' shared one
+    if launcher.support is None:  # caches in the job's folder, not the kernels' shared one
         environment["MPLCONFIGDIR"] = str(workspace / ".cache" / "matplotlib")
         environment["XDG_CACHE_HOME"] = str(workspace / ".cache")
     return LaunchPlan(
@@ -305,10 +303,6 @@ async def _discard(plan: LaunchPlan) -> None:
     await asyncio.to_thread(shutil.rmtree, plan.run_dir.parent, True)
 
 
-def _forkable(launcher: SpawningLauncher) -> bool:
-    return type(launcher) in (KernelLauncher, BwrapLauncher)
-
-
 def _remove_stale(run_root: Path) -> None:
     """(Blocking) remove the scratch folders of bot processes that no longer run (a bot that
     was killed mid-run); another live bot's, on the same host and run root, are kept. Nothing
@@ -335,7 +329,7 @@ def _make_scratch(launcher: SpawningLauncher, plan: LaunchPlan) -> None:
 
 
 def _command(launcher: SpawningLauncher, plan: LaunchPlan, argv: list[str]) -> list[str]:
-    if isinstance(launcher, BwrapLauncher):
+    if launcher.support is not None:
         return [*sandbox_args(launcher.support, plan), *argv]
     return argv
 
@@ -344,7 +338,7 @@ def _preexec(launcher: SpawningLauncher, plan: LaunchPlan, cgroup: KernelCgroup 
     """Between fork and exec: the cgroup, keyring and OOM score of a kernel; without the
     sandbox (whose ``prlimit`` sets them inside) the rlimits too."""
     setup = child_setup(cgroup)
-    limits = () if isinstance(launcher, BwrapLauncher) else plan.limits.rlimits()
+    limits = () if launcher.support is not None else plan.limits.rlimits()
 
     def preexec() -> None:
         setup()

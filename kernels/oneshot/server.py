@@ -27,7 +27,6 @@ import itertools
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import uuid
@@ -38,7 +37,8 @@ from typing import Any
 
 from kernels.bwrap.launcher import BwrapLauncher
 from kernels.fork import ONESHOT_ZYGOTE
-from kernels.forking.launcher import RESTART_ATTEMPTS, RESTART_DELAYS_S, START_TIMEOUT_S, code_dir, jail_for
+from kernels.forking.launcher import code_dir, jail_for
+from kernels.forking.serverproc import ServerProcess
 from kernels.host.cgroups import KernelCgroup
 from kernels.host.leftovers import process_tree
 from kernels.local.launcher import KernelLauncher
@@ -138,16 +138,27 @@ class Ahead:
             self.pidfd = None
 
 
-class OneShotServer:
+def forkable(launcher: SpawningLauncher) -> bool:
+    """Whether ``launcher``'s one-shots can come from a one-shot fork server: the plain local
+    launchers (unsandboxed or bubblewrap) can, a launcher wrapping one (the fork server's) cannot."""
+    return type(launcher) in (KernelLauncher, BwrapLauncher)
+
+
+class OneShotServer(ServerProcess):
     """Owns the one-shot zygote; forks jobs through it; restarts it when it dies."""
+
+    name = "one-shot fork server"
+    fallback = "one-shots are spawned"
+    key = "oneshot-server"
 
     def __init__(self, launcher: SpawningLauncher, *, prepare: Prepare, discard: Discard, ahead: int = AHEAD) -> None:
         """``launcher``: the local spawning launcher whose interpreter, sandbox, run root and
         kernel warden the one-shots share (unsandboxed, or bubblewrap); ``prepare`` and
         ``discard`` make and remove a job's plan, scratch folder and cgroup; ``ahead``: how
         many job processes to keep made ahead."""
-        if type(launcher) not in (KernelLauncher, BwrapLauncher):
+        if not forkable(launcher):
             raise ValueError(f"no one-shot fork server for {type(launcher).__name__}")
+        super().__init__(launcher.spawner)
         self.launcher = launcher
         self._prepare = prepare
         self._discard = discard
@@ -159,57 +170,20 @@ class OneShotServer:
         #: Cgroups of finished jobs being removed (once their processes are gone).
         self._removing: set[asyncio.Task[bool]] = set()
         self._changed = asyncio.Event()
-        self.sandbox = launcher if isinstance(launcher, BwrapLauncher) else None
+        #: The bubblewrap the one-shots run in (the launcher's kernels'); None: unsandboxed.
+        self.support = launcher.support
         self.exits: dict[int, asyncio.Future[int]] = {}
-        self._proc: asyncio.subprocess.Process | None = None
         self._channel: socket.socket | None = None
-        self._reader: asyncio.Task[None] | None = None
-        self._restarter: asyncio.Task[None] | None = None
-        self._starter: asyncio.Task[bool] | None = None
         self._pending: dict[int, asyncio.Future[int]] = {}
         self._ids = itertools.count(1)
-        self._ready: asyncio.Future[int] | None = None
-        self._lifeline_r, self._lifeline_w = os.pipe2(os.O_CLOEXEC)
-        self._closed = False
-        self._folders: list[Path] = []
-        self.running = False
-        #: Times the zygote was (re)started, and jobs forked by it.
-        self.starts = 0
+        #: Jobs forked by it.
         self.forked = 0
-
-    @property
-    def pid(self) -> int | None:
-        """The server's process id (its sandbox's, sandboxed) while it runs."""
-        return self._proc.pid if self._proc is not None and self.running else None
 
     def jail(self, plan: LaunchPlan) -> dict[str, Any] | None:
         """The confinement of a job with ``plan`` (None unsandboxed), see ``kernels/fork/jail.py``."""
-        return None if self.sandbox is None else jail_for(plan, self.sandbox.support)
+        return None if self.support is None else jail_for(plan, self.support)
 
-    def open(self) -> None:
-        """Start the zygote in the background (one-shots are spawned until it is ready)."""
-        if self._starter is None:
-            self._starter = asyncio.create_task(self.launch(), name="oneshot-server-start")
-
-    async def wait_ready(self, timeout: float = START_TIMEOUT_S) -> bool:
-        """Wait for the first start (tests, benchmarks); whether the server runs."""
-        if self._starter is not None:
-            await asyncio.wait_for(asyncio.shield(self._starter), timeout)
-        return self.running
-
-    async def launch(self) -> bool:
-        """Start the zygote; on failure log it, keep retrying in the background, return False."""
-        try:
-            await self.start()
-            return True
-        except Exception:
-            log.warning("the one-shot fork server did not start; one-shots are spawned until it does", exc_info=True)
-            if not self._closed and (self._restarter is None or self._restarter.done()):
-                self._restarter = asyncio.create_task(self._restart(), name="oneshot-server-restart")
-            return False
-
-    async def start(self) -> None:
-        """Start the zygote and wait until its imports are done."""
+    async def _spawn(self) -> asyncio.subprocess.Process:
         launcher = self.launcher
         folder = launcher.spawner.run_root / SERVER_FOLDER.format(pid=os.getpid(), id=uuid.uuid4().hex[:8])
         run_dir = folder / "run"
@@ -217,19 +191,16 @@ class OneShotServer:
         await asyncio.to_thread(_make_folder, launcher, run_dir)
         env = launcher.environment(folder / "work", run_dir, KernelOptions())
         env.pop(PACKAGES_ENV, None)  # one-shots never see the shared packages folder
-        if self.sandbox is None:
+        if (support := self.support) is None:
             prefix, mode = [], []
         else:
             await asyncio.to_thread(write_identity_files, run_dir, ZYGOTE_IDENTITY)
-            support = self.sandbox.support
             prefix = zygote_args(support, run_dir=run_dir, code_dir=code_dir(support))
             mode = ["jail" if support.as_root else "userns"]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        loop = asyncio.get_running_loop()
-        self._ready = loop.create_future()
         try:
             with open(run_dir / "zygote.log", "ab") as log_file:
-                self._proc = await asyncio.create_subprocess_exec(
+                proc = await asyncio.create_subprocess_exec(
                     *prefix,
                     str(launcher.spawner.python.executable),
                     "-I",
@@ -254,16 +225,9 @@ class OneShotServer:
             theirs.close()
         ours.setblocking(False)
         self._channel = ours
-        self.starts += 1
-        self.running = True
-        self._reader = asyncio.create_task(self._read(self._proc), name="oneshot-server-reader")
-        try:
-            await asyncio.to_thread(launcher.spawner.lifeline.add_process, _key(self._proc), self._proc.pid)
-            ready = await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
-        except BaseException:
-            await self._kill()
-            raise
-        log.info("one-shot fork server ready (pid %s)", ready)
+        return proc
+
+    def _started(self) -> None:
         self._refill()
 
     async def take(self) -> Ahead | None:
@@ -400,7 +364,7 @@ class OneShotServer:
         self._pending[request_id] = future
         request = {
             "id": request_id,
-            "cwd": str(WORKSPACE) if self.sandbox is not None else str(plan.workspace),
+            "cwd": str(WORKSPACE) if self.support is not None else str(plan.workspace),
             "env": dict(plan.environment),
             "limits": [(int(limit), int(value)) for limit, value in plan.limits.rlimits()],
             "jail": self.jail(plan),
@@ -415,38 +379,15 @@ class OneShotServer:
         self.forked += 1
         return pid
 
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        while line := await proc.stdout.readline():
-            try:
-                self._handle_message(json.loads(line))
-            except (ValueError, KeyError, TypeError):
-                log.error("the one-shot fork server wrote an unreadable line: %r", line[:200])
-        await proc.wait()
-        await asyncio.to_thread(self.launcher.spawner.lifeline.drop, _key(proc))
-        self.running = False
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+    def _exited(self) -> None:
+        self._close_input()
         for future in [*self._pending.values(), *self.exits.values()]:
             if not future.done():
                 future.set_exception(KernelStartError("the one-shot fork server exited"))
-        if self._ready is not None and not self._ready.done():
-            self._ready.set_exception(
-                KernelStartError(f"the one-shot fork server exited during start ({proc.returncode})")
-            )
         self._changed.set()  # a job waiting for a process made ahead spawns instead
-        if not self._closed:
-            log.error(
-                "the one-shot fork server exited (code %s); one-shots are spawned until it is back", proc.returncode
-            )
-            self._restarter = asyncio.create_task(self._restart(), name="oneshot-server-restart")
 
     def _handle_message(self, message: dict[str, Any]) -> None:
-        if "ready" in message:
-            if self._ready is not None and not self._ready.done():
-                self._ready.set_result(message["ready"])
-        elif "exit" in message:
+        if "exit" in message:
             done = self.exits.get(message["exit"])
             if done is not None and not done.done():
                 done.set_result(int(message["code"]))
@@ -464,25 +405,7 @@ class OneShotServer:
         if done is not None and not done.done():
             done.cancel()
 
-    async def _restart(self) -> None:
-        for attempt in range(RESTART_ATTEMPTS):
-            await asyncio.sleep(RESTART_DELAYS_S[min(attempt, len(RESTART_DELAYS_S) - 1)])
-            if self._closed:
-                return
-            try:
-                await self.start()
-                return
-            except Exception:
-                log.warning("restarting the one-shot fork server failed", exc_info=True)
-        log.error("the one-shot fork server failed to restart %d times: one-shots are spawned", RESTART_ATTEMPTS)
-
-    async def stop(self) -> None:
-        """Stop the zygote (it kills the jobs still running) and release the lifeline."""
-        self._closed = True
-        for task in (self._restarter, self._starter):
-            if task is not None and not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+    async def _wind_down(self) -> None:
         making = list(self._making)
         for task in making:
             task.cancel()
@@ -490,31 +413,11 @@ class OneShotServer:
         while self._made:
             await self._throw_away(self._made.popleft())
         await asyncio.gather(*self._removing, return_exceptions=True)
-        proc = self._proc
+
+    def _close_input(self) -> None:
         if self._channel is not None:
             self._channel.close()  # the zygote sees its standard input end
             self._channel = None
-        if proc is not None and proc.returncode is None:
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                pass
-        await self._kill()
-        for folder in self._folders:
-            await asyncio.to_thread(shutil.rmtree, folder, True)
-        for fd in (self._lifeline_r, self._lifeline_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    async def _kill(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        if self._reader is not None:
-            await asyncio.gather(self._reader, return_exceptions=True)
 
 
 async def _send(channel: socket.socket, data: bytes, fds: list[int]) -> None:
@@ -547,11 +450,6 @@ def _make_folder(launcher: SpawningLauncher, run_dir: Path) -> None:
     launcher.spawner.make_run_root()
     run_dir.parent.mkdir(mode=0o700)
     run_dir.mkdir(mode=0o700)
-
-
-def _key(proc: asyncio.subprocess.Process) -> str:
-    """The server's name in the kernel warden's registry."""
-    return f"oneshot-server-{proc.pid}"
 
 
 def kill(pidfd: int | None, pid: int) -> None:

@@ -171,6 +171,36 @@ async def test_forked_jobs_share_no_state(tmp_path: Path, sandbox: str) -> None:
     assert len(set(pids)) == 4  # a process of its own each
 
 
+async def test_a_dead_one_shot_server_falls_back_to_spawn_and_comes_back(tmp_path: Path) -> None:
+    """The one-shot fork server shares the kernels' fork server's life (``ServerProcess``): killed,
+    its jobs are spawned meanwhile, it is started again, and jobs are forked from it again."""
+    hello = ["-c", "print('hi')"]
+    async with running(tmp_path, "none", "forked") as oneshot:
+        server = oneshot.server
+        assert server is not None and server.starts == 1
+        first = server.pid
+        assert first is not None
+        os.kill(first, 9)
+        while server.running:
+            await asyncio.sleep(0.01)
+        async with oneshot.job() as job:
+            assert job_process(job) == []  # spawned: no process made ahead
+            spawned = await job.run_python(hello, timeout=30, max_output=100)
+        for _ in range(200):
+            if server.running and server._made:
+                break
+            await asyncio.sleep(0.05)
+        assert server.starts == 2 and server.pid not in (None, first)
+        forked_before = server.forked
+        async with oneshot.job() as job:
+            assert job_process(job)  # forked by the new server
+            forked = await job.run_python(hello, timeout=30, max_output=100)
+        again = server.pid
+    assert spawned.ok and spawned.output == b"hi\n" and forked.ok and forked.output == b"hi\n"
+    assert server.forked >= forked_before and again is not None and not psutil.pid_exists(again)
+    assert scratch_folders(tmp_path) == []
+
+
 async def test_an_unavailable_runner_says_why() -> None:
     oneshot = OneShot.unavailable("no kernel environment here")
     assert not oneshot.available
