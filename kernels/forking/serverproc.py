@@ -2,8 +2,9 @@
 (:class:`~kernels.forking.launcher.ForkServer`) or the one-shots'
 (:class:`~kernels.oneshot.server.OneShotServer`).
 
-:class:`ServerProcess` owns one such process: it starts it with the kernel warden's lifeline
-(registered with the warden, which takes its whole tree along if the bot dies), waits for its
+:class:`ServerProcess` owns one such process: it starts it with a lifeline pipe (EOF once
+the bot is gone) and registers it with the kernel warden (which takes its whole tree along if
+the bot dies), waits for its
 ``{"ready": pid}`` line, reads and hands on every JSON line it writes, restarts it in the
 background with a growing delay when it dies (what it serves is spawned meanwhile), and stops
 it: its input closed (it kills what it forked that still runs), killed after
@@ -59,7 +60,8 @@ class ServerProcess(abc.ABC):
         self._starter: asyncio.Task[bool] | None = None
         self._restarter: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[int] | None = None
-        #: The pipe the warden's lifeline hands the process: it kills its children when it reads EOF.
+        #: The lifeline: the process gets the read end (and hands it to what it forks); the
+        #: write end closes when the bot is gone, and the EOF ends them.
         self._lifeline_r, self._lifeline_w = os.pipe2(os.O_CLOEXEC)
         self._closed = False
         #: Folders its starts made, removed by :meth:`stop`.

@@ -13,9 +13,10 @@ Job processes are made ahead of need (:data:`AHEAD` of them, :class:`Ahead`): co
 and moving it into its cgroup takes ~5-25 ms (a cgroup v1 migration waits for an RCU grace
 period), which a job then does not wait for; :mod:`kernels.oneshot.runner` takes one per job.
 
-Like the kernels' fork server it dies with the bot (its standard input closes; the kernel
-warden kills its tree), is restarted in the background with a growing delay when it dies,
-and one-shots are spawned while it is not running.
+Like the kernels' fork server (both are a :class:`~kernels.forking.serverproc.ServerProcess`)
+it dies with the bot (its standard input closes; the kernel warden kills its tree), is
+restarted in the background with a growing delay when it dies, and one-shots are spawned
+while it is not running.
 """
 
 from __future__ import annotations
