@@ -235,7 +235,7 @@ def _share_module_names() -> None:
     A module's name string sits wherever its import put it, next to the module's other
     objects. Each kernel copies ``sys.modules`` or its keys once while it starts (ipykernel's
     list of module files, IPython's ``set(sys.modules.keys())``), and each copy raises every
-    key's reference count: with the import's names that wrote to ~400 pages spread over the
+    key's reference count: with the imports' names that wrote to ~470 pages spread over the
     zygote's heap, copied into every kernel (~1.5 ms a start). Copies of the names made one
     after another fill a few dozen pages instead. Nothing looks a module up by its key's
     identity, only by its value."""

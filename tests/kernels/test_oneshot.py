@@ -191,13 +191,12 @@ async def test_a_dead_one_shot_server_falls_back_to_spawn_and_comes_back(tmp_pat
                 break
             await asyncio.sleep(0.05)
         assert server.starts == 2 and server.pid not in (None, first)
-        forked_before = server.forked
         async with oneshot.job() as job:
-            assert job_process(job)  # forked by the new server
+            assert job_process(job)  # made ahead by the new server (the old one's were thrown away)
             forked = await job.run_python(hello, timeout=30, max_output=100)
         again = server.pid
     assert spawned.ok and spawned.output == b"hi\n" and forked.ok and forked.output == b"hi\n"
-    assert server.forked >= forked_before and again is not None and not psutil.pid_exists(again)
+    assert again is not None and not psutil.pid_exists(again)
     assert scratch_folders(tmp_path) == []
 
 
