@@ -239,16 +239,23 @@ def _share_module_names() -> None:
     zygote's heap, copied into every kernel (~1.5 ms a start). Copies of the names made one
     after another fill a few dozen pages instead. Nothing looks a module up by its key's
     identity, only by its value."""
-    for name, copy in [(name, "".join([name[:1], name[1:]])) for name in list(sys.modules)]:
-        sys.modules[copy] = sys.modules.pop(name)
+    for name in list(sys.modules):
+        sys.modules[_new_copy(name)] = sys.modules.pop(name)
     if _prepared is None:
         return
     files = {
-        name: _ModuleFiles("".join([path[:1], path[1:]]))  # a copy: the strings lie together too
+        name: _ModuleFiles(_new_copy(path))  # the paths lie together too
         for name, module in list(sys.modules.items())
         if isinstance(path := getattr(module, "__file__", None), str) and path
     }
     _kernel_module_sys[0] = _KernelInitSys(files)
+
+
+def _new_copy(text: str) -> str:
+    """A new string object equal to ``text``, made now (next to the others made now), not
+    ``text`` itself (slicing all of a string or joining one part gives back the same object;
+    a one-character one stays the interpreter's shared one)."""
+    return "".join([text[:1], text[1:]])
 
 
 def _prime() -> None:
