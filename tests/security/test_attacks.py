@@ -378,8 +378,8 @@ def _landed(path: Path) -> bool:
 def _without_cgroup(session: KernelSession, outcomes: Outcomes, attack_name: str) -> None:
     """Record and skip an attack only a cgroup contains, where this bot could make none."""
     launcher = session.launcher
-    cgroups = getattr(launcher, "cgroups", None)
-    if cgroups is not None and cgroups.enabled:
+    spawner = getattr(launcher, "spawner", None)  # local launchers, spawning or forking
+    if spawner is not None and spawner.cgroups.enabled:
         return
     isolation = launcher.isolation
     outcomes.record(
