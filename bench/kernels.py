@@ -140,7 +140,7 @@ async def burst(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none
         pss = [await s.memory_bytes() or 0 for s in sessions]
         parent = 0
         if isinstance(pool.launcher, ForkingLauncher):
-            parent = await _pss_zygote(pool.launcher.server.pid)
+            parent = await _pss_zygote(pool.launcher.server.pid, {s.pid for s in sessions})
         result = summary(list(times))
         result["wall_s"] = wall
         result.update(floor)
@@ -175,9 +175,10 @@ async def _pss(pid: int | None) -> int:
     return int(getattr(info, "pss", info.rss))
 
 
-async def _pss_zygote(pid: int | None) -> int:
-    """PSS of the fork server itself: its process and (sandboxed) its bwrap wrapper, not the
-    kernels it forked (their PSS is counted per kernel)."""
+async def _pss_zygote(pid: int | None, kernels: set[int | None]) -> int:
+    """PSS of the fork server's own processes: (sandboxed) its bwrap wrapper, the zygote, its
+    helper and every kernel's supervisor (the helper's children), not the ``kernels`` it forked
+    (their PSS is counted per kernel)."""
     import psutil
 
     if pid is None:
@@ -188,6 +189,9 @@ async def _pss_zygote(pid: int | None) -> int:
         procs = [psutil.Process(pid)]
         if procs[0].name() == "bwrap":  # sandboxed: the zygote is bwrap's child
             procs += procs[0].children()
+        for child in procs[-1].children():
+            if child.pid not in kernels:  # the supervisors' helper
+                procs += [child, *child.children(recursive=True)]
         for proc in procs:
             info = proc.memory_full_info()
             total += int(getattr(info, "pss", info.rss))

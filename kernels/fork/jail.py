@@ -7,24 +7,26 @@ view, no network, and the host's ``/`` read-only at :data:`HOST_VIEW`, from whic
 binds what is its own. Python 3.11 has no ``os.unshare``/``mount``, so this module calls
 libc through ``ctypes``.
 
-Per kernel (:func:`fork_jailed`): the zygote unshares a pid namespace just for its next
-child and returns to its own right after the fork, so the child is pid 1 of a fresh pid
-namespace (the role bwrap's init plays for a spawned kernel). That child, the
-*supervisor*, still root:
+Per kernel (``Jailer`` in ``zygote.py``) two processes:
 
-0. joins a new session keyring (nothing of the zygote's or another kernel's is reachable)
-   and raises its ``oom_score_adj`` to :data:`KERNEL_OOM_SCORE_ADJ` (:func:`isolate`);
-1. unshares mount, net, ipc, uts and cgroup namespaces; makes every mount private;
-2. mounts size- and inode-capped tmpfs at ``/tmp`` and ``/dev/shm``, a fresh ``/proc`` (the
-   host's is detached) and ``/dev/pts``; brings up its own ``lo``;
-3. binds the thread's workspace at ``/workspace`` (rw), its run dir at its own path (rw, on
-   a tmpfs that hides every other run dir), the run dir's ``passwd``/``group`` at ``/etc``
-   and the channel's ``data_dir`` at ``/data`` (ro), all ``nosuid,nodev``;
-4. detaches :data:`HOST_VIEW` and checks it is empty;
-5. forks the kernel (pid 2), then drops to the kernel's uid itself (no capabilities, not
-   dumpable) and reaps until the kernel exits; it exits with the kernel's status
-   (``128 + signal`` when killed) and when the bot's lifeline pipe reports EOF, which ends
-   every process of the namespace.
+- the *supervisor*, pid 1 of a fresh pid namespace (the role bwrap's init plays for a
+  spawned kernel): a child of a small helper the zygote forked before its imports, so it
+  costs a few hundred kilobytes, not a copy of the zygote. It joins a new session keyring,
+  leaves the host's view (:func:`leave_host_view`), drops to the kernel's uid (no
+  capabilities, not dumpable) and reaps until the kernel exits or the bot's lifeline pipe
+  reports EOF (:func:`supervise`); its exit ends every process of the namespace.
+- the *kernel*, forked by the zygote into that pid namespace (pid 2; ``setns``), still root:
+
+  0. joins a new session keyring and raises its ``oom_score_adj`` to
+     :data:`KERNEL_OOM_SCORE_ADJ` (:func:`isolate`);
+  1. unshares mount, net, ipc, uts and cgroup namespaces; makes every mount private;
+  2. mounts size- and inode-capped tmpfs at ``/tmp`` and ``/dev/shm``, a fresh ``/proc``
+     (the host's is detached) and ``/dev/pts``; brings up its own ``lo``;
+  3. binds the thread's workspace at ``/workspace`` (rw), its run dir at its own path (rw, on
+     a tmpfs that hides every other run dir), the run dir's ``passwd``/``group`` at ``/etc``
+     and the channel's ``data_dir`` at ``/data`` (ro), all ``nosuid,nodev``;
+  4. detaches :data:`HOST_VIEW` and checks it is empty (:func:`build`);
+  5. drops its privileges, then runs ipykernel.
 
 The kernel process drops to the per-workspace uid/gid: bounding and ambient capability
 sets emptied, groups cleared, ``no_new_privs``; :func:`drop_privileges` verifies all of it
@@ -62,10 +64,9 @@ MNT_DETACH = 2
 PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 24, 38, 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 _CAPABILITY_VERSION_3 = 0x20080522
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
-#: Exit code of a supervisor whose kernel was killed by signal N: ``SIGNAL_BASE + N``.
-SIGNAL_BASE = 128
 #: keyctl(2) by architecture (no libc wrapper without libkeyutils); x86-64, then the generic table.
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "i686": 288, "i386": 288}
 KEYCTL_JOIN_SESSION_KEYRING = 1
@@ -99,6 +100,11 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
 def unshare(flags: int) -> None:
     """unshare(2)."""
     _check(_libc.unshare(flags), "unshare")
+
+
+def setns(fd: int, nstype: int) -> None:
+    """setns(2)."""
+    _check(_libc.setns(fd, nstype), "setns")
 
 
 def prctl(option: int, arg: int = 0) -> None:
@@ -190,8 +196,15 @@ def _loopback_up() -> None:
         fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP))
 
 
+def leave_host_view() -> None:
+    """(Supervisor, root) a mount namespace of its own without :data:`HOST_VIEW`."""
+    unshare(CLONE_NEWNS)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _check(_libc.umount2(_bytes(HOST_VIEW), MNT_DETACH), f"umount {HOST_VIEW}")
+
+
 def build(jail: dict[str, Any]) -> None:
-    """(Supervisor, root, pid 1 of its pid namespace) set up the kernel's namespaces and file system.
+    """(Kernel process, root, in its supervisor's pid namespace) set up its namespaces and file system.
 
     ``jail``: ``run_dir`` (the path the kernel uses), ``sources`` (host paths, resolved, of
     ``workspace``, ``run_dir``, ``data_dir`` and ``packages_dir``, the last two may be None), ``hide`` (bound
@@ -329,41 +342,37 @@ def close_fds(keep: set[int]) -> None:
                 pass
 
 
-def supervise(kernel: int, lifeline: int) -> int:
-    """(Supervisor, pid 1) reap every process of the namespace until ``kernel`` exits.
-
-    Returns its exit code (``SIGNAL_BASE + N`` when signal N killed it), or 1 as soon as
-    the bot's lifeline reports EOF (the supervisor's exit then ends the whole namespace).
-    """
+def supervise(kernel: int, lifeline: int) -> None:
+    """(Supervisor, pid 1) reap every orphan of the namespace until the kernel exits
+    (``kernel``: its pidfd; the zygote reaps it) or the bot's lifeline reports EOF; the
+    supervisor's exit then ends the whole namespace."""
     for signum in (signal.SIGINT, signal.SIGTERM):  # no handler: the kernel cannot signal pid 1
         signal.signal(signum, signal.SIG_DFL)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     poller = select.poll()
-    poller.register(wake_r, select.POLLIN)
-    poller.register(lifeline, select.POLLIN)
+    for fd in (wake_r, lifeline, kernel):
+        poller.register(fd, select.POLLIN)
     while True:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return 1
-            if pid == 0:
-                break
-            if pid == kernel:
-                return SIGNAL_BASE + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
         try:
             events = dict(poller.poll())
         except InterruptedError:
             continue
+        if kernel in events:
+            return
         if lifeline in events:
             try:
                 if not os.read(lifeline, 1):
-                    return 1
+                    return
             except OSError as exc:
                 if exc.errno != errno.EAGAIN:
-                    return 1
+                    return
         if wake_r in events:
             try:
                 while os.read(wake_r, 512):

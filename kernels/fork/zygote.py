@@ -15,9 +15,10 @@ With ``jail`` or ``userns`` (the sandboxed profile, the bot root or not; the zyg
 inside bubblewrap, see :func:`kernels.sandbox.args.zygote_args`) every request carries a
 ``"jail"`` object (uid, gid, host paths of the workspace, run dir and data dir, tmpfs sizes)
 and the child enters its own namespaces and uid before any user code
-(:mod:`kernels.fork.jail`); the request goes to a supervisor forked before it came
-(:class:`Jailer`), and the fork is answered only once the kernel process has dropped its
-privileges, or with the error that stopped it. In both profiles the zygote then says when
+(:mod:`kernels.fork.jail`): the zygote forks it into the pid namespace of a small
+supervisor that a helper, forked before the zygote's imports, made ahead (:class:`Jailer`),
+and the fork is answered only once the kernel process has dropped its privileges, or with
+the error that stopped it. In both profiles the zygote then says when
 the kernel has bound its sockets: the bot's channels connect at their first try (ZMQ retries
 a refused connect only after a while). The zygote never waits on one kernel: it forks the
 next meanwhile (:class:`_Server`). In both profiles every child joins a new session keyring
@@ -27,11 +28,13 @@ the bot moves it into the kernel's cgroup once the fork is answered
 
 Protocol: JSON lines. The zygote writes ``{"ready": pid, "threads": n}`` once its imports
 are done, then reads fork requests ``{"id", "argv", "cwd", "env", "log", "limits"}`` from
-stdin and answers each ``{"id", "pid"}`` (or ``{"id", "error"}``) in the order its kernels
+stdin and answers each ``{"id", "pid"}`` (jailed: ``{"id", "pid", "supervisor"}``, the
+host pid of pid 1 of the kernel's namespace) or ``{"id", "error"}`` in the order its kernels
 report, then ``{"bound": pid}`` once that kernel's sockets are bound; whenever an answered
 child exits it
 writes ``{"exit": pid, "code": returncode}`` (``-signal`` when killed, like ``Popen``).
-When stdin closes it kills what it forked and exits.
+When stdin closes it kills what it forked and exits; when its helper has died it exits
+leaving its kernels running (the bot starts a new zygote).
 
 Fork safety (KERNELS.md pitfall 7): BLAS threads are pinned to one by the environment and
 the zygote checks it is single-threaded before every fork; no ZMQ context or event loop
@@ -49,6 +52,7 @@ the bot's kernel warden (``kernels/host/warden.py``) kills and thaws it instead.
 
 from __future__ import annotations
 
+import collections
 import errno
 import gc
 import importlib
@@ -58,6 +62,7 @@ import os
 import resource
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -339,28 +344,11 @@ JAIL_TIMEOUT_S = 10.0
 #: What a kernel writes on its status pipe: privileges dropped (jailed: the fork's answer),
 #: sockets bound (then it closes the pipe).
 DROPPED, BOUND = b"ok\n", b"bound\n"
-
-
-def _await_request(request_fd: int, lifeline: int) -> dict[str, Any] | None:
-    """(Spare supervisor) the fork request, one JSON line; None when its pipe closes first
-    or the bot's lifeline reports EOF."""
-    poller = select.poll()
-    poller.register(request_fd, select.POLLIN)
-    poller.register(lifeline, select.POLLIN)
-    data = b""
-    while not data.endswith(b"\n"):
-        try:
-            events = dict(poller.poll())
-        except InterruptedError:
-            continue
-        if lifeline in events:
-            return None
-        if not (chunk := os.read(request_fd, 65536)):
-            return None
-        data += chunk
-    os.close(request_fd)
-    request: dict[str, Any] = json.loads(data)
-    return request
+#: A jailed kernel's pid in its supervisor's namespace (the first process forked into it).
+KERNEL_PID = 2
+#: Supervisors made ahead of need (each a small process waiting with its pid namespace): in
+#: a burst the zygote takes one and forks while the helper makes the next.
+SUPERVISORS_AHEAD = 2
 
 
 def _reaped() -> Iterator[tuple[int, int]]:
@@ -527,204 +515,285 @@ def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int], jai
     _child(body)
 
 
-class _Spare(NamedTuple):
-    """A supervisor forked ahead of its request (:meth:`Jailer.fork`): it waits for the
-    request on ``request`` (the zygote's write end); its reports come on ``status``."""
+class HelperGone(RuntimeError):
+    """The supervisors' helper has exited: this zygote can jail no more kernels."""
+
+
+class _Supervisor(NamedTuple):
+    """A supervisor made ahead of its kernel, waiting: its pid, an fd of its pid namespace,
+    and the write end of its control pipe (the kernel's ``jail`` once the kernel is forked;
+    EOF: exit)."""
 
     pid: int
-    request: int
-    status: int
+    namespace: int
+    control: int
 
 
 class Jailer:
     """Forks kernels into their own namespaces and uid (the sandboxed profile, :mod:`kernels.fork.jail`).
 
-    A request goes to a *spare* supervisor, forked (and waiting) before the request came: a
-    new kernel does not wait for the fork of a process the zygote's size (~5 ms). The zygote
-    forks the next spare once it has been quiet a while (:data:`SPARE_IDLE_S`); in a burst
-    each request forks its own supervisor, as it would without spares."""
+    One fork of the zygote's size a kernel. A small *helper*, forked before the zygote's
+    imports (:meth:`start_helper`), makes supervisors ahead of need, one at a time: for each it
+    forks an anchor that unshares a pid namespace and forks the supervisor, its pid 1, which
+    leaves the host's view and waits on its control pipe. For a request the zygote enters the
+    waiting supervisor's namespace (``setns``) and forks the kernel there (pid 2), which
+    builds its own jail and drops its privileges before any user code; then it sends the
+    supervisor the kernel's ``jail`` (the supervisor takes the kernel's uid and reaps the
+    namespace's orphans until the kernel exits or the bot is gone, which ends the namespace)
+    and asks the helper for the next one. The zygote reaps the kernel itself.
 
-    def __init__(self, jail: Any, *, userns: bool) -> None:
-        """``userns``: the user-namespace profile (bot not root), as every request's jail says."""
+    The zygote's pid namespace for children stays the last kernel's: in the user-namespace
+    profile (bot not root) it may not re-enter its own (that needs root on the host), so every
+    fork it makes is preceded by entering the namespace the fork is for.
+    """
+
+    def __init__(self, jail: Any) -> None:
         self.jail = jail
-        self.userns = userns
-        self.pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-        self._spare: _Spare | None = None
-        #: Off once forking a spare failed or :data:`SPARES_LOST` in a row died unused.
-        self._spares = True
-        self._spares_lost = 0
-
-    def fork(self, request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int]) -> tuple[int, int]:
-        """Hand ``request`` to a supervisor (pid 1 of a new pid namespace: a spare one, else
-        forked now) that builds the jail and forks the kernel; its pid and the status pipe on
-        which the kernel reports (:data:`DROPPED`, then :data:`BOUND`), or the error that
-        stopped the start comes.
-
-        User-namespace profile (bot not root): the zygote may not re-enter its own pid
-        namespace after creating one (that needs root on the host), so an *anchor* child
-        creates it and forks the supervisor; the anchor is what the bot sees and signals.
-        """
-        spare, self._spare = self._spare, None
-        self._spares_lost = 0
-        if spare is not None and self._hand_over(spare, request):
-            return spare.pid, spare.status
-        spare = self._fork_spare(lifeline, wake_fds)
-        if not self._hand_over(spare, request):
-            raise RuntimeError("the jail's supervisor exited before its request came")
-        return spare.pid, spare.status
+        self._helper: socket.socket | None = None
+        #: The helper's pid (0: not started).
+        self.helper_pid = 0
+        self._ready: collections.deque[_Supervisor] = collections.deque()
+        #: Supervisors asked for and not received yet.
+        self.asked = 0
 
     @property
-    def wants_spare(self) -> bool:
-        """Whether a spare supervisor should be forked (none waits, spares not given up)."""
-        return self._spares and self._spare is None
+    def helper_fd(self) -> int:
+        """The zygote's end of the helper's socket (readable: a supervisor came)."""
+        if self._helper is None:
+            raise HelperGone("the supervisors' helper was not started")
+        return self._helper.fileno()
 
-    def refill(self, lifeline: int, wake_fds: tuple[int, int]) -> None:
-        """Fork the next spare supervisor if one is wanted; after a failure (logged) there are
-        no more spares: every request forks its own supervisor."""
-        if not self.wants_spare:
-            return
+    def start_helper(self, lifeline: int) -> None:
+        """Fork the supervisors' helper (call before the imports: it stays small) and ask it
+        for the first supervisor."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        _single_threaded()
+        pid = os.fork()
+        if pid == 0:
+            mine.close()
+            _child(lambda: self._serve_supervisors(theirs, lifeline))
+        theirs.close()
+        self._helper, self.helper_pid = mine, pid
+        self._ask()
+
+    def fork(self, request: dict[str, Any]) -> tuple[int, int, int]:
+        """Fork ``request``'s kernel into a waiting supervisor's pid namespace; its pid, the
+        status pipe on which the kernel reports (:data:`DROPPED`, then :data:`BOUND`) or the
+        error that stopped its start comes, and the supervisor's pid. Raises
+        :class:`HelperGone` when the helper is gone."""
         try:
-            self._spare = self._fork_spare(lifeline, wake_fds)
-        except Exception:
-            traceback.print_exc()
-            self._spares = False
+            return self._fork_into(self._take(), request)
+        except _SupervisorGone:  # killed while it waited: once more with a fresh one
+            return self._fork_into(self._take(), request)
 
-    def lost(self, pid: int) -> None:
-        """Child ``pid`` was reaped: if it was the spare, there is none now; after
-        :data:`SPARES_LOST` in a row died unused no more are forked (something kills them)."""
-        if self._spare is None or self._spare.pid != pid:
-            return
-        self.close()
-        self._spares_lost += 1
-        if self._spares_lost >= SPARES_LOST:
-            print(f"{SPARES_LOST} spare supervisors died unused: no more spares", file=sys.stderr)
-            self._spares = False
+    def collect(self) -> None:
+        """Receive a supervisor asked for (blocks until it comes); an error is logged."""
+        try:
+            self._ready.append(self._receive())
+        except HelperGone:
+            raise
+        except RuntimeError as exc:
+            print(f"no supervisor made ahead: {exc}", file=sys.stderr)
 
     def close(self) -> None:
-        """Let the spare go (it exits when its request pipe closes)."""
-        if self._spare is not None:
-            os.close(self._spare.request)
-            os.close(self._spare.status)
-            self._spare = None
+        """Let the helper and the waiting supervisor go (each exits when its end closes;
+        supervisors of running kernels stay)."""
+        while self._ready:
+            supervisor = self._ready.popleft()
+            os.close(supervisor.namespace)
+            os.close(supervisor.control)
+        if self._helper is not None:
+            self._helper.close()
+            self._helper = None
 
-    @staticmethod
-    def _hand_over(spare: _Spare, request: dict[str, Any]) -> bool:
-        """Write ``request`` to ``spare``; False when it has exited (its pipes are closed then;
-        its exit is reaped, not reported)."""
-        data = (json.dumps(request) + "\n").encode()
-        try:
-            while data:
-                data = data[os.write(spare.request, data) :]
-        except OSError:
-            os.close(spare.status)
-            return False
-        finally:
-            os.close(spare.request)
-        return True
+    def _ask(self) -> None:
+        """Ask the helper for as many supervisors as keep :data:`SUPERVISORS_AHEAD` coming."""
+        if self._helper is None:
+            raise HelperGone("the supervisors' helper was not started")
+        while len(self._ready) + self.asked < SUPERVISORS_AHEAD:
+            try:
+                self._helper.send(b"supervisor")
+            except OSError as exc:
+                raise HelperGone(f"the supervisors' helper is gone: {exc}") from exc
+            self.asked += 1
 
-    def _fork_spare(self, lifeline: int, wake_fds: tuple[int, int]) -> _Spare:
-        _single_threaded()
-        status_r, status_w = os.pipe2(os.O_CLOEXEC)
-        request_r, request_w = os.pipe2(os.O_CLOEXEC)
-        close = (*wake_fds, status_r, request_w, self.pid_namespace)
+    def _take(self) -> _Supervisor:
+        """A waiting supervisor (another is asked for at once, to be ready for a later kernel);
+        raises what stopped the helper making one."""
+        if not self._ready:
+            self._ask()
+            self._ready.append(self._receive())
+        supervisor = self._ready.popleft()
+        self._ask()
+        return supervisor
+
+    def _receive(self) -> _Supervisor:
+        if self._helper is None:
+            raise HelperGone("the supervisors' helper was not started")
+        self.asked -= 1
         try:
-            pid: int = os.fork() if self.userns else self.jail.fork_jailed(self.pid_namespace)
-        except BaseException:
-            for fd in (status_r, status_w, request_r, request_w):
+            data, fds, _, _ = socket.recv_fds(self._helper, 65536, 2)
+        except OSError as exc:
+            raise HelperGone(f"the supervisors' helper is gone: {exc}") from exc
+        if not data:
+            raise HelperGone("the supervisors' helper is gone")
+        if len(fds) != 2:
+            for fd in fds:
                 os.close(fd)
-            raise
-        if pid == 0:
-            body = self._anchor if self.userns else self._supervisor
-            _child(lambda: body(request_r, lifeline, close, status_w))
-        os.close(status_w)
-        os.close(request_r)
-        return _Spare(pid, request_w, status_r)
+            raise RuntimeError(json.loads(data).get("error", "the supervisors' helper sent no namespace"))
+        return _Supervisor(json.loads(data)["supervisor"], *fds)
 
-    def _anchor(self, request: int, lifeline: int, close: tuple[int, ...], status: int) -> int:
-        """(User-namespace profile) own session, a new pid namespace whose pid 1 is the
-        supervisor; wait for it and exit as it did. The supervisor dies with the anchor."""
+    def _fork_into(self, supervisor: _Supervisor, request: dict[str, Any]) -> tuple[int, int, int]:
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            self.jail.setns(supervisor.namespace, self.jail.CLONE_NEWPID)
+            _single_threaded()
+            pid = os.fork()
+        except BaseException as exc:
+            for fd in (status_r, status_w, supervisor.control):  # the supervisor exits on EOF
+                os.close(fd)
+            if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:  # a namespace without its pid 1
+                raise _SupervisorGone() from exc
+            raise
+        finally:
+            os.close(supervisor.namespace)
+        if pid == 0:
+            _child(lambda: self._kernel(request, status_w))
+        os.close(status_w)
+        try:
+            os.write(supervisor.control, (json.dumps(request["jail"]) + "\n").encode())
+        except BrokenPipeError:  # it died after the fork: the kernel's namespace ends, the kernel with it
+            pass
+        os.close(supervisor.control)
+        return pid, status_r, supervisor.pid
+
+    def _serve_supervisors(self, sock: socket.socket, lifeline: int) -> int:
+        """(Helper) make a supervisor for each message (through an anchor); reap both (the
+        helper is their subreaper); exit when the zygote's socket closes."""
+        jail = self.jail
+        jail.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL)
+        jail.prctl(jail.PR_SET_CHILD_SUBREAPER, 1)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1):  # the zygote's requests and answers are not the helper's to touch
+            os.dup2(null, fd)
+        os.close(null)
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        poller.register(wake_r, select.POLLIN)
+        while True:
+            try:
+                events = dict(poller.poll())
+            except InterruptedError:
+                continue
+            if wake_r in events:
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                for _ in _reaped():
+                    pass
+            if sock.fileno() not in events:
+                continue
+            if not sock.recv(65536):
+                return 0
+            try:
+                anchor = os.fork()
+            except OSError as exc:
+                sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+                continue
+            if anchor == 0:
+                _child(lambda: self._anchor(sock, lifeline, (wake_r, wake_w)))
+
+    def _anchor(self, sock: socket.socket, lifeline: int, close: tuple[int, ...]) -> int:
+        """(Helper's child) create a pid namespace, fork its pid 1 (the supervisor), send the
+        zygote the namespace and the supervisor's control pipe, exit (the helper adopts the
+        supervisor)."""
         jail = self.jail
         try:
             _detach(close)
             jail.unshare(jail.CLONE_NEWPID)
+            control_r, control_w = os.pipe2(os.O_CLOEXEC)
             supervisor = os.fork()
         except BaseException as exc:
-            os.write(status, f"{type(exc).__name__}: {exc}".encode())
+            sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
             raise
         if supervisor == 0:
-            jail.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL)
-            _child(lambda: self._supervisor(request, lifeline, (), status))
-        os.close(request)
-        os.close(status)
-        os.close(lifeline)
-        while True:
-            try:
-                _, code = os.waitpid(supervisor, 0)
-            except InterruptedError:
-                continue
-            return jail.SIGNAL_BASE + os.WTERMSIG(code) if os.WIFSIGNALED(code) else os.WEXITSTATUS(code)
+            _child(lambda: self._supervise(lifeline, control_r))
+        os.close(control_r)
+        namespace = os.open("/proc/self/ns/pid_for_children", os.O_RDONLY | os.O_CLOEXEC)
+        socket.send_fds(sock, [json.dumps({"supervisor": supervisor}).encode()], [namespace, control_w])
+        return 0
 
-    def _supervisor(self, request_fd: int, lifeline: int, close: tuple[int, ...], status: int) -> int:
+    def _supervise(self, lifeline: int, control: int) -> int:
+        """(Supervisor, pid 1) leave the host's view; once the zygote has forked the kernel
+        (pid 2 here) and sent its ``jail``, take the kernel's uid and reap the namespace's
+        orphans until the kernel or the bot is gone."""
         jail = self.jail
+        _detach(())
+        jail.close_fds({lifeline, control})
+        jail.leave_host_view()
+        data = b""
+        while not data.endswith(b"\n"):
+            if not (chunk := os.read(control, 65536)):  # not needed after all
+                return 0
+            data += chunk
+        os.close(control)
+        spec = json.loads(data)
+        jail.isolate(spec)
+        if spec.get("userns"):
+            jail.enter_user_namespace(spec["uid"], spec["gid"], dumpable=False)
+        else:
+            jail.drop_privileges(spec["uid"], spec["gid"], dumpable=False)
         try:
-            _detach(close)
-        except BaseException as exc:
-            os.write(status, f"{type(exc).__name__}: {exc}".encode())
-            raise
-        request = _await_request(request_fd, lifeline)
-        if request is None:  # not needed after all (the zygote or the bot is gone)
+            kernel = os.pidfd_open(KERNEL_PID)
+        except ProcessLookupError:  # already gone
             return 0
-        spec = request["jail"]
+        jail.supervise(kernel, lifeline)
+        return 0
+
+    def _kernel(self, request: dict[str, Any], status: int) -> int:
+        """(Kernel process, root, pid 2 of its supervisor's namespace) close every descriptor
+        of the zygote's (the lifeline too: the supervisor watches it, user code never holds
+        it), build the jail, drop privileges, say so on ``status``, become the kernel."""
+        jail, spec = self.jail, request["jail"]
         try:
-            jail.isolate(spec)  # own session keyring, high OOM score (the kernel inherits both)
+            _detach(())
+            jail.close_fds({status})
+            jail.isolate(spec)  # own session keyring, high OOM score
             jail.build(spec)
             _log_output(request)
             if spec.get("userns"):
-                jail.enter_user_namespace(spec["uid"], spec["gid"], dumpable=False)
+                jail.enter_user_namespace(spec["uid"], spec["gid"], dumpable=True)
             else:
-                jail.drop_privileges(spec["uid"], spec["gid"], dumpable=False)
-            jail.close_fds({lifeline, status})
-            _single_threaded()
-            kernel = os.fork()
+                jail.drop_privileges(spec["uid"], spec["gid"], dumpable=True)
         except BaseException as exc:
             os.write(status, f"{type(exc).__name__}: {exc}".encode())
             raise
-        if kernel == 0:
-            _child(lambda: self._kernel(request, lifeline, status))
-        os.close(status)
-        return int(jail.supervise(kernel, lifeline))
-
-    def _kernel(self, request: dict[str, Any], lifeline: int, status: int) -> int:
-        os.close(lifeline)  # the supervisor watches it; user code never holds it
-        os.setsid()
-        self.jail.prctl(self.jail.PR_SET_DUMPABLE, 1)
         os.write(status, DROPPED)
         return _run_kernel(request, None, status)
 
-    def exit_code(self, code: int) -> int:
-        """A supervisor's exit code as ``Popen`` would give the kernel's (``-N`` for signal N)."""
-        return -(code - self.jail.SIGNAL_BASE) if code > self.jail.SIGNAL_BASE else code
+
+class _SupervisorGone(Exception):
+    """The waiting supervisor died before its kernel was forked."""
 
 
 class _Start:
     """A kernel whose sockets are not bound yet: its reports are still to come on ``status``."""
 
-    __slots__ = ("request_id", "pid", "status", "deadline", "data", "answered", "exit_code")
+    __slots__ = ("request_id", "pid", "status", "supervisor", "deadline", "data", "answered", "exit_code")
 
-    def __init__(self, request_id: Any, pid: int, status: int, *, answered: bool) -> None:
+    def __init__(self, request_id: Any, pid: int, status: int, supervisor: int, *, answered: bool) -> None:
         self.request_id, self.pid, self.status = request_id, pid, status
+        self.supervisor = supervisor  # jailed: pid 1 of the kernel's pid namespace (else 0)
         self.deadline = time.monotonic() + JAIL_TIMEOUT_S
         self.data = b""
         self.answered = answered  # the bot has its pid
         self.exit_code: int | None = None  # reaped before it was answered
-
-
-#: How long the zygote must have had nothing to do before it forks a spare supervisor: not
-#: while kernels start (the fork would take CPU from them), and not while turns come one
-#: after another; in a burst every request forks its own.
-SPARE_IDLE_S = 0.05
-#: Spare supervisors that may die unused in a row before the zygote stops forking them.
-SPARES_LOST = 3
 
 
 class _Server:
@@ -737,8 +806,6 @@ class _Server:
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.children: set[int] = set()  # answered, running
         self.starts: dict[int, _Start] = {}  # by status pipe
-        #: When the loop last had something to do (a spare is forked only after a quiet while).
-        self.busy_until = 0.0
 
     def serve(self) -> None:
         """Serve fork requests from stdin until it closes, then kill what was forked."""
@@ -747,13 +814,15 @@ class _Server:
         buffer = b""
         while True:
             deadlines = [start.deadline for start in self.starts.values() if not start.answered]
-            if self.jailer is not None and self.jailer.wants_spare and not self.starts:
-                deadlines.append(self.busy_until + SPARE_IDLE_S)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            waiting = [self.jailer.helper_fd] if self.jailer is not None and self.jailer.asked > 0 else []
             try:
-                readable, _, _ = select.select([0, self.wake_r, *self.starts], [], [], timeout)
+                readable, _, _ = select.select([0, self.wake_r, *self.starts, *waiting], [], [], timeout)
             except InterruptedError:
                 continue
+            if waiting and waiting[0] in readable:
+                assert self.jailer is not None
+                self.jailer.collect()
             if self.wake_r in readable:
                 try:
                     while os.read(self.wake_r, 512):
@@ -765,10 +834,6 @@ class _Server:
                 if fd in self.starts:
                     self._read_report(self.starts[fd])
             self._expire()
-            if self.starts or readable:
-                self.busy_until = time.monotonic()
-            elif self.jailer is not None and time.monotonic() >= self.busy_until + SPARE_IDLE_S:
-                self.jailer.refill(self.lifeline, (self.wake_r, self.wake_w))
             if 0 not in readable:
                 continue
             chunk = os.read(0, 65536)
@@ -788,16 +853,18 @@ class _Server:
                     raise
 
     def _fork(self, request: dict[str, Any]) -> None:
-        wake_fds = (self.wake_r, self.wake_w)
         try:
             if self.jailer is not None:
-                pid, status = self.jailer.fork(request, self.lifeline, wake_fds)
+                pid, status, supervisor = self.jailer.fork(request)
             else:
-                pid, status = _fork(request, self.lifeline, wake_fds, self.jail)
+                pid, status = _fork(request, self.lifeline, (self.wake_r, self.wake_w), self.jail)
+                supervisor = 0
         except Exception as exc:
             _send({"id": request["id"], "error": f"{type(exc).__name__}: {exc}"})
+            if isinstance(exc, HelperGone):
+                raise
             return
-        start = _Start(request["id"], pid, status, answered=self.jailer is None)
+        start = _Start(request["id"], pid, status, supervisor, answered=self.jailer is None)
         self.starts[status] = start
         if start.answered:
             self.children.add(pid)
@@ -814,7 +881,7 @@ class _Server:
         if not start.answered and start.data.startswith(DROPPED):
             start.data = start.data[len(DROPPED) :]
             start.answered = True
-            _send({"id": start.request_id, "pid": start.pid})
+            _send({"id": start.request_id, "pid": start.pid, "supervisor": start.supervisor})
             if start.exit_code is None:
                 self.children.add(start.pid)
             else:
@@ -841,15 +908,13 @@ class _Server:
     def _reap(self) -> None:
         unanswered = {start.pid: start for start in self.starts.values() if not start.answered}
         for pid, code in _reaped():
-            if self.jailer is not None:
-                code = self.jailer.exit_code(code)
             if pid in self.children:
                 self.children.discard(pid)
                 _send({"exit": pid, "code": code})
             elif pid in unanswered:  # its report (read next) says how the start went
                 unanswered[pid].exit_code = code
-            elif self.jailer is not None:
-                self.jailer.lost(pid)
+            elif self.jailer is not None and pid == self.jailer.helper_pid:
+                raise HelperGone(f"the supervisors' helper exited ({code})")
 
 
 def main() -> None:
@@ -858,7 +923,9 @@ def main() -> None:
     lifeline = int(sys.argv[2])
     kernel_argv = json.loads(sys.argv[3])
     jail = _load_forkjail()
-    jailer = Jailer(jail, userns=sys.argv[4] == "userns") if sys.argv[4:] in (["jail"], ["userns"]) else None
+    jailer = Jailer(jail) if sys.argv[4:] in (["jail"], ["userns"]) else None
+    if jailer is not None:
+        jailer.start_helper(lifeline)  # before the imports: the helper stays small
     _preload(modules)
     _prepare_app(kernel_argv, inline="matplotlib" in modules)
     _prime()
@@ -868,11 +935,13 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     server = _Server(lifeline, jail, jailer)
-    if jailer is not None:
-        jailer.refill(lifeline, (server.wake_r, server.wake_w))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the bot's to handle
     _send({"ready": os.getpid(), "threads": _thread_count()})
-    server.serve()
+    try:
+        server.serve()
+    except HelperGone as exc:  # the kernels it forked run on; the bot starts a new zygote
+        print(f"{exc}: the fork server exits", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from jupyter_client.manager import AsyncKernelManager
 from kernels.fork import ZYGOTE
 from kernels.fork.jail import KERNEL_OOM_SCORE_ADJ
 from kernels.forking.serverproc import ServerProcess
+from kernels.host import proctree
 from kernels.sandbox.args import SHM_INODES, SHM_SIZE_MB, TMP_INODES, TMP_SIZE_MB, WORKSPACE, zygote_args
 from kernels.sandbox.identity import ZYGOTE as ZYGOTE_IDENTITY
 from kernels.sandbox.identity import write_identity_files
@@ -76,8 +77,10 @@ class ForkedProcess:
 
     stdin = stdout = stderr = None
 
-    def __init__(self, pid: int, server: ForkServer) -> None:
+    def __init__(self, pid: int, server: ForkServer, supervisor: int | None = None) -> None:
+        """``supervisor``: a jailed kernel's pid 1 of its pid namespace (not its parent)."""
         self.pid = pid
+        self.supervisor = supervisor
         self.returncode: int | None = None
         self._server = server
         try:
@@ -143,6 +146,8 @@ class ForkServer(ServerProcess):
         self.launcher = launcher
         self.preload = list(launcher.spawner.settings.preload)
         self.exit_codes: dict[int, int] = {}
+        #: Jailed kernels' supervisors by kernel pid, until :meth:`fork` takes them.
+        self._supervisors: dict[int, int] = {}
         self._pending: dict[int, asyncio.Future[int]] = {}
         #: Answered kernels whose sockets are not reported bound yet, by pid.
         self._unbound: dict[int, asyncio.Future[None]] = {}
@@ -218,7 +223,7 @@ class ForkServer(ServerProcess):
             raise KernelStartError(f"the fork server did not fork: {exc!r}") from exc
         finally:
             self._pending.pop(request_id, None)
-        return ForkedProcess(pid, self)
+        return ForkedProcess(pid, self, self._supervisors.pop(pid, None))
 
     def _exited(self) -> None:
         for future in self._pending.values():
@@ -235,6 +240,8 @@ class ForkServer(ServerProcess):
             self._bound(message["exit"])  # nobody waits for a dead kernel's sockets
         elif (future := self._pending.get(message["id"])) is not None and not future.done():
             if "pid" in message:
+                if message.get("supervisor"):
+                    self._supervisors[message["pid"]] = message["supervisor"]
                 self._unbound[message["pid"]] = asyncio.get_running_loop().create_future()
                 future.set_result(message["pid"])
             else:
@@ -282,14 +289,26 @@ class ForkProvisioner(ThreadbookProvisioner):
             jail=self.jail,
         )
 
+    async def cleanup(self, restart: bool = False) -> None:
+        """Also: the kernel's tree no longer counts its supervisor."""
+        pid = self.pid
+        await super().cleanup(restart=restart)
+        if pid is not None:
+            proctree.forget(pid)
+
     async def sockets_bound(self) -> None:
         """Wait until the kernel has bound its sockets (the fork server says when)."""
         if self.pid is not None:
             await self.server.sockets_bound(self.pid)
 
     async def after_launch(self, kwargs: dict[str, Any]) -> None:
-        """Move the kernel (supervisor and kernel) into its cgroup: no user code has run yet,
-        the kernel is ready only later. Its rlimits were set in the child."""
+        """Count a jailed kernel's supervisor in its tree (:func:`kernels.host.proctree.adopt`)
+        and the kernel warden's, and move the tree into the kernel's cgroup: no user code has
+        run yet, the kernel is ready only later. Its rlimits were set in the child."""
+        supervisor = getattr(self.process, "supervisor", None)
+        if supervisor is not None and self.pid is not None:
+            proctree.adopt(self.pid, supervisor)
+            await asyncio.to_thread(self.lifeline.add_process, self.plan.kernel_id, supervisor)
         if self.cgroup is not None and self.pid is not None:
             try:
                 await asyncio.to_thread(self.cgroup.add_tree, self.pid)

@@ -5,6 +5,10 @@ machine to find a few: with a hundred kernels running (several processes and man
 each) that was ~4 ms a walk, and a forked kernel's start walked twice, a one-shot's too. The
 kernel lists each thread's children itself; a walk reads only the tree's own threads. Where
 those files are missing (a kernel built without ``CONFIG_PROC_CHILDREN``) psutil does it.
+
+A jailed forked kernel is not its supervisor's child (the fork server forks it into the
+supervisor's pid namespace), yet its orphans are re-parented to that supervisor, pid 1 of the
+namespace: :func:`adopt` makes the supervisor and its descendants part of the kernel's tree.
 """
 
 from __future__ import annotations
@@ -14,12 +18,32 @@ import os
 import psutil
 
 _HAS_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+#: The process that adopts each kernel's orphans without being its ancestor, by kernel pid.
+_adopters: dict[int, int] = {}
+
+
+def adopt(pid: int, adopter: int) -> None:
+    """Count ``adopter`` and its descendants in ``pid``'s tree (until :func:`forget`)."""
+    _adopters[pid] = adopter
+
+
+def forget(pid: int) -> None:
+    """``pid``'s tree is its descendants only again (call once it has ended)."""
+    _adopters.pop(pid, None)
 
 
 def pids(pid: int) -> list[int]:
-    """(Blocking) ``pid`` and its descendants now, ``pid`` first; empty when it is gone. A
-    process that starts or ends during the walk may be missed (callers that must not miss
-    one walk again until nothing new shows up)."""
+    """(Blocking) ``pid`` and its descendants now, ``pid`` first (then its adopter's tree,
+    see :func:`adopt`); empty when it is gone. A process that starts or ends during the walk
+    may be missed (callers that must not miss one walk again until nothing new shows up)."""
+    found = _descendants(pid)
+    adopter = _adopters.get(pid)
+    if found and adopter is not None:
+        found += [member for member in _descendants(adopter) if member not in found]
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
     if not _HAS_CHILDREN:
         return _psutil_pids(pid)
     if not os.path.exists(f"/proc/{pid}"):

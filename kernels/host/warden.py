@@ -14,7 +14,8 @@ lines, what to kill::
 
     {"id": K, "cgroup": FOLDER}          a folder (one per hierarchy) of kernel K's cgroup
     {"id": K, "pid": P, "start": T}      a process tree of kernel K: its root P, whose start
-                                         time (clock ticks since boot) is T
+                                         time (clock ticks since boot) is T (a kernel may
+                                         have several: a jailed forked kernel's supervisor)
     {"id": K, "drop": true}              kernel K is gone: forget it
 
 On end of file - the bot exited, was killed (``kill -9``, the OOM killer) or closed its
@@ -184,7 +185,7 @@ def sweep(kernels: dict[str, dict[str, Any]], deadline: float) -> int:
     """Kill every process of ``kernels`` and remove their cgroups; how many processes were signalled."""
     cgroups = [[Path(folder) for folder in kernel.get("cgroups", [])] for kernel in kernels.values()]
     cgroups = [folders for folders in cgroups if folders]
-    roots = [(kernel["pid"], kernel["start"]) for kernel in kernels.values() if "pid" in kernel]
+    roots = [tuple(root) for kernel in kernels.values() for root in kernel.get("roots", [])]
     # The trees are read before anything is killed: a killed parent's children move to init.
     tree, sessions = _trees(roots)
     killed = _kill(tree)
@@ -227,8 +228,10 @@ def _apply(kernels: dict[str, dict[str, Any]], message: dict[str, Any]) -> None:
     kernel = kernels.setdefault(key, {})
     if "cgroup" in message and (folder := str(message["cgroup"])) not in (folders := kernel.setdefault("cgroups", [])):
         folders.append(folder)
-    if "pid" in message:
-        kernel["pid"], kernel["start"] = int(message["pid"]), int(message["start"])
+    if "pid" in message and (root := [int(message["pid"]), int(message["start"])]) not in (
+        roots := kernel.setdefault("roots", [])
+    ):
+        roots.append(root)
 
 
 def _say(text: str) -> None:

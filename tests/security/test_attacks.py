@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import pytest_asyncio
 
 from kernels import ExecutionResult, KernelSession, Outcome, UnsafePathError
+from kernels.host.leftovers import process_tree
 from kernels.sandbox.args import SHM_INODES, TMP_INODES
 from kernels.sandbox.slirp import DNS, GATEWAY, GUEST, host_networks
 from tests.security.conftest import CANARY, BotKey, HostFiles, Outcomes, cgroup_folders, read_key
@@ -603,7 +603,7 @@ async def test_oom_score(attacker: KernelSession, neighbour: KernelSession, outc
     cannot lower that themselves)."""
     handle = attacker._handle
     assert handle is not None and handle.pid is not None
-    tree = {handle.pid, *(proc.pid for proc in psutil.Process(handle.pid).children(recursive=True))}
+    tree = {proc.pid for proc in process_tree(handle.pid)}  # a jailed forked kernel's supervisor too
     scores = {pid: Path(f"/proc/{pid}/oom_score_adj").read_text().strip() for pid in tree}
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
     sets_floor = bool(int(status["CapEff"], 16) >> CAP_SYS_RESOURCE & 1)

@@ -208,60 +208,77 @@ async def test_sandboxed_fork_server_forks_jailed_kernels(jailed_pool: KernelPoo
     assert again.result == "False" and again.kernel_restarted and launcher.forked == 3
 
     await a.execute("import subprocess; p = subprocess.Popen(['sleep', '60'], start_new_session=True)")
-    tree = [psutil.Process(a.pid), *psutil.Process(a.pid).children(recursive=True)]
-    assert len(tree) == 3  # supervisor (pid 1 inside), kernel, sleep
+    tree = [psutil.Process(a.pid), *psutil.Process(a.pid).children(recursive=True), _supervisor_of(a.pid)]
+    assert len(tree) == 3  # kernel, sleep, and pid 1 of the kernel's namespace
     await jailed_pool.shutdown("j:a")
     await asyncio.sleep(0.05)
     assert _alive(tree) == []
 
 
-async def _spares(zygote: psutil.Process, kernels: set[int]) -> list[psutil.Process]:
-    """The zygote's children that are no kernel's supervisor, once one is there (the zygote
-    forks a spare after a quiet while) or after 5 s."""
-    for _ in range(100):
-        spares = [child for child in zygote.children() if child.pid not in kernels]
-        if spares:
-            return spares
+def _supervisor_of(kernel: int) -> psutil.Process:
+    """Pid 1 of a jailed kernel's pid namespace: the one process outside the kernel's tree there."""
+    namespace = os.stat(f"/proc/{kernel}/ns/pid").st_ino
+    zygote = psutil.Process(kernel).parent()
+    assert zygote is not None
+    found = [
+        proc
+        for proc in zygote.children(recursive=True)
+        if proc.pid != kernel and os.stat(f"/proc/{proc.pid}/ns/pid").st_ino == namespace and proc.ppid() != kernel
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+async def test_a_jailed_kernel_costs_one_fork_of_the_zygote(jailed_pool: KernelPool) -> None:
+    # The zygote forks the kernel itself, into the pid namespace of a supervisor its small
+    # helper made: the supervisor is no copy of the zygote, has the kernel's uid and is not
+    # dumpable, reaps the kernel's orphans, and ends the namespace once the kernel has died.
+    a = await jailed_pool.get_or_start("j:one-fork")
+    assert a.pid is not None
+    kernel = psutil.Process(a.pid)
+    zygote = kernel.parent()
+    assert zygote is not None and zygote.cmdline() == kernel.cmdline()  # forked by the zygote itself
+    supervisor = _supervisor_of(a.pid)
+    helper = supervisor.parent()
+    assert helper is not None and helper.parent() == zygote and helper.cmdline() == zygote.cmdline()
+    for small in (helper, supervisor):  # the zygote holds ~200 MiB, the helper ~10
+        assert small.memory_info().rss < zygote.memory_info().rss / 4
+    assert supervisor.uids().real == kernel.uids().real != 0
+    assert a._handle is not None and a._handle.infrastructure == {kernel.pid, supervisor.pid}  # its orphans' tree
+    assert os.stat(f"/proc/{supervisor.pid}/status").st_uid == 0  # not dumpable: the kernel cannot ptrace it
+    assert os.stat(f"/proc/{kernel.pid}/status").st_uid == kernel.uids().real
+    inside = await a.execute(
+        "import os, subprocess\n"
+        "sh = subprocess.run(['sh', '-c', 'sleep 60 >/dev/null 2>&1 & echo $!'], capture_output=True, text=True)\n"
+        "orphan = sh.stdout.strip()\n"
+        "print(os.getpid(), os.getppid(), open(f'/proc/{orphan}/stat').read().rsplit(')', 1)[1].split()[1])"
+    )
+    # pid 2 of its namespace, its parent outside it (0), the orphan re-parented to pid 1
+    assert inside.stdout.split() == ["2", "0", "1"], inside
+    died = await a.execute("os.kill(os.getpid(), 9)")  # running, not frozen between turns
+    assert died.outcome is Outcome.DIED and "SIGKILL" in died.notice
+    await asyncio.to_thread(supervisor.wait, 5)  # the supervisor follows the kernel
+    assert _alive([kernel, supervisor]) == []
+
+
+async def test_a_dead_helper_restarts_the_jailing_fork_server_and_kernels_run_on(jailed_pool: KernelPool) -> None:
+    # Without its helper the zygote can jail no kernel: it exits, the bot starts a new one
+    # (spawning meanwhile), and the kernels it forked keep running under their supervisors.
+    launcher = jailed_pool.launcher
+    assert isinstance(launcher, ForkingLauncher)
+    a = await jailed_pool.get_or_start("j:helper-a")
+    assert a.pid is not None
+    helper = _supervisor_of(a.pid).parent()
+    assert helper is not None
+    helper.kill()
+    for _ in range(200):
+        if launcher.server.starts == 2 and launcher.available:
+            break
         await asyncio.sleep(0.05)
-    return []
-
-
-async def test_sandboxed_fork_server_hands_requests_to_a_spare_supervisor(jailed_pool: KernelPool) -> None:
-    # A supervisor waits for the next request (a new kernel does not wait for the fork of a
-    # process the zygote's size); one that dies is replaced, and the next kernel still starts.
-    launcher = jailed_pool.launcher
-    assert isinstance(launcher, ForkingLauncher)
-    a = await jailed_pool.get_or_start("j:spare-a")
-    assert a.pid is not None
-    zygote = psutil.Process(a.pid).parent()  # the kernel's supervisor is the zygote's child
-    assert zygote is not None
-    (spare,) = await _spares(zygote, {a.pid})
-    assert spare.uids().real == 0 and spare.children() == []  # no jail, no kernel yet: it waits
-    spare.kill()
-    b = await jailed_pool.get_or_start("j:spare-b")  # the dead spare is noticed; b gets a fresh one
-    assert launcher.forked == 2 and launcher.spawned == 0
-    assert [(await s.execute("1 + 1")).result for s in (a, b)] == ["2", "2"]
-    assert b.pid is not None and len(await _spares(zygote, {a.pid, b.pid})) == 1  # the next one waits
-    c = await jailed_pool.get_or_start("j:spare-c")
-    assert c.pid is not None and (await c.execute("1 + 1")).result == "2" and launcher.forked == 3
-
-
-async def test_spare_supervisors_that_keep_dying_are_given_up(jailed_pool: KernelPool) -> None:
-    # Something that kills every spare must not make the zygote fork one every 50 ms forever.
-    launcher = jailed_pool.launcher
-    assert isinstance(launcher, ForkingLauncher)
-    a = await jailed_pool.get_or_start("j:lost-a")
-    assert a.pid is not None
-    zygote = psutil.Process(a.pid).parent()
-    assert zygote is not None
-    for _ in range(3):
-        (spare,) = await _spares(zygote, {a.pid})
-        spare.kill()
-        await asyncio.to_thread(spare.wait, 5)
-    await asyncio.sleep(0.5)  # ten times the quiet while after which a spare would come
-    assert [child.pid for child in zygote.children()] == [a.pid]
-    b = await jailed_pool.get_or_start("j:lost-b")  # forks its own supervisor
-    assert (await b.execute("1 + 1")).result == "2" and launcher.forked == 2 and launcher.spawned == 0
+    assert launcher.server.starts == 2 and launcher.available
+    assert (await a.execute("1 + 1")).result == "2"
+    b = await jailed_pool.get_or_start("j:helper-b")
+    assert (await b.execute("2 + 2")).result == "4" and launcher.forked == 2 and launcher.spawned == 0
 
 
 async def test_sandboxed_fork_failure_falls_back_to_spawn(jailed_pool: KernelPool, tmp_path: Path) -> None:
