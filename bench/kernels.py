@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from kernels import KernelPool, build_pool
 from kernels.forking.launcher import ForkingLauncher
+from kernels.host import proctree
 from kernels.seam.settings import KernelSettings, PackageSettings
 
 MODES = ("spawn", "pool", "fork", "gateway", "gateway-pool")
@@ -140,7 +141,8 @@ async def burst(mode: str, root: Path, threads: int, *, sandbox: Sandbox = "none
         pss = [await s.memory_bytes() or 0 for s in sessions]
         parent = 0
         if isinstance(pool.launcher, ForkingLauncher):
-            parent = await _pss_zygote(pool.launcher.server.pid, {s.pid for s in sessions})
+            kernels = await asyncio.to_thread(_tree_pids, [s.pid for s in sessions])
+            parent = await _pss_zygote(pool.launcher.server.pid, kernels)
         result = summary(list(times))
         result["wall_s"] = wall
         result.update(floor)
@@ -175,10 +177,15 @@ async def _pss(pid: int | None) -> int:
     return int(getattr(info, "pss", info.rss))
 
 
-async def _pss_zygote(pid: int | None, kernels: set[int | None]) -> int:
+def _tree_pids(roots: list[int | None]) -> set[int]:
+    """(Blocking) every process of the kernels ``roots`` (a jailed kernel's supervisor too)."""
+    return {pid for root in roots if root is not None for pid in proctree.pids(root)}
+
+
+async def _pss_zygote(pid: int | None, kernels: set[int]) -> int:
     """PSS of the fork server's own processes: (sandboxed) its bwrap wrapper, the zygote, its
-    helper and every kernel's supervisor (the helper's children), not the ``kernels`` it forked
-    (their PSS is counted per kernel)."""
+    helper and the supervisors waiting for a kernel, not the processes of ``kernels`` (a
+    jailed kernel's supervisor among them: their PSS is counted per kernel)."""
     import psutil
 
     if pid is None:
@@ -189,9 +196,9 @@ async def _pss_zygote(pid: int | None, kernels: set[int | None]) -> int:
         procs = [psutil.Process(pid)]
         if procs[0].name() == "bwrap":  # sandboxed: the zygote is bwrap's child
             procs += procs[0].children()
-        for child in procs[-1].children():
-            if child.pid not in kernels:  # the supervisors' helper
-                procs += [child, *child.children(recursive=True)]
+        for child in procs[-1].children(recursive=True):
+            if child.pid not in kernels:  # the supervisors' helper, waiting supervisors
+                procs.append(child)
         for proc in procs:
             info = proc.memory_full_info()
             total += int(getattr(info, "pss", info.rss))

@@ -581,10 +581,12 @@ class Jailer:
         status pipe on which the kernel reports (:data:`DROPPED`, then :data:`BOUND`) or the
         error that stopped its start comes, and the supervisor's pid. Raises
         :class:`HelperGone` when the helper is gone."""
-        try:
-            return self._fork_into(self._take(), request)
-        except _SupervisorGone:  # killed while it waited: once more with a fresh one
-            return self._fork_into(self._take(), request)
+        for _ in range(SUPERVISORS_AHEAD + 1):  # each waiting one may have been killed meanwhile
+            try:
+                return self._fork_into(self._take(), request)
+            except _SupervisorGone:
+                continue
+        raise RuntimeError("the kernels' supervisors died before a kernel was forked")
 
     def collect(self) -> None:
         """Receive a supervisor asked for (blocks until it comes); an error is logged."""

@@ -261,6 +261,29 @@ async def test_a_jailed_kernel_costs_one_fork_of_the_zygote(jailed_pool: KernelP
     assert _alive([kernel, supervisor]) == []
 
 
+async def test_supervisors_killed_while_they_wait_are_replaced(jailed_pool: KernelPool) -> None:
+    # The helper keeps supervisors waiting for the next kernels; killing them (an operator, the
+    # OOM killer) costs the next start a retry, not a fork.
+    launcher = jailed_pool.launcher
+    assert isinstance(launcher, ForkingLauncher)
+    a = await jailed_pool.get_or_start("j:waiting-a")
+    assert a.pid is not None
+    supervisor = _supervisor_of(a.pid)
+    helper = supervisor.parent()
+    assert helper is not None
+    for _ in range(100):  # the next ones are made while a's kernel starts
+        waiting = [proc for proc in helper.children() if proc.pid != supervisor.pid]
+        if len(waiting) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert len(waiting) == 2 and all(proc.uids().real == 0 for proc in waiting)  # no kernel's uid yet
+    for proc in waiting:
+        proc.kill()
+    await asyncio.to_thread(psutil.wait_procs, waiting, 5)
+    b = await jailed_pool.get_or_start("j:waiting-b")
+    assert (await b.execute("1 + 1")).result == "2" and launcher.forked == 2 and launcher.spawned == 0
+
+
 async def test_a_dead_helper_restarts_the_jailing_fork_server_and_kernels_run_on(jailed_pool: KernelPool) -> None:
     # Without its helper the zygote can jail no kernel: it exits, the bot starts a new one
     # (spawning meanwhile), and the kernels it forked keep running under their supervisors.
