@@ -151,10 +151,18 @@ print(json.dumps({{'ppid': os.getppid(),
         )
     )
     assert CANARY not in data["parent"] and CANARY not in data["bot"]
+    parent = _parent(data["ppid"])
     outcomes.record(
         "read the parent's environ (`/proc/$PPID/environ`, the bot's host pid)",
-        f"parent is the sandbox's init (pid {data['ppid']}): {data['parent'].split(':')[0]}; bot's pid: {data['bot']}",
+        f"{parent}: {data['parent'].split(':')[0]}; bot's pid: {data['bot']}",
     )
+
+
+def _parent(ppid: int) -> str:
+    """What a kernel's parent is, from the ``os.getppid()`` it sees."""
+    if ppid == 0:  # a forked kernel: the zygote forked it into its supervisor's pid namespace
+        return "the parent is outside the kernel's pid namespace (`os.getppid()` is 0)"
+    return f"parent is the sandbox's init (pid {ppid})"
 
 
 async def test_bot_config_and_database(
@@ -695,12 +703,15 @@ async def test_print_100_mb(attacker: KernelSession, neighbour: KernelSession, o
 
 async def test_kill_the_parent(attacker: KernelSession, neighbour: KernelSession, outcomes: Outcomes) -> None:
     bot_pid = os.getpid()
+    # A forked kernel's parent is outside its pid namespace (getppid() is 0, and kill(0) would
+    # signal its own process group): it tries its namespace's pid 1, its supervisor, instead.
+    ppid = report(await attacker.execute(TRY + "print(json.dumps({'ppid': os.getppid()}))"))["ppid"]
     result = await attack(
         attacker,
         neighbour,
         f"""
 import signal
-out = {{'ppid': os.getppid(), 'kill ppid': attempt(lambda: os.kill(os.getppid(), signal.SIGKILL)),
+out = {{'kill ppid': attempt(lambda: os.kill({ppid or 1}, signal.SIGKILL)),
        'kill bot pid': attempt(lambda: os.kill({bot_pid}, signal.SIGKILL)),
        'kill -1': attempt(lambda: os.kill(-1, signal.SIGKILL))}}
 print(json.dumps(out))
@@ -713,8 +724,12 @@ print(json.dumps(out))
         parent = data["kill ppid"]
         if parent == "ok":  # same uid as the kernel, but pid 1 of its namespace: the signal is dropped
             parent = "ok, ignored (the sandbox's init, pid 1 of the kernel's pid namespace, has no handler)"
+        if not ppid:
+            parent = f"{_parent(ppid)}; `kill -9 1` (its supervisor): {parent}"
+        else:
+            parent = f"`kill -9 $PPID`: {parent}"
         observed = (
-            f"`kill -9 $PPID`: {parent}; the bot's pid: {data['kill bot pid']}; `kill -9 -1`: "
+            f"{parent}; the bot's pid: {data['kill bot pid']}; `kill -9 -1`: "
             f"{data['kill -1']} (reaches only the sandbox's own processes)"
         )
     else:  # the sandbox's init ran as the kernel's own uid and took the kernel with it
