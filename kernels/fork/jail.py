@@ -348,9 +348,7 @@ def supervise(kernel: int, lifeline: int) -> None:
     supervisor's exit then ends the whole namespace."""
     for signum in (signal.SIGINT, signal.SIGTERM):  # no handler: the kernel cannot signal pid 1
         signal.signal(signum, signal.SIG_DFL)
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    wake_r, _ = wake_on_children()
     poller = select.poll()
     for fd in (wake_r, lifeline, kernel):
         poller.register(fd, select.POLLIN)
@@ -374,8 +372,21 @@ def supervise(kernel: int, lifeline: int) -> None:
                 if exc.errno != errno.EAGAIN:
                     return
         if wake_r in events:
-            try:
-                while os.read(wake_r, 512):
-                    pass
-            except BlockingIOError:
-                pass
+            drain(wake_r)
+
+
+def wake_on_children() -> tuple[int, int]:
+    """Make every SIGCHLD write to a non-blocking pipe (to wake a ``poll``); its two ends."""
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return wake_r, wake_w
+
+
+def drain(fd: int) -> None:
+    """Read a non-blocking pipe until it is empty."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass

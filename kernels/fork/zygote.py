@@ -680,9 +680,7 @@ class Jailer:
         for fd in (0, 1):  # the zygote's requests and answers are not the helper's to touch
             os.dup2(null, fd)
         os.close(null)
-        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        signal.set_wakeup_fd(wake_w)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
+        wake_r, wake_w = jail.wake_on_children()
         poller = select.poll()
         poller.register(sock, select.POLLIN)
         poller.register(wake_r, select.POLLIN)
@@ -692,11 +690,7 @@ class Jailer:
             except InterruptedError:
                 continue
             if wake_r in events:
-                try:
-                    while os.read(wake_r, 512):
-                        pass
-                except BlockingIOError:
-                    pass
+                jail.drain(wake_r)
                 for _ in _reaped():
                     pass
             if sock.fileno() not in events:
