@@ -29,7 +29,7 @@ STEPS = (
     ("pool: session, plan", "asked", "launch"),
     ("bot: run dir, connection file", "launch", "request"),
     ("fork request reaches the zygote, fork()", "request", "fork"),
-    ("child: leave the zygote (session, keyring, log)", "fork", "kernel"),
+    ("child: leave the zygote (jail when sandboxed, session, keyring, log)", "fork", "kernel"),
     ("child: IPKernelApp.initialize", "kernel", "initialized"),
     ("child: start, kernel_info + iopub answered", "initialized", "ready"),
     ("bot: note the kernel's processes", "ready", "recorded"),

@@ -11,10 +11,11 @@ Per kernel (``Jailer`` in ``zygote.py``) two processes:
 
 - the *supervisor*, pid 1 of a fresh pid namespace (the role bwrap's init plays for a
   spawned kernel): a child of a small helper the zygote forked before its imports, so it
-  costs a few hundred kilobytes, not a copy of the zygote. It joins a new session keyring,
-  leaves the host's view (:func:`leave_host_view`), drops to the kernel's uid (no
-  capabilities, not dumpable) and reaps until the kernel exits or the bot's lifeline pipe
-  reports EOF (:func:`supervise`); its exit ends every process of the namespace.
+  owns ~1.5 MiB (USS), not a copy of the zygote. It leaves the host's view
+  (:func:`leave_host_view`) and waits; once its kernel is forked it joins a new session
+  keyring, drops to the kernel's uid (no capabilities, not dumpable) and reaps until the
+  kernel exits or the bot's lifeline pipe reports EOF (:func:`supervise`); its exit ends
+  every process of the namespace.
 - the *kernel*, forked by the zygote into that pid namespace (pid 2; ``setns``), still root:
 
   0. joins a new session keyring and raises its ``oom_score_adj`` to
