@@ -598,7 +598,7 @@ class Jailer:
             print(f"no supervisor made ahead: {exc}", file=sys.stderr)
 
     def close(self) -> None:
-        """Let the helper and the waiting supervisor go (each exits when its end closes;
+        """Let the helper and the waiting supervisors go (each exits when its end closes;
         supervisors of running kernels stay)."""
         while self._ready:
             supervisor = self._ready.popleft()
