@@ -83,6 +83,7 @@ class ForkedProcess:
         self.supervisor = supervisor
         self.returncode: int | None = None
         self._server = server
+        self._start = server.starts  # which of the server's processes forked it
         try:
             self._pidfd: int | None = os.pidfd_open(pid)
         except ProcessLookupError:  # already gone (and reaped): the exit report follows
@@ -99,8 +100,8 @@ class ForkedProcess:
         """The exit code once the process has ended (as reported by the fork server)."""
         if self.returncode is None and self._exited():
             code = self._server.exit_codes.pop(self.pid, None)
-            if code is None and not self._server.running:
-                code = 1  # orphaned by a dead fork server: the exit code is unknowable
+            if code is None and (not self._server.running or self._server.starts != self._start):
+                code = 1  # orphaned by a dead fork server (maybe running again): the exit code is unknowable
             if code is not None:
                 self._set_returncode(code)
         return self.returncode

@@ -302,6 +302,9 @@ async def test_a_dead_helper_restarts_the_jailing_fork_server_and_kernels_run_on
     assert (await a.execute("1 + 1")).result == "2"
     b = await jailed_pool.get_or_start("j:helper-b")
     assert (await b.execute("2 + 2")).result == "4" and launcher.forked == 2 and launcher.spawned == 0
+    # No zygote reports the orphaned kernel's exit now: its death is still told at once.
+    died = await a.execute("import os; os.kill(os.getpid(), 9)")
+    assert died.outcome is Outcome.DIED, died
 
 
 async def test_sandboxed_fork_failure_falls_back_to_spawn(jailed_pool: KernelPool, tmp_path: Path) -> None:
