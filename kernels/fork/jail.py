@@ -273,6 +273,15 @@ def drop_privileges(uid: int, gid: int, *, dumpable: bool) -> None:
     _verify_dropped(uid, gid)
 
 
+def take_identity(jail: dict[str, Any], *, dumpable: bool) -> None:
+    """(Root, before any user code) become the ``jail``'s uid/gid with no capabilities: in a
+    user namespace of one's own (``userns``: the bot is not root), else by dropping them."""
+    if jail.get("userns"):
+        enter_user_namespace(jail["uid"], jail["gid"], dumpable=dumpable)
+    else:
+        drop_privileges(jail["uid"], jail["gid"], dumpable=dumpable)
+
+
 def enter_user_namespace(uid: int, gid: int, *, dumpable: bool) -> None:
     """(User-namespace profile) move into a new user namespace of one's own as ``uid``/``gid``
     with no capabilities at all, no nested user namespaces and ``no_new_privs``.

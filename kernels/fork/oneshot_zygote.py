@@ -154,10 +154,7 @@ class Server:
             resource.setrlimit(limit, (value, value))
         if spec is not None:
             jail.build(spec)
-            if spec.get("userns"):
-                jail.enter_user_namespace(spec["uid"], spec["gid"], dumpable=False)
-            else:
-                jail.drop_privileges(spec["uid"], spec["gid"], dumpable=False)
+            jail.take_identity(spec, dumpable=False)
             jail.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL)  # a change of credentials cleared it
         null = os.open(os.devnull, os.O_RDONLY)
         if null != 0:

@@ -515,7 +515,7 @@ def _fork(request: dict[str, Any], lifeline: int, wake_fds: tuple[int, int], jai
     _child(body)
 
 
-class HelperGone(RuntimeError):
+class HelperGone(Exception):
     """The supervisors' helper has exited: this zygote can jail no more kernels."""
 
 
@@ -592,8 +592,6 @@ class Jailer:
         """Receive a supervisor asked for (blocks until it comes); an error is logged."""
         try:
             self._ready.append(self._receive())
-        except HelperGone:
-            raise
         except RuntimeError as exc:
             print(f"no supervisor made ahead: {exc}", file=sys.stderr)
 
@@ -741,10 +739,7 @@ class Jailer:
         os.close(control)
         spec = json.loads(data)
         jail.isolate(spec)
-        if spec.get("userns"):
-            jail.enter_user_namespace(spec["uid"], spec["gid"], dumpable=False)
-        else:
-            jail.drop_privileges(spec["uid"], spec["gid"], dumpable=False)
+        jail.take_identity(spec, dumpable=False)
         try:
             kernel = os.pidfd_open(KERNEL_PID)
         except ProcessLookupError:  # already gone
@@ -763,10 +758,7 @@ class Jailer:
             jail.isolate(spec)  # own session keyring, high OOM score
             jail.build(spec)
             _log_output(request)
-            if spec.get("userns"):
-                jail.enter_user_namespace(spec["uid"], spec["gid"], dumpable=True)
-            else:
-                jail.drop_privileges(spec["uid"], spec["gid"], dumpable=True)
+            jail.take_identity(spec, dumpable=True)
         except BaseException as exc:
             os.write(status, f"{type(exc).__name__}: {exc}".encode())
             raise

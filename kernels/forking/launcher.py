@@ -83,7 +83,7 @@ class ForkedProcess:
         self.supervisor = supervisor
         self.returncode: int | None = None
         self._server = server
-        self._start = server.starts  # which of the server's processes forked it
+        self._server_start = server.starts  # which of the server's processes forked it
         try:
             self._pidfd: int | None = os.pidfd_open(pid)
         except ProcessLookupError:  # already gone (and reaped): the exit report follows
@@ -100,7 +100,7 @@ class ForkedProcess:
         """The exit code once the process has ended (as reported by the fork server)."""
         if self.returncode is None and self._exited():
             code = self._server.exit_codes.pop(self.pid, None)
-            if code is None and (not self._server.running or self._server.starts != self._start):
+            if code is None and (not self._server.running or self._server.starts != self._server_start):
                 code = 1  # orphaned by a dead fork server (maybe running again): the exit code is unknowable
             if code is not None:
                 self._set_returncode(code)
@@ -302,14 +302,19 @@ class ForkProvisioner(ThreadbookProvisioner):
         if self.pid is not None:
             await self.server.sockets_bound(self.pid)
 
-    async def after_launch(self, kwargs: dict[str, Any]) -> None:
-        """Count a jailed kernel's supervisor in its tree (:func:`kernels.host.proctree.adopt`)
-        and the kernel warden's, and move the tree into the kernel's cgroup: no user code has
-        run yet, the kernel is ready only later. Its rlimits were set in the child."""
+    def roots(self) -> tuple[int, ...]:
+        """The kernel's process and, jailed, its supervisor (pid 1 of its namespace, which
+        adopts its orphans but is not its ancestor)."""
         supervisor = getattr(self.process, "supervisor", None)
-        if supervisor is not None and self.pid is not None:
+        return (*super().roots(), *([] if supervisor is None else [supervisor]))
+
+    async def after_launch(self, kwargs: dict[str, Any]) -> None:
+        """Count a jailed kernel's supervisor in its tree (:func:`kernels.host.proctree.adopt`;
+        the kernel warden has it already, :meth:`roots`) and move the tree into the kernel's
+        cgroup: no user code has run yet, the kernel is ready only later. Its rlimits were set
+        in the child."""
+        if self.pid is not None and (supervisor := getattr(self.process, "supervisor", None)) is not None:
             proctree.adopt(self.pid, supervisor)
-            await asyncio.to_thread(self.lifeline.add_process, self.plan.kernel_id, supervisor)
         if self.cgroup is not None and self.pid is not None:
             try:
                 await asyncio.to_thread(self.cgroup.add_tree, self.pid)

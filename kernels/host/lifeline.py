@@ -90,12 +90,16 @@ class Lifeline:
         """(Blocking) kill and thaw the cgroup of ``kernel_id`` (its folders) if the bot dies."""
         self._register(kernel_id, [{"id": kernel_id, "cgroup": str(folder)} for folder in folders])
 
-    def add_process(self, kernel_id: str, pid: int) -> None:
-        """(Blocking) kill the process tree of ``pid`` (``kernel_id``'s root process) if the bot
-        dies. Nothing to do when it has already ended."""
-        start = warden.process_start(pid)
-        if start is not None:
-            self._register(kernel_id, [{"id": kernel_id, "pid": pid, "start": start}])
+    def add_process(self, kernel_id: str, *pids: int) -> None:
+        """(Blocking) kill the process trees of ``pids`` (``kernel_id``'s root processes) if
+        the bot dies. Nothing to do for one that has already ended."""
+        messages = [
+            {"id": kernel_id, "pid": pid, "start": start}
+            for pid in pids
+            if (start := warden.process_start(pid)) is not None
+        ]
+        if messages:
+            self._register(kernel_id, messages)
 
     def drop(self, kernel_id: str) -> None:
         """(Blocking) ``kernel_id`` has stopped: forget it (a warden that is down is not started for this)."""

@@ -39,7 +39,8 @@ def pids(pid: int) -> list[int]:
     found = _descendants(pid)
     adopter = _adopters.get(pid)
     if found and adopter is not None:
-        found += [member for member in _descendants(adopter) if member not in found]
+        seen = set(found)
+        found += [member for member in _descendants(adopter) if member not in seen]
     return found
 
 

@@ -77,7 +77,7 @@ class ThreadbookProvisioner(LocalProvisioner):
         self.pid = self.pgid = self.process.pid  # a new session: the kernel leads its group
         self.cwd = kwargs.get("cwd")
         try:
-            await asyncio.to_thread(self.lifeline.add_process, self.plan.kernel_id, self.pid)
+            await asyncio.to_thread(self.lifeline.add_process, self.plan.kernel_id, *self.roots())
             await self.after_launch(kwargs)
         except BaseException:
             await self.kill()
@@ -94,6 +94,11 @@ class ThreadbookProvisioner(LocalProvisioner):
         """Wait until the kernel has bound its sockets, where its process can tell (a forked
         one: :class:`kernels.forking.launcher.ForkProvisioner`); here at once: the channels
         retry their connect until it binds."""
+
+    def roots(self) -> tuple[int, ...]:
+        """The processes the kernel's whole tree hangs from (the kernel warden kills each
+        tree): here the kernel's process."""
+        return () if self.pid is None else (self.pid,)
 
     async def after_launch(self, kwargs: dict[str, Any]) -> None:
         """Set-up once the process exists (here: its rlimits); a failure kills it."""
